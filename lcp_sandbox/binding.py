@@ -1,0 +1,296 @@
+"""SandboxedBinding: the LCPBinding surface, with every library in a worker.
+
+The host side of a call is deliberately thin:
+
+    execute_tool(name, params)
+        route = routes[name]                      404 if absent
+        params = literal defaults | params        (no copy of the caller's dict kept)
+        cwd = workspace= | binding workspace | os.getcwd()
+        host objects the tool may use ─► HostObjects (lent as proxies)
+        Supervisor.run(tenant, library, CALL...) ─► result dict
+
+Everything about discovery is in discovery.py, result shapes in
+normalize.py, processes in supervisor.py.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import importlib.util
+import logging
+import os
+import pickle
+import sys
+from pathlib import Path
+from typing import Any, Callable, Optional, Union
+
+from . import discovery, normalize, wire
+from .limits import Limits
+from .proxies import HostObjects, Ref, is_plain
+from .supervisor import SandboxEvent, Supervisor
+from .worker import HANDLER_CONFIRM, HANDLER_UI, HOST_PARAMS
+
+log = logging.getLogger("lcp_sandbox")
+
+PathLike = Union[str, Path]
+_INJECTED = ("tool_context", "lollms_client_instance", "discussion_instance")
+
+
+def bundled_tools_dir() -> Path:
+    """The example libraries shipped with lcp_sandbox."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "bundled_tools", here.parent / "tools"):
+        if candidate.is_dir():
+            return candidate
+    return here.parent / "tools"
+
+
+def lollms_default_tools_dir() -> Optional[Path]:
+    """lollms_client's own default_tools folder, found without importing lollms_client."""
+    try:
+        spec = importlib.util.find_spec("lollms_client")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    d = Path(list(spec.submodule_search_locations)[0]) / "tools_bindings" / "lcp" / "default_tools"
+    return d if d.is_dir() else None
+
+
+def _paths(value: Any) -> list[Path]:
+    if not value:
+        return []
+    if isinstance(value, (str, Path)):
+        return [Path(value)]
+    return [Path(v) for v in value]
+
+
+class SandboxedBinding:
+    """Drop-in for lollms_client's LCPBinding that runs tools out of process."""
+
+    def __init__(self, host_tool_configs: Optional[dict] = None, *, tools_folders: Any = None,
+                 tool_files: Any = None, confirm_handler: Optional[Callable] = None,
+                 user_interaction_handler: Optional[Callable] = None,
+                 workspace: Optional[PathLike] = None, tenant: str = "default",
+                 timeout_s: Optional[float] = 60.0, memory_mb: Optional[float] = None,
+                 supervisor: Optional[Supervisor] = None, **kwargs: Any) -> None:
+        self.binding_name = "sandboxed"
+        self.host_tool_configs: dict = host_tool_configs if host_tool_configs is not None else {}
+        self.confirm_handler = confirm_handler
+        self.user_interaction_handler = user_interaction_handler
+        self.tool_files = _paths(tool_files)
+        self.tools_folders = _paths(tools_folders or kwargs.get("tools_folder_path"))
+        if not self.tools_folders and not self.tool_files:
+            self.tools_folders = [lollms_default_tools_dir() or bundled_tools_dir()]
+        self.workspace = str(Path(workspace).resolve()) if workspace else None
+        self.tenant = tenant
+        self.limits = Limits(timeout_s=timeout_s, memory_mb=memory_mb)
+        self._own_supervisor = supervisor is None
+        self.supervisor = supervisor or Supervisor()
+        self._load_flags = kwargs
+        self.session_flags: dict = {}
+        self._cache = discovery.FileCache()
+        self._dynamic: dict[str, tuple[discovery.Library, discovery.ParsedFile]] = {}
+        self._routes: dict[str, discovery.Route] = {}
+        self._lib_limits: dict[str, Limits] = {}
+        self._prompt_providers: dict[str, tuple] = {}
+        self._objects = HostObjects(self._named_object)
+        self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self.discovered_tools: list[dict] = []
+        self._discover()
+
+    # ------------------------------------------------------------ discovery
+    def _discover(self) -> None:
+        found = discovery.discover(self.tools_folders, self.tool_files, cache=self._cache,
+                                   host_tool_configs=self.host_tool_configs,
+                                   session_flags=self.session_flags, load_flags=self._load_flags,
+                                   dynamic=self._dynamic.values())
+        self._routes = found.routes
+        self._prompt_providers = found.prompt_providers
+        self._lib_limits.clear()
+        self.discovered_tools = found.specs
+
+    def discover_tools(self, specific_tool_names: Optional[list] = None, **kwargs: Any) -> list[dict]:
+        """Tool specs; dynamic prompt providers run in the library's worker."""
+        if kwargs.get("force_refresh", False) or not self.discovered_tools:
+            self._discover()
+        tools = self.discovered_tools
+        if specific_tool_names:
+            tools = [t for t in tools if t.get("name") in specific_tool_names]
+        for spec in tools:
+            route = self._routes.get(spec["name"])
+            if spec.get("_has_dynamic_prompt") and route is not None:
+                text = self._prompt(route.library, spec["_dynamic_prompt_fn_name"],
+                                    spec["_dynamic_prompt_file_index"])
+                if text:
+                    spec["description"] = text
+        return tools
+
+    def list_tools(self, **kwargs: Any) -> list[dict]:
+        return self.discover_tools(**kwargs)
+
+    def library_context(self, library: str) -> Optional[str]:
+        """The dynamic context of a library (its ``tool_<library>_prompt``), run in its worker."""
+        entry = self._prompt_providers.get(library)
+        return self._prompt(*entry) if entry else None
+
+    def _prompt(self, lib: discovery.Library, fn: str, index: int) -> Optional[str]:
+        msg = (wire.PROMPT, fn, index, self.workspace or os.getcwd(), self._handlers_mask())
+        try:
+            return self.supervisor.run(self.tenant, lib, msg, init=lambda: self._init(lib),
+                                       limits=self._limits(lib), objects=self._objects, tool=fn)
+        except SandboxEvent as ev:
+            log.warning("prompt provider %s of %s failed: %s", fn, lib.name, ev)
+            return None
+
+    # ------------------------------------------------------------ execution
+    def _handlers_mask(self) -> int:
+        return (HANDLER_CONFIRM if self.confirm_handler is not None else 0) | \
+               (HANDLER_UI if self.user_interaction_handler is not None else 0)
+
+    def _named_object(self, ref: Any) -> Any:
+        if ref == "confirm":
+            return self.confirm_handler
+        if ref == "ui":
+            return self.user_interaction_handler
+        if isinstance(ref, tuple) and ref[0] == "cfg":
+            value = (self.host_tool_configs.get(ref[1]) or {}).get(ref[2])
+            if ref[2] == "confirm_handler" and value is None:
+                return self.confirm_handler
+            if ref[2] == "user_interaction_handler" and value is None:
+                return self.user_interaction_handler
+            return value
+        raise RuntimeError(f"unknown host object {ref!r}")
+
+    def _limits(self, lib: discovery.Library) -> Limits:
+        lim = self._lib_limits.get(lib.key)
+        if lim is None:
+            cfg = self.host_tool_configs.get(lib.name) or {}
+            lim = self._lib_limits[lib.key] = Limits.merged(self.limits, cfg.get("sandbox"))
+        return lim
+
+    def _init(self, lib: discovery.Library) -> dict:
+        stems = [Path(f).stem for f in lib.files] or [lib.name]
+        configs = {}
+        for stem in stems:
+            cfg = self.host_tool_configs.get(stem)
+            if isinstance(cfg, dict):
+                configs[stem] = {k: v if _sendable(v) else Ref(("cfg", stem, k)) for k, v in cfg.items()}
+        lim = self._limits(lib)
+        return {"library": lib.name, "files": [str(f) for f in lib.files], "source": lib.source,
+                "configs": configs, "handlers": self._handlers_mask(), "sys_path": list(sys.path),
+                "limits": {k: getattr(lim, k) for k in lim.__dataclass_fields__}}
+
+    def execute_tool(self, tool_name: str, params: Optional[dict] = None, discussion_instance: Any = None,
+                     *, workspace: Optional[PathLike] = None, timeout_s: Optional[float] = None,
+                     **kwargs: Any) -> dict:
+        route = self._routes.get(tool_name)
+        if route is None:
+            return normalize.not_found(tool_name)
+        params = {**route.defaults, **params} if params else dict(route.defaults)
+        injected = None
+        objects = self._objects
+        if discussion_instance is not None or kwargs or not params.keys().isdisjoint(HOST_PARAMS):
+            values = {"discussion_instance": discussion_instance,
+                      "tool_context": kwargs.get("tool_context") or params.get("tool_context"),
+                      "lollms_client_instance": kwargs.get("lollms_client_instance")
+                      or params.get("lollms_client_instance")}
+            for k in HOST_PARAMS:
+                params.pop(k, None)
+            if any(v is not None for v in values.values()):
+                objects = HostObjects(self._named_object)
+                injected = {k: (objects.lend_context(v) if k == "tool_context" else objects.lend(v))
+                            for k, v in values.items() if v is not None}
+        cwd = str(workspace) if workspace else (self.workspace or os.getcwd())
+        lib = route.library
+        msg = (wire.CALL, tool_name, route.index, params, cwd, injected, self._handlers_mask())
+        try:
+            return self.supervisor.run(self.tenant, lib, msg, init=lambda: self._init(lib),
+                                       limits=self._limits(lib), objects=objects, tool=tool_name,
+                                       timeout_s=timeout_s)
+        except SandboxEvent as ev:
+            log.warning("%s", ev)
+            return ev.result
+
+    async def aexecute_tool(self, tool_name: str, params: Optional[dict] = None,
+                            discussion_instance: Any = None, **kwargs: Any) -> dict:
+        """``execute_tool`` for asyncio callers: the call waits in a thread, never on the loop."""
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(64, thread_name_prefix="lcp-sandbox-call")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._executor, lambda: self.execute_tool(tool_name, params, discussion_instance, **kwargs))
+
+    # ------------------------------------------------------------ handlers
+    def set_confirm_handler(self, handler: Optional[Callable]) -> None:
+        """Takes effect in running workers at their next call."""
+        self.confirm_handler = handler
+        for cfg in self.host_tool_configs.values():
+            if isinstance(cfg, dict):
+                cfg["confirm_handler"] = handler
+
+    def set_user_interaction_handler(self, handler: Optional[Callable]) -> None:
+        self.user_interaction_handler = handler
+        for cfg in self.host_tool_configs.values():
+            if isinstance(cfg, dict):
+                cfg["user_interaction_handler"] = handler
+
+    # ------------------------------------------------------------ dynamic tools
+    def register_tool_from_code(self, tool_name_prefix: str, code: str) -> bool:
+        """Parse ``code`` here (schemas only); it runs in a worker of its own."""
+        try:
+            lib, parsed = discovery.dynamic_library(tool_name_prefix, code)
+        except SyntaxError as exc:
+            log.error("register_tool_from_code(%r): %s", tool_name_prefix, exc)
+            return False
+        if not parsed.tools:
+            return False
+        old = self._dynamic.pop(tool_name_prefix, None)
+        if old is not None:
+            self.supervisor.stop(self.tenant, old[0].key)
+        self._dynamic[tool_name_prefix] = (lib, parsed)
+        self._discover()
+        return True
+
+    def unregister_tools_by_prefix(self, tool_name_prefix: str) -> int:
+        def matches(name: str) -> bool:
+            return name.startswith(f"tool_{tool_name_prefix}") or name == tool_name_prefix
+        before = len(self.discovered_tools)
+        self.discovered_tools = [t for t in self.discovered_tools if not matches(t.get("name", ""))]
+        for name in [n for n in self._routes if matches(n)]:
+            del self._routes[name]
+        dyn = self._dynamic.pop(tool_name_prefix, None)
+        if dyn is not None:
+            self.supervisor.stop(self.tenant, dyn[0].key)
+        return before - len(self.discovered_tools)
+
+    # ------------------------------------------------------------ lifecycle
+    def stats(self) -> list[dict]:
+        return self.supervisor.stats(tenant=self.tenant)
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
+        if self._own_supervisor:
+            self.supervisor.close()
+        else:
+            for route in {r.library.key for r in self._routes.values()}:
+                self.supervisor.stop(self.tenant, route)
+
+    def __enter__(self) -> "SandboxedBinding":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _sendable(value: Any) -> bool:
+    if is_plain(value):
+        return True
+    if callable(value):
+        return False
+    try:
+        pickle.dumps(value)
+        return True
+    except Exception:
+        return False

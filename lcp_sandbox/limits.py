@@ -1,0 +1,105 @@
+"""Process-level limits of a worker, and how to describe a worker's end.
+
+Applied inside a freshly forked worker before any tool code runs.  All of
+it is best effort: a limit the kernel refuses is logged, never fatal.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import resource
+import signal
+from dataclasses import dataclass, asdict
+from typing import Optional
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+
+_libc = None
+
+
+def _prctl(option: int, arg: int) -> bool:
+    global _libc
+    try:
+        if _libc is None:
+            _libc = ctypes.CDLL(None, use_errno=True)
+        return _libc.prctl(option, arg, 0, 0, 0) == 0
+    except Exception:
+        return False
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> bool:
+    """Ask the kernel to send ``sig`` to this process when its parent exits."""
+    return _prctl(PR_SET_PDEATHSIG, int(sig))
+
+
+def become_subreaper() -> bool:
+    """Orphaned descendants are re-parented to this process instead of init."""
+    return _prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+@dataclass
+class Limits:
+    """Per-library sandbox settings (``host_tool_configs[stem]["sandbox"]``)."""
+    timeout_s: Optional[float] = 60.0       # None/0: no timeout
+    grace_s: float = 2.0                    # soft interrupt -> hard kill
+    memory_mb: Optional[float] = None       # kernel limit + watchdog on the process tree
+    cpu_s: Optional[int] = None             # RLIMIT_CPU of the worker
+    max_open_files: int = 1024
+    max_file_size_mb: Optional[float] = 4096
+    max_result_mb: float = 64
+    log_bytes_per_s: int = 256 * 1024       # tool stdout/stderr forwarded to logging
+
+    @classmethod
+    def merged(cls, base: "Limits", override: Optional[dict]) -> "Limits":
+        if not override:
+            return base
+        known = {k: v for k, v in override.items() if k in cls.__dataclass_fields__}
+        return cls(**{**asdict(base), **known})
+
+
+def _set(which: int, soft: int) -> None:
+    try:
+        _, hard = resource.getrlimit(which)
+        if hard != resource.RLIM_INFINITY and soft > hard:
+            soft = hard
+        resource.setrlimit(which, (soft, hard))
+    except (ValueError, OSError):
+        pass
+
+
+def apply_in_worker(lim: dict) -> None:
+    """Set the worker's own resource limits (called in the worker, before tools run)."""
+    _set(resource.RLIMIT_CORE, 0)
+    if lim.get("max_open_files"):
+        _set(resource.RLIMIT_NOFILE, int(lim["max_open_files"]))
+    if lim.get("max_file_size_mb"):
+        _set(resource.RLIMIT_FSIZE, int(lim["max_file_size_mb"] * 1024 * 1024))
+    if lim.get("cpu_s"):
+        _set(resource.RLIMIT_CPU, int(lim["cpu_s"]))
+    if lim.get("memory_mb"):
+        # RLIMIT_DATA counts private writable memory (heap and anonymous mmaps):
+        # an allocation past it fails with MemoryError inside the tool.
+        _set(resource.RLIMIT_DATA, int(lim["memory_mb"] * 1024 * 1024))
+    # A tool writing past RLIMIT_FSIZE should get an OSError, not die of SIGXFSZ.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+
+def describe_exit(status: Optional[int]) -> str:
+    """'killed by SIGSEGV' / 'exited with code 3' from a Popen-style return code."""
+    if status is None:
+        return "ended for an unknown reason"
+    if status < 0:
+        try:
+            name = signal.Signals(-status).name
+        except ValueError:
+            name = f"signal {-status}"
+        return f"was killed by {name}"
+    return f"exited with code {status}"
+
+
+def status_from_wait(wait_status: int) -> int:
+    """os.waitpid status -> Popen-style return code (negative = signal)."""
+    if os.WIFSIGNALED(wait_status):
+        return -os.WTERMSIG(wait_status)
+    return os.WEXITSTATUS(wait_status)

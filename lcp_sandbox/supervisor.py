@@ -1,0 +1,472 @@
+"""The supervisor: worker slots keyed by (tenant, library), routing, limits.
+
+    SandboxedBinding.execute_tool ─► Supervisor.run(tenant, library, msg)
+        slot = slots[(tenant, library.key)]            one FIFO lock per slot
+        with slot.lock:
+            quarantined? ─► 503
+            no live worker? ─► Zygote.fork() + INIT      (fresh worker)
+            send msg; loop on the worker's connection:
+                REQUEST  ─► run it here (handler / host object), REPLY; clock paused
+                RESULT   ─► done (events: timeout 504, MemoryError 507)
+                deadline ─► SIGUSR1 (soft) ... grace ... kill tree (hard, 504)
+                EOF      ─► worker died: exit status from the zygote, 500 / 507
+    watchdog thread: RSS of each worker's process tree vs memory_mb ─► kill, 507
+    output thread:   worker stdout/stderr ─► logging (output.py)
+
+Calls to one worker are served one at a time in arrival order; calls to
+different slots never wait for each other (no global lock is held while a
+call runs).  Sandbox events raise :class:`SandboxEvent` carrying the LCP
+failure result to return.
+"""
+from __future__ import annotations
+
+import atexit
+import collections
+import logging
+import os
+import signal
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import psutil
+
+from . import normalize, wire
+from .discovery import Library
+from .limits import Limits, describe_exit
+from .output import OutputPump
+from .proxies import HostObjects
+from .worker import SOFT_TIMEOUT_SIGNAL
+from .zygote import Zygote, ZygoteGone
+
+log = logging.getLogger("lcp_sandbox")
+
+
+class SandboxEvent(Exception):
+    """A call ended by the sandbox, not by the tool; ``result`` is what to return."""
+
+    def __init__(self, result: dict) -> None:
+        super().__init__(result.get("error"))
+        self.result = result
+
+
+class FifoLock:
+    """A lock granted in arrival order (threading.Lock makes no such promise)."""
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._waiters: collections.deque = collections.deque()
+        self._held = False
+
+    def acquire(self, timeout: Optional[float] = None) -> bool:
+        with self._mutex:
+            if not self._held and not self._waiters:
+                self._held = True
+                return True
+            gate = threading.Lock()
+            gate.acquire()
+            self._waiters.append(gate)
+        if gate.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
+            return True
+        with self._mutex:
+            try:
+                self._waiters.remove(gate)
+                return False
+            except ValueError:
+                return True            # handed over just as we gave up: we own it
+
+    def release(self) -> None:
+        with self._mutex:
+            if self._waiters:
+                self._waiters.popleft().release()   # ownership passes directly
+            else:
+                self._held = False
+
+    def __enter__(self) -> "FifoLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+@dataclass
+class _Process:
+    pid: int
+    conn: wire.Connection
+    started: float
+    calls: int = 0
+    exit_status: Optional[int] = None      # set when the zygote reports it
+    kill_reason: Optional[dict] = None     # set by whoever killed it on purpose
+
+
+@dataclass
+class Slot:
+    tenant: str
+    library: Library
+    limits: Limits
+    lock: FifoLock = field(default_factory=FifoLock)
+    proc: Optional[_Process] = None
+    busy: bool = False
+    calls: int = 0
+    starts: int = 0
+    last_exit: Optional[str] = None
+    peak_rss: int = 0
+    # crash-loop bookkeeping
+    fresh_deaths: int = 0
+    deaths: collections.deque = field(default_factory=collections.deque)
+    quarantined_until: float = 0.0
+    backoff_s: float = 0.0
+    last_used: float = 0.0
+
+    @property
+    def restarts(self) -> int:
+        return max(0, self.starts - 1)
+
+
+@dataclass
+class CrashPolicy:
+    fresh_deaths: int = 5          # K fresh workers dying in a row before serving a call
+    deaths: int = 50               # or N deaths ...
+    window_s: float = 60.0         # ... within T seconds
+    backoff_s: float = 5.0         # first quarantine; doubles up to backoff_max_s
+    backoff_max_s: float = 300.0
+
+
+_live_supervisors: "weakref.WeakSet[Supervisor]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for sup in list(_live_supervisors):
+        sup.close()
+
+
+class Supervisor:
+    """Owns the zygote, the worker slots and the threads that watch them."""
+
+    def __init__(self, crash_policy: Optional[CrashPolicy] = None, watch_interval_s: float = 0.05) -> None:
+        self.crash_policy = crash_policy or CrashPolicy()
+        self._slots: dict[tuple[str, str], Slot] = {}
+        self._by_pid: dict[int, Slot] = {}
+        self._lock = threading.Lock()
+        self._zygote: Optional[Zygote] = None
+        self._pump: Optional[OutputPump] = None
+        self._closed = False
+        self._watch_interval = watch_interval_s
+        self._watcher: Optional[threading.Thread] = None
+        self._wake = threading.Event()
+        _live_supervisors.add(self)
+
+    # ------------------------------------------------------------ plumbing
+    def _zyg(self) -> Zygote:
+        with self._lock:
+            if self._closed:
+                raise SandboxEvent(normalize.failure("The sandbox supervisor is closed.", normalize.UNAVAILABLE))
+            if self._zygote is None or not self._zygote.alive:
+                self._zygote = Zygote(on_exit=self._on_exit)
+                self._pump = self._pump or OutputPump()
+            if self._watcher is None:
+                self._watcher = threading.Thread(target=self._watch, name="lcp-sandbox-watchdog", daemon=True)
+                self._watcher.start()
+            return self._zygote
+
+    def start(self) -> None:
+        """Start the zygote now (it is otherwise started by the first call)."""
+        self._zyg()
+
+    def _on_exit(self, pid: int, status: int) -> None:
+        slot = self._by_pid.pop(pid, None)
+        if slot is not None and slot.proc is not None and slot.proc.pid == pid:
+            slot.proc.exit_status = status
+
+    def slot(self, tenant: str, library: Library, limits: Limits) -> Slot:
+        key = (tenant, library.key)
+        s = self._slots.get(key)
+        if s is None:
+            with self._lock:
+                s = self._slots.get(key)
+                if s is None:
+                    s = self._slots[key] = Slot(tenant, library, limits)
+        else:
+            s.limits = limits
+        return s
+
+    # ------------------------------------------------------------ workers
+    def _spawn(self, slot: Slot, init: dict) -> _Process:
+        zyg = self._zyg()
+        host_sock, worker_sock = wire.pair()
+        log_r, log_w = os.pipe()
+        try:
+            pid = zyg.fork(worker_sock.fileno(), log_w)
+        except (ZygoteGone, TimeoutError) as exc:
+            host_sock.close()
+            os.close(log_r)
+            raise SandboxEvent(normalize.failure(
+                f"[{slot.library.name}] could not start a worker: {exc}", normalize.UNAVAILABLE))
+        finally:
+            worker_sock.close()
+            os.close(log_w)
+        self._pump.add(log_r, slot.library.name, slot.limits.log_bytes_per_s)
+        proc = _Process(pid, wire.Connection(host_sock), time.monotonic())
+        with self._lock:
+            self._by_pid[pid] = slot
+        slot.proc = proc
+        slot.starts += 1
+        proc.conn.send((wire.INIT, init))
+        return proc
+
+    def _kill(self, proc: _Process, reason: Optional[dict] = None) -> None:
+        if reason is not None and proc.kill_reason is None:
+            proc.kill_reason = reason
+        if self._zygote is not None:
+            self._zygote.kill(proc.pid)
+
+    def _bury(self, slot: Slot, proc: _Process, served_a_call: bool) -> str:
+        """The worker is gone or going: reap it, record how, free the slot."""
+        proc.conn.close()
+        status = proc.exit_status
+        if status is None and self._zygote is not None:
+            status = self._zygote.wait_exit(proc.pid, 5.0)
+            if status is None:                       # still there? make sure.
+                self._zygote.kill(proc.pid)
+                status = self._zygote.wait_exit(proc.pid, 5.0)
+        how = describe_exit(status)
+        slot.last_exit = how if proc.kill_reason is None else proc.kill_reason["why"]
+        if slot.proc is proc:
+            slot.proc = None
+        if proc.kill_reason is None or proc.kill_reason.get("counts", True):
+            self._record_death(slot, fresh=not served_a_call)
+        return how
+
+    def _record_death(self, slot: Slot, fresh: bool) -> None:
+        pol = self.crash_policy
+        now = time.monotonic()
+        slot.fresh_deaths = slot.fresh_deaths + 1 if fresh else 0
+        slot.deaths.append(now)
+        while slot.deaths and now - slot.deaths[0] > pol.window_s:
+            slot.deaths.popleft()
+        if slot.fresh_deaths >= pol.fresh_deaths or len(slot.deaths) > pol.deaths:
+            slot.backoff_s = min(pol.backoff_max_s, slot.backoff_s * 2 if slot.backoff_s else pol.backoff_s)
+            slot.quarantined_until = now + slot.backoff_s
+            log.error("library %s (tenant %s) quarantined for %.0f s after repeated worker deaths",
+                      slot.library.name, slot.tenant, slot.backoff_s)
+
+    # ------------------------------------------------------------ calling
+    def run(self, tenant: str, library: Library, msg: tuple, *, init: Callable[[], dict],
+            limits: Limits, objects: HostObjects, tool: str, timeout_s: Optional[float] = None) -> Any:
+        """Send ``msg`` to the (tenant, library) worker and return its RESULT value."""
+        slot = self.slot(tenant, library, limits)
+        slot.lock.acquire()
+        try:
+            return self._run_locked(slot, msg, init, objects, tool,
+                                    limits.timeout_s if timeout_s is None else timeout_s)
+        finally:
+            slot.busy = False
+            slot.last_used = time.monotonic()
+            slot.lock.release()
+
+    def _run_locked(self, slot: Slot, msg: tuple, init: Callable[[], dict], objects: HostObjects,
+                    tool: str, timeout: Optional[float]) -> Any:
+        name = slot.library.name
+        if self._closed:
+            raise SandboxEvent(normalize.failure("The sandbox supervisor is closed.", normalize.UNAVAILABLE))
+        now = time.monotonic()
+        if slot.quarantined_until > now:
+            raise SandboxEvent(normalize.failure(
+                f"[{name}] tool '{tool}' not run: the library is quarantined after its workers died "
+                f"repeatedly ({slot.last_exit}); it will be retried in {slot.quarantined_until - now:.0f} s.",
+                normalize.UNAVAILABLE))
+        proc = slot.proc
+        if proc is not None and proc.exit_status is not None:     # died while idle
+            self._bury(slot, proc, served_a_call=proc.calls > 0)
+            proc = None
+        if proc is None:
+            proc = self._spawn(slot, init())
+        slot.busy = True
+        conn = proc.conn
+        try:
+            conn.send(msg)
+        except wire.PayloadError as exc:
+            raise SandboxEvent(normalize.failure(
+                f"[{name}] tool '{tool}' not run: its parameters could not be sent to the worker ({exc})."))
+        except OSError:
+            pass                                  # the worker is gone: the recv below tells how
+
+        deadline = time.monotonic() + timeout if timeout else None
+        soft_sent = False
+        try:
+            while True:
+                try:
+                    reply = conn.recv(None if deadline is None else deadline - time.monotonic())
+                except TimeoutError:
+                    if not soft_sent:
+                        soft_sent = True
+                        self._zygote.signal(proc.pid, SOFT_TIMEOUT_SIGNAL)
+                        deadline = time.monotonic() + slot.limits.grace_s
+                        continue
+                    self._kill(proc, {"why": f"killed after its {timeout:g} s timeout", "counts": False})
+                    self._bury(slot, proc, served_a_call=True)
+                    raise SandboxEvent(normalize.failure(
+                        f"[{name}] tool '{tool}' timed out after {timeout:g} s and did not stop when "
+                        f"interrupted; its worker was killed and will be replaced on the next call "
+                        f"(module state was lost).", normalize.TIMED_OUT))
+                except (EOFError, OSError):
+                    self._died(slot, proc, tool)
+                kind = reply[0]
+                if kind == wire.RESULT:
+                    break
+                if kind == wire.REQUEST:
+                    t0 = time.monotonic()
+                    answer = objects.handle(*reply[1:])
+                    try:
+                        conn.send(answer)
+                    except wire.PayloadError as exc:
+                        conn.send((wire.REPLY, False, ("TypeError", f"the host's answer cannot be sent: {exc}")))
+                    if deadline is not None:       # time waiting for the host does not count
+                        deadline += time.monotonic() - t0
+        finally:
+            objects.release()
+
+        proc.calls += 1
+        slot.calls += 1
+        slot.fresh_deaths = 0
+        slot.backoff_s = 0.0
+        _, value, info = reply
+        if info is None:
+            return value
+        event = info.get("event")
+        if event == "timeout":
+            raise SandboxEvent(normalize.failure(
+                f"[{name}] tool '{tool}' timed out after {timeout:g} s; it was interrupted and its "
+                f"worker (with its module state) was kept.", normalize.TIMED_OUT))
+        if event == "memory":
+            raise SandboxEvent(normalize.failure(
+                f"[{name}] tool '{tool}' ran out of memory ({info.get('detail')}; limit "
+                f"{slot.limits.memory_mb} MB); the worker was kept.", normalize.OUT_OF_MEMORY))
+        if info.get("retire"):                     # library failed to load: start fresh next time
+            proc.kill_reason = {"why": "library failed to load", "counts": False}
+            self._bury(slot, proc, served_a_call=True)
+        return value
+
+    def _died(self, slot: Slot, proc: _Process, tool: str) -> None:
+        how = self._bury(slot, proc, served_a_call=proc.calls > 0)
+        name = slot.library.name
+        reason = proc.kill_reason
+        if reason and reason.get("code") == normalize.OUT_OF_MEMORY:
+            raise SandboxEvent(normalize.failure(
+                f"[{name}] tool '{tool}': {reason['why']}; the worker's process tree was killed and "
+                f"will be replaced on the next call (module state was lost).", normalize.OUT_OF_MEMORY))
+        raise SandboxEvent(normalize.failure(
+            f"[{name}] the worker running tool '{tool}' {how}. The host is unaffected; a fresh worker "
+            f"will be started on the next call (module state was lost).", normalize.TOOL_FAILED))
+
+    # ------------------------------------------------------------ watchdog
+    def _watch(self) -> None:
+        tick = 0
+        while not self._closed:
+            self._wake.wait(self._watch_interval)
+            tick += 1
+            for slot in list(self._slots.values()):
+                proc = slot.proc
+                if proc is None or proc.exit_status is not None:
+                    continue
+                if not (slot.busy or tick % 20 == 0):
+                    continue
+                rss = tree_rss(proc.pid)
+                if rss > slot.peak_rss:
+                    slot.peak_rss = rss
+                limit = slot.limits.memory_mb
+                if limit and rss > limit * 1048576:
+                    self._kill(proc, {"why": f"went over its memory limit of {limit:g} MB (observed "
+                                             f"{rss / 1048576:.0f} MB in its process tree)",
+                                      "code": normalize.OUT_OF_MEMORY, "counts": False})
+
+    # ------------------------------------------------------------ lifecycle
+    def stop(self, tenant: str, library_key: str) -> bool:
+        """Stop one slot's worker (e.g. a dynamic library being unregistered)."""
+        slot = self._slots.pop((tenant, library_key), None)
+        if slot is None:
+            return False
+        with slot.lock:
+            if slot.proc is not None:
+                proc = slot.proc
+                proc.kill_reason = {"why": "stopped by the host", "counts": False}
+                try:
+                    proc.conn.send((wire.SHUTDOWN,))
+                except OSError:
+                    pass
+                if self._zygote is not None and self._zygote.wait_exit(proc.pid, 2.0) is None:
+                    self._kill(proc)
+                    self._zygote.wait_exit(proc.pid, 2.0)
+                proc.conn.close()
+                slot.proc = None
+        return True
+
+    def stats(self, tenant: Optional[str] = None) -> list[dict]:
+        out = []
+        for slot in list(self._slots.values()):
+            if tenant is not None and slot.tenant != tenant:
+                continue
+            proc = slot.proc
+            alive = proc is not None and proc.exit_status is None
+            rss = tree_rss(proc.pid) if alive else 0
+            out.append({
+                "library": slot.library.name, "tenant": slot.tenant,
+                "pid": proc.pid if alive else None,
+                "state": ("quarantined" if slot.quarantined_until > time.monotonic() else
+                          "busy" if slot.busy else "idle" if alive else "stopped"),
+                "calls": slot.calls, "restarts": slot.restarts, "last_exit": slot.last_exit,
+                "rss": rss, "peak_rss": max(slot.peak_rss, rss),
+            })
+        return out
+
+    def close(self) -> None:
+        """Stop every worker and the zygote; idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._wake.set()
+        for slot in list(self._slots.values()):
+            proc = slot.proc
+            if proc is not None and not slot.busy:
+                try:
+                    proc.conn.send((wire.SHUTDOWN,))
+                except OSError:
+                    pass
+        if self._zygote is not None:
+            deadline = time.monotonic() + 1.0
+            for slot in list(self._slots.values()):
+                if slot.proc is not None and not slot.busy:
+                    self._zygote.wait_exit(slot.proc.pid, max(0.0, deadline - time.monotonic()))
+            self._zygote.close()
+        for slot in list(self._slots.values()):
+            if slot.proc is not None:
+                slot.proc.conn.close()
+        if self._pump is not None:
+            self._pump.close()
+        _live_supervisors.discard(self)
+
+    def __enter__(self) -> "Supervisor":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def tree_rss(pid: int) -> int:
+    """Resident memory of a process and all its descendants, in bytes."""
+    try:
+        p = psutil.Process(pid)
+        total = p.memory_info().rss
+        for child in p.children(recursive=True):
+            try:
+                total += child.memory_info().rss
+            except psutil.Error:
+                pass
+        return total
+    except psutil.Error:
+        return 0

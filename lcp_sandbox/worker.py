@@ -1,0 +1,292 @@
+"""The worker: one process serving one tool library, one call at a time.
+
+    serve(sock) ── INIT ──► Worker(init): sys.path, limits, handler relays
+        loop:  CALL ──► chdir(workspace) ─► lazy load file (import, hooks,
+                        init_tools_library) ─► filter params, inject host
+                        objects ─► tool(**kwargs) ─► normalize ─► RESULT
+               PROMPT ─► prompt provider ─► RESULT
+               SHUTDOWN / EOF ─► exit
+
+Everything a tool does to the host (confirm, ask the user, use a host
+object) goes through proxies over the same connection while the call is in
+flight (see proxies.py).  The soft timeout arrives as SIGUSR1 and is turned
+into ``ToolTimeout`` inside the tool's Python code.
+"""
+from __future__ import annotations
+
+import atexit
+import importlib.util
+import inspect
+import os
+import signal
+import sys
+import time
+import traceback
+import types
+from pathlib import Path
+from typing import Any, Optional
+
+from . import limits, normalize, wire
+from .proxies import Channel, Proxy, Ref
+
+PERSISTENT_PREFIX = "lollms_client.tools_bindings.lcp.persistent_"
+SOFT_TIMEOUT_SIGNAL = signal.SIGUSR1
+HANDLER_CONFIRM = 1
+HANDLER_UI = 2
+HOST_PARAMS = ("tool_context", "lollms_client_instance", "discussion_instance", "user_interaction_handler")
+
+
+class ToolTimeout(BaseException):
+    """Raised inside a tool when its call ran past the timeout (soft stage)."""
+
+
+class LoadFailed(Exception):
+    pass
+
+
+class _Entry:
+    """A resolved tool: its function and what its signature accepts (computed once)."""
+    __slots__ = ("fn", "names", "var_kw", "injectable")
+
+    def __init__(self, fn: Any) -> None:
+        sig = inspect.signature(fn)
+        self.fn = fn
+        self.var_kw = any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values())
+        self.names = frozenset(n for n, p in sig.parameters.items()
+                               if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL, p.POSITIONAL_ONLY))
+        self.injectable = frozenset(n for n in HOST_PARAMS if self.var_kw or n in self.names)
+
+
+class Worker:
+    def __init__(self, conn: wire.Connection, init: dict) -> None:
+        self.conn = conn
+        self.ch = Channel(conn)
+        self.library: str = init["library"]
+        self.files: list[str] = init["files"]
+        self.source: Optional[str] = init.get("source")
+        self.configs: dict = init.get("configs") or {}
+        self.max_result = int(init["limits"].get("max_result_mb", 64) * 1024 * 1024)
+        self.modules: list[Optional[types.ModuleType]] = [None] * max(1, len(self.files))
+        self.entries: dict[str, _Entry] = {}
+        self.handlers = init.get("handlers", 0)
+        self.in_tool = False
+        if init.get("sys_path"):
+            sys.path[:] = init["sys_path"]
+        self.relays = {HANDLER_CONFIRM: Proxy(self.ch, "confirm", None),
+                       HANDLER_UI: Proxy(self.ch, "ui", None)}
+
+    # ------------------------------------------------------------ loading
+    def _stem(self, index: int) -> str:
+        return Path(self.files[index]).stem if self.files else self.library
+
+    def _relay(self, bit: int) -> Optional[Proxy]:
+        return self.relays[bit] if self.handlers & bit else None
+
+    def _config(self, stem: str) -> dict:
+        """host_tool_configs[stem] with host callables as relays and handlers injected."""
+        cfg = dict(self.ch.wrap_context(self.configs.get(stem) or {}))
+        for key, bit in (("confirm_handler", HANDLER_CONFIRM), ("user_interaction_handler", HANDLER_UI)):
+            if self.handlers & bit and key not in cfg:
+                cfg[key] = self.relays[bit]
+        return cfg
+
+    def _load(self, index: int) -> types.ModuleType:
+        stem = self._stem(index)
+        name = (PERSISTENT_PREFIX + stem) if self.files else f"lcp_dynamic_{self.library}"
+        try:
+            if self.files:
+                spec = importlib.util.spec_from_file_location(name, self.files[index])
+                if spec is None or spec.loader is None:
+                    raise ImportError(f"cannot import {self.files[index]}")
+                mod = importlib.util.module_from_spec(spec)
+                sys.modules[name] = mod
+                spec.loader.exec_module(mod)
+            else:
+                mod = types.ModuleType(name)
+                sys.modules[name] = mod
+                exec(compile(self.source, f"<dynamic tool {self.library}>", "exec"), mod.__dict__)
+            cfg = self._config(stem)
+            for hook, key, bit in (("set_confirm_handler", "confirm_handler", HANDLER_CONFIRM),
+                                   ("set_user_interaction_handler", "user_interaction_handler", HANDLER_UI)):
+                fn = getattr(mod, hook, None)
+                if callable(fn):
+                    try:
+                        fn(cfg.get(key, self._relay(bit)))
+                    except Exception:
+                        pass        # as in-process: a failing hook does not stop the load
+            init_fn = getattr(mod, "init_tools_library", None)
+            if callable(init_fn):
+                params = inspect.signature(init_fn).parameters.values()
+                if any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) for p in params):
+                    init_fn(cfg)
+                else:
+                    init_fn()
+        except BaseException as exc:
+            sys.modules.pop(name, None)
+            if isinstance(exc, SystemExit):
+                what = f"called sys.exit({exc.code!r})"
+            else:
+                what = f"raised {type(exc).__name__}: {exc}"
+            raise LoadFailed(f"{what} while loading {self.files[index] if self.files else 'its code'}\n"
+                             + traceback.format_exc()) from None
+        self.modules[index] = mod
+        return mod
+
+    def _entry(self, tool: str, index: int) -> Optional[_Entry]:
+        entry = self.entries.get(tool)
+        if entry is None:
+            mod = self.modules[index] or self._load(index)
+            fn = getattr(mod, tool, None)
+            if not callable(fn):
+                return None
+            entry = self.entries[tool] = _Entry(fn)
+        return entry
+
+    def set_handlers(self, mask: int) -> None:
+        """The host's handlers changed: patch loaded modules as in-process set_*_handler does."""
+        self.handlers = mask
+        for mod in self.modules:
+            if mod is None:
+                continue
+            for hook, attr, bit in (("set_confirm_handler", "_CONFIRM_HANDLER", HANDLER_CONFIRM),
+                                    ("set_user_interaction_handler", None, HANDLER_UI)):
+                relay = self._relay(bit)
+                fn = getattr(mod, hook, None)
+                try:
+                    if callable(fn):
+                        fn(relay)
+                    if attr and hasattr(mod, attr):
+                        setattr(mod, attr, relay)
+                except Exception:
+                    pass
+
+    # ------------------------------------------------------------ calling
+    def call(self, tool: str, index: int, params: dict, cwd: str, injected: Optional[dict],
+             handlers: int) -> tuple[Any, Optional[dict]]:
+        if handlers != self.handlers:
+            self.set_handlers(handlers)
+        try:
+            os.chdir(cwd)
+        except OSError as exc:
+            return normalize.failure(f"[{self.library}] {tool}: cannot enter the workspace {cwd!r}: {exc}"), None
+        try:
+            entry = self._entry(tool, index)
+        except LoadFailed as exc:
+            return self._load_failure(tool, exc), {"retire": True}
+        if entry is None:
+            return normalize.failure(f"[{self.library}] Function '{tool}' not found in module."), None
+
+        if entry.var_kw:
+            kwargs = {k: v for k, v in params.items() if k not in HOST_PARAMS}
+        else:
+            names = entry.names
+            kwargs = {k: v for k, v in params.items() if k in names and k not in HOST_PARAMS}
+        if entry.injectable:
+            if injected:
+                for k, v in injected.items():
+                    if k in entry.injectable:
+                        kwargs[k] = self.ch.wrap_context(v) if k == "tool_context" else self.ch.wrap(v)
+            if self.handlers & HANDLER_UI and "user_interaction_handler" in entry.injectable:
+                kwargs["user_interaction_handler"] = self.relays[HANDLER_UI]
+
+        self.in_tool = True
+        try:
+            out = entry.fn(**kwargs)
+        except ToolTimeout:
+            return None, {"event": "timeout"}
+        except MemoryError as exc:
+            return None, {"event": "memory", "detail": f"MemoryError: {exc}"}
+        except BaseException as exc:
+            return normalize.crashed(tool, exc, traceback.format_exc()), None
+        finally:
+            self.in_tool = False
+        try:
+            return normalize.normalize(out, Path(cwd)), None
+        except Exception as exc:
+            return normalize.crashed(tool, exc, traceback.format_exc()), None
+
+    def _load_failure(self, tool: str, exc: LoadFailed) -> dict:
+        msg, _, tb = str(exc).partition("\n")
+        return normalize.failure(
+            f"Tool initialization failed for '{self.library}': the library {msg}. "
+            f"The tool '{tool}' did not run; the library will be loaded again on the next call.",
+            traceback=tb)
+
+    def prompt(self, fn_name: str, index: int, cwd: str) -> Optional[str]:
+        try:
+            os.chdir(cwd)
+            mod = self.modules[index] or self._load(index)
+            fn = getattr(mod, fn_name, None)
+            return str(fn()) if callable(fn) else None
+        except Exception:
+            return None
+
+    def reply(self, result: Any, info: Optional[dict]) -> None:
+        try:
+            data = wire.dumps((wire.RESULT, result, info))
+        except wire.PayloadError as exc:
+            data = wire.dumps((wire.RESULT, normalize.failure(
+                f"[{self.library}] the result could not be sent back to the host: {exc}. "
+                "The worker was kept."), info))
+        if len(data) > self.max_result:
+            data = wire.dumps((wire.RESULT, normalize.failure(
+                f"[{self.library}] the result is {len(data) / 1048576:.1f} MB, over the "
+                f"{self.max_result / 1048576:.0f} MB cap; it was dropped and the worker was kept."), info))
+        self.conn.send_bytes(data)
+
+
+def serve(sock) -> None:
+    """Run the worker loop on a connected socket; never returns."""
+    conn = wire.Connection(sock)
+    code = 0
+    try:
+        kind, init = conn.recv()
+        limits.apply_in_worker(init["limits"])
+        worker = Worker(conn, init)
+        ch = worker.ch
+
+        def on_soft_timeout(signum: int, frame: Any) -> None:
+            if worker.in_tool and not ch.waiting_host:
+                raise ToolTimeout()
+        signal.signal(SOFT_TIMEOUT_SIGNAL, on_soft_timeout)
+
+        recv = conn.recv
+        while True:
+            try:
+                msg = recv()
+            except EOFError:
+                break
+            kind = msg[0]
+            if kind == wire.CALL:
+                ch.call_seq += 1
+                ch.in_call = True
+                try:
+                    result, info = worker.call(*msg[1:])
+                finally:
+                    ch.in_call = False
+                worker.reply(result, info)
+                if info and info.get("retire"):
+                    break
+            elif kind == wire.PROMPT:
+                ch.call_seq += 1
+                ch.in_call = True
+                try:
+                    text = worker.prompt(*msg[1:4])
+                finally:
+                    ch.in_call = False
+                conn.send((wire.RESULT, text, None))
+            elif kind == wire.SHUTDOWN:
+                break
+    except BaseException:
+        code = 70
+        try:
+            traceback.print_exc()
+        except Exception:
+            pass
+    try:
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BaseException:
+        pass
+    os._exit(code)

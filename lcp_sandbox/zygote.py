@@ -1,0 +1,300 @@
+"""The zygote: a lean, pre-started process that forks workers on request.
+
+Forking the host would copy a big, multi-threaded process; starting a fresh
+interpreter per library costs tens of milliseconds.  The zygote is started
+once (a fresh interpreter), imports the engine, freezes its heap
+(``gc.freeze()``, so children do not dirty inherited pages) and then only
+forks.  It is the parent of every worker, so it is also the one that reaps
+them, reports how they ended, and kills process trees.
+
+    host (Zygote)                       zygote process                 worker
+      FORK(req) + [sock, log fds] ──►  fork() ────────────────────────► setsid, die-with-parent,
+      ◄── FORKED(req, pid)                                              fds 1,2 -> log pipe, serve()
+      KILL(pid) ─────────────────────►  kill the worker's tree
+      ◄── EXITED(pid, status)           SIGCHLD: reap; kill orphans left behind
+      EOF (host gone or closing) ────►  kill every worker, exit
+
+The control channel is an AF_UNIX SOCK_SEQPACKET pair: one message per
+datagram, file descriptors travel with SCM_RIGHTS.  The zygote is a
+subreaper, so processes a tool started and orphaned come back to it and are
+killed when their worker is gone.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Callable, Optional
+
+FORK, KILL, SIGNAL, FORKED, EXITED = "fork", "kill", "signal", "forked", "exited"
+_MAXMSG = 1 << 16
+
+
+# ---------------------------------------------------------------- zygote side
+def _kill_tree(pid: int) -> None:
+    import psutil
+    try:
+        kids = psutil.Process(pid).children(recursive=True)
+    except Exception:
+        kids = []
+    try:
+        os.killpg(pid, signal.SIGKILL)       # the worker leads its own process group
+    except OSError:
+        pass
+    for k in kids:
+        try:
+            k.kill()
+        except Exception:
+            pass
+
+
+def _reap(ctl: socket.socket, workers: set) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        if pid in workers:
+            workers.discard(pid)
+            from .limits import status_from_wait
+            code = status_from_wait(status)
+            _kill_tree(pid)                  # its group may outlive it
+            try:
+                ctl.send(pickle.dumps((EXITED, pid, code)))
+            except OSError:
+                pass
+        _kill_orphans(workers)
+
+
+def _kill_orphans(workers: set) -> None:
+    # Any child of ours that is not a worker is a tool's orphan (we are a subreaper);
+    # it is spared while it is still in a live worker's session.
+    try:
+        with open(f"/proc/{os.getpid()}/task/{os.getpid()}/children") as f:
+            kids = [int(p) for p in f.read().split()]
+    except OSError:
+        return
+    for pid in kids:
+        try:
+            owner = os.getsid(pid)          # a worker leads its own session
+        except OSError:
+            owner = None
+        if pid not in workers and owner not in workers:
+            _kill_tree(pid)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def _child(ctl: socket.socket, wake_r: int, wake_w: int, sock_fd: int, log_fd: int, zygote_pid: int) -> None:
+    try:
+        os.setsid()
+        from .limits import die_with_parent
+        die_with_parent()
+        if os.getppid() != zygote_pid:
+            os._exit(1)
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
+            signal.signal(sig, signal.SIG_DFL)
+        ctl.close()
+        os.close(wake_r)
+        os.close(wake_w)
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        os.close(log_fd)
+        try:
+            sys.stdout.reconfigure(line_buffering=True)
+            sys.stderr.reconfigure(line_buffering=True)
+        except Exception:
+            pass
+        from .worker import serve
+        serve(socket.socket(fileno=sock_fd))
+    finally:
+        os._exit(70)
+
+
+def main(fd: int) -> None:
+    """Entry point of the zygote process (``python -m lcp_sandbox.zygote FD``)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from .limits import become_subreaper
+    become_subreaper()
+    ctl = socket.socket(fileno=fd)
+    # What every worker needs, imported once here and shared copy-on-write.
+    import ctypes, inspect, importlib.util, json, pathlib, re, sqlite3, threading, traceback, typing  # noqa
+    import psutil  # noqa
+    from . import worker, normalize, proxies, wire  # noqa
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *a: None)
+    workers: set[int] = set()
+    me = os.getpid()
+    gc.collect()
+    gc.freeze()
+
+    import select
+    poller = select.poll()
+    poller.register(ctl.fileno(), select.POLLIN)
+    poller.register(wake_r, select.POLLIN)
+    while True:
+        try:
+            events = poller.poll()
+        except InterruptedError:
+            continue
+        for efd, _ in events:
+            if efd == wake_r:
+                try:
+                    os.read(wake_r, 4096)
+                except BlockingIOError:
+                    pass
+                _reap(ctl, workers)
+                continue
+            try:
+                data, fds, _, _ = socket.recv_fds(ctl, _MAXMSG, 4)
+            except OSError:
+                data, fds = b"", []
+            if not data:
+                for pid in list(workers):
+                    _kill_tree(pid)
+                _kill_orphans(set())
+                os._exit(0)
+            msg = pickle.loads(data)
+            if msg[0] == FORK:
+                sock_fd, log_fd = fds
+                pid = os.fork()
+                if pid == 0:
+                    _child(ctl, wake_r, wake_w, sock_fd, log_fd, me)
+                os.close(sock_fd)
+                os.close(log_fd)
+                workers.add(pid)
+                ctl.send(pickle.dumps((FORKED, msg[1], pid)))
+            elif msg[0] == KILL:
+                if msg[1] in workers:        # never signal a pid we already reaped
+                    _kill_tree(msg[1])
+            elif msg[0] == SIGNAL:
+                if msg[1] in workers:
+                    try:
+                        os.kill(msg[1], msg[2])
+                    except OSError:
+                        pass
+            for extra in fds if msg[0] != FORK else ():
+                os.close(extra)
+
+
+# ------------------------------------------------------------------ host side
+class ZygoteGone(Exception):
+    pass
+
+
+class Zygote:
+    """The host's handle on a zygote process.  Thread-safe."""
+
+    def __init__(self, on_exit: Optional[Callable[[int, int], None]] = None) -> None:
+        host_end, zyg_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        env = dict(os.environ)
+        pkg_parent = str(Path(__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join([pkg_parent] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "import sys; from lcp_sandbox.zygote import main; main(int(sys.argv[1]))",
+             str(zyg_end.fileno())],
+            pass_fds=(zyg_end.fileno(),), stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        zyg_end.close()
+        self.pid = self.proc.pid
+        self._ctl = host_end
+        self._send_lock = threading.Lock()
+        self._cond = threading.Condition()
+        self._pending: dict[int, Future] = {}
+        self._exits: dict[int, int] = {}
+        self._next = 0
+        self._on_exit = on_exit
+        self.alive = True
+        self._reader = threading.Thread(target=self._read, name="lcp-sandbox-zygote", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                data = self._ctl.recv(_MAXMSG)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            msg = pickle.loads(data)
+            if msg[0] == FORKED:
+                fut = self._pending.pop(msg[1], None)
+                if fut:
+                    fut.set_result(msg[2])
+            elif msg[0] == EXITED:
+                with self._cond:
+                    self._exits[msg[1]] = msg[2]
+                    if len(self._exits) > 10000:
+                        self._exits.pop(next(iter(self._exits)))
+                    self._cond.notify_all()
+                if self._on_exit:
+                    self._on_exit(msg[1], msg[2])
+        with self._cond:
+            self.alive = False
+            self._cond.notify_all()
+        for fut in list(self._pending.values()):
+            fut.set_exception(ZygoteGone("the zygote process is gone"))
+        self._pending.clear()
+
+    def fork(self, sock_fd: int, log_fd: int, timeout: float = 30.0) -> int:
+        """Start a worker serving ``sock_fd``; returns its pid."""
+        fut: Future = Future()
+        with self._send_lock:
+            if not self.alive:
+                raise ZygoteGone("the zygote process is gone")
+            self._next += 1
+            req = self._next
+            self._pending[req] = fut
+            try:
+                socket.send_fds(self._ctl, [pickle.dumps((FORK, req))], [sock_fd, log_fd])
+            except OSError as exc:
+                self._pending.pop(req, None)
+                raise ZygoteGone(f"the zygote process is gone ({exc})") from None
+        return fut.result(timeout)
+
+    def _send(self, msg: tuple) -> None:
+        with self._send_lock:
+            try:
+                self._ctl.send(pickle.dumps(msg))
+            except OSError:
+                pass
+
+    def kill(self, pid: int) -> None:
+        """Kill a worker and its whole process tree (no-op if already reaped)."""
+        self._send((KILL, pid))
+
+    def signal(self, pid: int, sig: int) -> None:
+        """Send ``sig`` to a live worker (no-op if already reaped, so never a reused pid)."""
+        self._send((SIGNAL, pid, int(sig)))
+
+    def wait_exit(self, pid: int, timeout: float) -> Optional[int]:
+        """The worker's Popen-style return code once the zygote reaped it."""
+        with self._cond:
+            self._cond.wait_for(lambda: pid in self._exits or not self.alive, timeout)
+            return self._exits.pop(pid, None)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Kill every worker and stop the zygote."""
+        try:
+            self._ctl.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._ctl.close()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
