@@ -1,0 +1,50 @@
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+HERE = Path(__file__).resolve().parent
+LIBS = HERE / "libs"
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+
+
+def descendants() -> list:
+    """Live (non-zombie) descendants of the test process."""
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out
+
+
+@pytest.fixture
+def libs(tmp_path) -> Path:
+    """A private copy of tests/libs (tests may write markers next to modules)."""
+    dst = tmp_path / "libs"
+    shutil.copytree(LIBS, dst, ignore=shutil.ignore_patterns("__pycache__", "*.imported"))
+    return dst
+
+
+@pytest.fixture
+def make_binding(libs, tmp_path):
+    """Build SandboxedBindings over the test libraries; all are closed after the test."""
+    from lcp_sandbox import SandboxedBinding
+    made = []
+
+    def make(**kw):
+        kw.setdefault("tools_folders", [libs])
+        kw.setdefault("workspace", str(tmp_path))
+        b = SandboxedBinding(**kw)
+        made.append(b)
+        return b
+
+    yield make
+    for b in made:
+        b.close()
