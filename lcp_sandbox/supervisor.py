@@ -280,8 +280,8 @@ class Supervisor:
                 f"repeatedly ({slot.last_exit}); it will be retried in {slot.quarantined_until - now:.0f} s.",
                 normalize.UNAVAILABLE))
         proc = slot.proc
-        if proc is not None and proc.exit_status is not None:     # died while idle
-            self._bury(slot, proc, served_a_call=proc.calls > 0)
+        if proc is not None and (proc.exit_status is not None or proc.conn.readable_now()):
+            self._bury(slot, proc, served_a_call=proc.calls > 0)   # died while idle
             proc = None
         if proc is None:
             proc = self._spawn(slot, init())

@@ -136,6 +136,15 @@ class Connection:
         if not self._poll.poll(max(0.0, timeout) * 1000.0):
             raise TimeoutError
 
+    def readable_now(self) -> bool:
+        """True if the peer sent something or hung up (an idle worker never does)."""
+        if self._buf:
+            return True
+        if self._poll is None:
+            self._poll = select.poll()
+            self._poll.register(self.fd, select.POLLIN)
+        return bool(self._poll.poll(0))
+
     def pending(self) -> bool:
         """True if a whole frame is already buffered."""
         buf = self._buf
