@@ -290,7 +290,7 @@ def test_context_manager_closes(libs, tmp_path):
 
 
 def test_workers_exit_when_host_is_killed(libs, tmp_path):
-    """A host process SIGKILLed mid-life leaves no zygote and no worker behind."""
+    """A host process SIGKILLed mid-life leaves no zygote, worker or tool child behind."""
     import subprocess
     import time
     script = (f"import sys, os; sys.path.insert(0, {str(Path(__file__).parent.parent)!r})\n"
@@ -298,9 +298,10 @@ def test_workers_exit_when_host_is_killed(libs, tmp_path):
               f"b = SandboxedBinding(tools_folders=[{str(libs)!r}], workspace={str(tmp_path)!r})\n"
               "print(b.execute_tool('tool_whoami', {})['output']['pid'], flush=True)\n"
               "print(b.execute_tool('tool_other_get', {})['output']['pid'], flush=True)\n"
+              "print(b.execute_tool('tool_leave_child', {'new_session': True})['output'], flush=True)\n"
               "sys.stdin.read()\n")
     host = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    pids = [int(host.stdout.readline()), int(host.stdout.readline())]
+    pids = [int(host.stdout.readline()) for _ in range(3)]     # 2 workers + a tool's escaped child
     family = [psutil.Process(host.pid)] + psutil.Process(host.pid).children(recursive=True)
     assert all(psutil.pid_exists(p) for p in pids)
     host.kill()
