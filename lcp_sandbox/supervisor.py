@@ -166,7 +166,11 @@ class Supervisor:
             if self._closed:
                 raise SandboxEvent(normalize.failure("The sandbox supervisor is closed.", normalize.UNAVAILABLE))
             if self._zygote is None or not self._zygote.alive:
-                self._zygote = Zygote(on_exit=self._on_exit)
+                try:
+                    self._zygote = Zygote(on_exit=self._on_exit)
+                except ZygoteGone as exc:
+                    raise SandboxEvent(normalize.failure(f"The sandbox could not start: {exc}",
+                                                         normalize.UNAVAILABLE)) from None
                 self._pump = self._pump or OutputPump()
             if self._watcher is None:
                 self._watcher = threading.Thread(target=self._watch, name="lcp-sandbox-watchdog", daemon=True)
@@ -174,7 +178,7 @@ class Supervisor:
             return self._zygote
 
     def start(self) -> None:
-        """Start the zygote now (it is otherwise started by the first call)."""
+        """Start the zygote now and wait until it can fork (else the first call does)."""
         self._zyg()
 
     def _on_exit(self, pid: int, status: int) -> None:

@@ -33,7 +33,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Callable, Optional
 
-FORK, KILL, SIGNAL, FORKED, EXITED = "fork", "kill", "signal", "forked", "exited"
+FORK, KILL, SIGNAL, FORKED, EXITED, READY = "fork", "kill", "signal", "forked", "exited", "ready"
 _MAXMSG = 1 << 16
 
 
@@ -141,6 +141,7 @@ def main(fd: int) -> None:
     me = os.getpid()
     gc.collect()
     gc.freeze()
+    ctl.send(pickle.dumps((READY, me)))
 
     import select
     poller = select.poll()
@@ -218,8 +219,12 @@ class Zygote:
         self._next = 0
         self._on_exit = on_exit
         self.alive = True
+        self._ready = threading.Event()
         self._reader = threading.Thread(target=self._read, name="lcp-sandbox-zygote", daemon=True)
         self._reader.start()
+        if not self._ready.wait(60) or not self.alive:
+            self.close()
+            raise ZygoteGone("the zygote process did not start")
 
     def _read(self) -> None:
         while True:
@@ -230,7 +235,9 @@ class Zygote:
             if not data:
                 break
             msg = pickle.loads(data)
-            if msg[0] == FORKED:
+            if msg[0] == READY:
+                self._ready.set()
+            elif msg[0] == FORKED:
                 fut = self._pending.pop(msg[1], None)
                 if fut:
                     fut.set_result(msg[2])
@@ -245,6 +252,7 @@ class Zygote:
         with self._cond:
             self.alive = False
             self._cond.notify_all()
+        self._ready.set()
         for fut in list(self._pending.values()):
             fut.set_exception(ZygoteGone("the zygote process is gone"))
         self._pending.clear()
