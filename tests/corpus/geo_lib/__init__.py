@@ -1,0 +1,2 @@
+def tool_geo_from_init():
+    """Never discovered."""

@@ -1,0 +1,2 @@
+def tool_misc_from_init():
+    """Never discovered."""

@@ -1,0 +1,3 @@
+def tool_misc_beta(b: bool = True):
+    """Beta."""
+    return {"success": True}
