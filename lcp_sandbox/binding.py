@@ -274,8 +274,11 @@ class SandboxedBinding:
         if self._own_supervisor:
             self.supervisor.close()
         else:
-            for route in {r.library.key for r in self._routes.values()}:
-                self.supervisor.stop(self.tenant, route)
+            libraries = {r.library.key for r in self._routes.values()}
+            libraries |= {lib.key for lib, _, _ in self._prompt_providers.values()}
+            libraries |= {lib.key for lib, _ in self._dynamic.values()}
+            for key in libraries:
+                self.supervisor.stop(self.tenant, key)
 
     def __enter__(self) -> "SandboxedBinding":
         return self

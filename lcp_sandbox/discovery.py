@@ -127,10 +127,12 @@ def schema_from_function(node: ast.FunctionDef) -> ToolDef:
     literal_defaults: dict[str, Any] = {}
 
     a = node.args
-    # Positional-or-keyword parameters, then keyword-only ones (upstream drops
-    # keyword-only parameters; we show them, see README "Differences").
-    pos_defaults = [None] * (len(a.args) - len(a.defaults)) + list(a.defaults)
-    params = list(zip(a.args, pos_defaults)) + list(zip(a.kwonlyargs, a.kw_defaults))
+    # Defaults cover the last positional parameters, positional-only ones included;
+    # those cannot be passed by keyword, so they are not in the schema. Keyword-only
+    # parameters follow (upstream drops them; we show them, see README "Differences").
+    positional = a.posonlyargs + a.args
+    pos_defaults = [None] * (len(positional) - len(a.defaults)) + list(a.defaults)
+    params = list(zip(positional, pos_defaults))[len(a.posonlyargs):] + list(zip(a.kwonlyargs, a.kw_defaults))
     for arg, default in params:
         name = arg.arg
         if name in HIDDEN_PARAMS:
@@ -181,7 +183,7 @@ def regex_tools(text: str) -> list[ToolDef]:
             required: list[str] = []
             for raw in params_text.split(","):
                 param = raw.strip()
-                if not param or param.startswith("*"):
+                if not param or param.startswith("*") or param == "/":
                     continue
                 if ":" in param:
                     pname, rest = (x.strip() for x in param.split(":", 1))

@@ -46,7 +46,7 @@ def resolve_context_files(value: Any, cwd: Path) -> list[str]:
     return out
 
 
-def normalize(result: Any, cwd: Optional[Path] = None) -> dict:
+def normalize(result: Any, cwd: Optional[str] = None) -> dict:
     """Turn whatever a tool returned into the LCP success or failure shape."""
     if not isinstance(result, dict):
         result = {"success": True, "output": result}
@@ -90,7 +90,7 @@ def normalize(result: Any, cwd: Optional[Path] = None) -> dict:
         if result.get(key) is not None:
             final[key] = result[key]
     if result.get("context_files") is not None:
-        final["context_files"] = resolve_context_files(result["context_files"], cwd or Path.cwd())
+        final["context_files"] = resolve_context_files(result["context_files"], Path(cwd) if cwd else Path.cwd())
     return final
 
 

@@ -377,12 +377,14 @@ class Supervisor:
                 proc = slot.proc
                 if proc is None or proc.exit_status is not None:
                     continue
-                if not (slot.busy or tick % 20 == 0):
+                limit = slot.limits.memory_mb
+                # Busy workers with a limit are measured every tick; the rest once a
+                # second (a /proc walk per worker is not free, and it holds the GIL).
+                if not ((slot.busy and limit) or tick % 20 == 0):
                     continue
                 rss = tree_rss(proc.pid)
                 if rss > slot.peak_rss:
                     slot.peak_rss = rss
-                limit = slot.limits.memory_mb
                 if limit and rss > limit * 1048576:
                     self._kill(proc, {"why": f"went over its memory limit of {limit:g} MB (observed "
                                              f"{rss / 1048576:.0f} MB in its process tree)",

@@ -201,7 +201,7 @@ class Worker:
         finally:
             self.in_tool = False
         try:
-            return normalize.normalize(out, Path(cwd)), None
+            return normalize.normalize(out, cwd), None
         except Exception as exc:
             return normalize.crashed(tool, exc, traceback.format_exc()), None
 

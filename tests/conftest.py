@@ -12,16 +12,23 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
 
-def descendants() -> list:
-    """Live (non-zombie) descendants of the test process."""
-    out = []
+def descendants() -> set:
+    """Pids of the live (non-zombie) descendants of the test process."""
+    out = set()
     for p in psutil.Process().children(recursive=True):
         try:
             if p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
+                out.add(p.pid)
         except psutil.Error:
             pass
     return out
+
+
+@pytest.fixture
+def new_processes():
+    """Returns the descendants started since the test began (others' leftovers excluded)."""
+    before = descendants()
+    return lambda: descendants() - before
 
 
 @pytest.fixture
@@ -48,3 +55,9 @@ def make_binding(libs, tmp_path):
     yield make
     for b in made:
         b.close()
+
+
+def pytest_sessionfinish(session):
+    left = descendants()
+    if left:
+        print("\nLEFTOVER", [(p, psutil.Process(p).cmdline()[:4]) for p in left])

@@ -8,7 +8,6 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import descendants
 from lcp_sandbox import SandboxedBinding
 
 
@@ -272,21 +271,22 @@ def test_register_bad_code_returns_false(make_binding):
     assert b.register_tool_from_code("none", "x = 1\n") is False
 
 
-def test_close_leaves_no_process(libs, tmp_path):
+def test_close_leaves_no_process(libs, tmp_path, new_processes):
     b = SandboxedBinding(tools_folders=[libs], workspace=str(tmp_path))
     b.execute_tool("tool_increment", {})
     b.execute_tool("tool_other_get", {})
-    assert len(descendants()) >= 3          # zygote + 2 workers
+    assert len(new_processes()) >= 3          # zygote + 2 workers
     b.close()
-    assert descendants() == []
+    assert new_processes() == set()
     r = b.execute_tool("tool_increment", {})
     assert r["status_code"] == 503 and "closed" in r["error"]
 
 
-def test_context_manager_closes(libs, tmp_path):
+def test_context_manager_closes(libs, tmp_path, new_processes):
     with SandboxedBinding(tools_folders=[libs], workspace=str(tmp_path)) as b:
         b.execute_tool("tool_increment", {})
-    assert descendants() == []
+        assert new_processes()
+    assert new_processes() == set()
 
 
 def test_workers_exit_when_host_is_killed(libs, tmp_path):

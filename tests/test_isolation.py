@@ -9,7 +9,7 @@ import time
 import psutil
 import pytest
 
-from conftest import HERE, descendants
+from conftest import HERE
 from lcp_sandbox import CrashPolicy, SandboxedBinding, Supervisor
 
 
@@ -171,12 +171,12 @@ def test_children_die_with_their_worker(b, new_session):
     after_fault(b, state_kept=False)
 
 
-def test_non_daemon_thread_left_running(make_binding):
+def test_non_daemon_thread_left_running(make_binding, new_processes):
     b = make_binding()
     assert b.execute_tool("tool_leave_thread", {})["success"]
     assert b.execute_tool("tool_token", {"token": "t"})["output"]["token"] == "t"
     b.close()
-    assert descendants() == []
+    assert new_processes() == set()
 
 
 def test_huge_result_refused_worker_kept(b):
