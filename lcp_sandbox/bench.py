@@ -61,12 +61,12 @@ class BenchConfig:
     tool: Optional[str] = None
     params: dict = field(default_factory=dict)
     calls: int = 10000                    # warm calls per path and placement
-    rounds: int = 10                      # warm rounds (paths interleaved in each)
+    rounds: int = 40                      # warm rounds (paths interleaved in each)
     subprocess_calls: int = 20            # warm calls of the `python -c` path per placement
     cold_reps: int = 30                   # fresh starts per cold path
     zygote_reps: int = 5                  # fresh supervisors (zygote start, new-host first call)
-    duration_s: float = 1.0               # throughput: seconds per measurement
-    throughput_rounds: int = 3
+    duration_s: float = 0.6               # throughput: seconds per measurement
+    throughput_rounds: int = 5
     cpu_ms: float = 1.0                   # throughput: CPU work per call of tool_cpu
     mem_calls: int = 25000                # memory: calls before the second reading
     discovery_files: int = 1000
@@ -78,8 +78,8 @@ class BenchConfig:
 
     @classmethod
     def quick(cls, **kw: Any) -> "BenchConfig":
-        base = dict(calls=1000, rounds=5, subprocess_calls=6, cold_reps=10, zygote_reps=2,
-                    duration_s=0.4, throughput_rounds=2, mem_calls=5000, discovery_reps=2)
+        base = dict(calls=2000, rounds=10, subprocess_calls=6, cold_reps=10, zygote_reps=2,
+                    duration_s=0.4, throughput_rounds=3, mem_calls=5000, discovery_reps=2)
         base.update(kw)
         return cls(**base)
 
@@ -373,12 +373,11 @@ class FloorPath(WarmPath):
         return out
 
     def close(self) -> None:
+        # A process forked from the host since (a ProcessPoolExecutor worker) holds a copy
+        # of our end, so the child may never see EOF: stop it outright.
         self.sock.close()
-        try:
-            self.proc.wait(5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        self.proc.kill()
+        self.proc.wait()
 
 
 class SandboxPath(WarmPath):
@@ -644,6 +643,7 @@ class _Run:
         from .binding import SandboxedBinding
         from .supervisor import Supervisor
         cfg = self.cfg
+        self.cleanup.append(_stop_resource_tracker_if_new())      # runs last
         self.tmp = Path(tempfile.mkdtemp(prefix="lcp-bench-"))
         self.cleanup.append(lambda: shutil.rmtree(self.tmp, ignore_errors=True))
         self.libs = self.tmp / "libs"
@@ -777,8 +777,6 @@ class _Run:
     def warm(self, paths: list, prog: Progress) -> None:
         cfg = self.cfg
         rounds = max(1, cfg.rounds)
-        per = max(1, math.ceil(cfg.calls / rounds))
-        per_sub = max(1, math.ceil(cfg.subprocess_calls / rounds))
         samples = {pl: {p.key: [] for p in paths} for pl in self.placements}
         cpu: dict = {pl: {} for pl in self.placements}      # key -> [calls, host thread, other host threads, worker] ns
         overhead = self.result["meta"]["timer_overhead_ns"]
@@ -788,13 +786,15 @@ class _Run:
                     order = list(paths)
                     self.rng.shuffle(order)
                     for p in order:
+                        n = _share(cfg.subprocess_calls if p.kind == "subprocess" else cfg.calls, rounds, r)
+                        if n <= 0:
+                            continue
                         _pin_thread(host)
                         p.place(host, worker)
-                        n = per_sub if p.kind == "subprocess" else per
                         if p.warmup:
                             p.run(p.warmup)
                         pids = p.cpu_pids()
-                        gc.collect()
+                        gc.collect(1)
                         c0 = _cpu_snapshot(pids)
                         xs = p.run(n)
                         c1 = _cpu_snapshot(pids)
@@ -1131,6 +1131,7 @@ class _Run:
     def run(self) -> dict:
         cfg = self.cfg
         t_start = time.monotonic()
+        stat0, own0 = _cpu_busy_jiffies(), _own_cpu_s()
         self.setup()
         try:
             wpaths = self.warm_paths()
@@ -1177,7 +1178,68 @@ class _Run:
                 except Exception:                              # noqa: BLE001
                     pass
         self.result["meta"]["duration_s"] = time.monotonic() - t_start
+        stat1, own1 = _cpu_busy_jiffies(), _own_cpu_s()
+        if stat0 and stat1 and stat1[2] > stat0[2]:
+            tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+            span = stat1[2] - stat0[2]
+            busy = (stat1[0] - stat0[0]) / tick
+            self.result["meta"]["machine"] = {
+                "others_busy_fraction": max(0.0, busy - (own1 - own0)) / (span / tick),
+                "steal_fraction": (stat1[1] - stat0[1]) / span,
+                "loadavg_end": os.getloadavg() if hasattr(os, "getloadavg") else None}
         return self.result
+
+
+def _share(total: int, rounds: int, r: int) -> int:
+    """Round r's part of ``total`` calls spread evenly over ``rounds``."""
+    return (r + 1) * total // rounds - r * total // rounds
+
+
+def _cpu_busy_jiffies() -> Optional[tuple]:
+    """(busy, steal, total) jiffies of the whole machine from /proc/stat."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = v[3] + (v[4] if len(v) > 4 else 0)
+    steal = v[7] if len(v) > 7 else 0
+    total = sum(v[:8])
+    return total - idle - steal, steal, total
+
+
+def _own_cpu_s() -> float:
+    """CPU seconds of this process and every descendant it has reaped."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def _stop_resource_tracker_if_new() -> Callable[[], None]:
+    """The spawn baseline starts multiprocessing's resource tracker; stop it at the end
+    if it was not running before (the host would otherwise keep a stray child)."""
+    try:
+        from multiprocessing import resource_tracker
+        tracker = resource_tracker._resource_tracker
+        was_running = tracker._fd is not None
+    except Exception:                                          # noqa: BLE001
+        return lambda: None
+
+    def stop() -> None:
+        if was_running or tracker._fd is None:
+            return
+        with tracker._lock:
+            fd, pid = tracker._fd, tracker._pid
+            tracker._fd = tracker._pid = None
+            os.close(fd)                  # its "alive" pipe: the tracker exits on EOF
+            deadline = time.monotonic() + 2.0
+            while pid and time.monotonic() < deadline:
+                try:
+                    if os.waitpid(pid, os.WNOHANG)[0]:
+                        break
+                except ChildProcessError:
+                    break
+                time.sleep(0.01)
+    return stop
 
 
 def _drive(fns: list, duration: float) -> dict:
@@ -1381,6 +1443,11 @@ def render_table(result: dict) -> str:
             if pl == "split" else "unpinned (could not split CPUs)")
     lines.append(f"lcp-sandbox bench  python {m.get('python')}  {m.get('cpu_count')} CPUs  "
                  f"lollms_client {m.get('lollms_client') or '-'}  took {m.get('duration_s', 0):.0f} s")
+    mach = m.get("machine")
+    if mach:
+        lines.append(f"other processes kept {100 * mach['others_busy_fraction']:.0f}% of the machine's CPU time "
+                     f"busy during the run, hypervisor steal {100 * mach['steal_fraction']:.0f}% "
+                     f"(high values: noisy figures; compare ratios)")
     lines.append(f"timer overhead {m.get('timer_overhead_ns', 0):.0f} ns (subtracted); messages "
                  f"{m.get('message_bytes', {}).get('request', '?')} B out / "
                  f"{m.get('message_bytes', {}).get('reply', '?')} B back")

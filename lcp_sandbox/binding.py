@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
-from . import discovery, normalize, wire
+from . import catalog, discovery, normalize, wire
 from .limits import Limits
 from .proxies import HostObjects, Ref, is_plain
 from .supervisor import SandboxEvent, Supervisor
@@ -34,6 +34,30 @@ log = logging.getLogger("lcp_sandbox")
 
 PathLike = Union[str, Path]
 _INJECTED = ("tool_context", "lollms_client_instance", "discussion_instance")
+
+
+def _lollms_base() -> type:
+    """``LollmsToolBinding`` when lollms_client is installed, else ``object``.
+
+    Only this module imports lollms_client, and only when it is installed."""
+    if importlib.util.find_spec("lollms_client") is None:
+        return object
+    try:
+        from lollms_client.lollms_tools_binding import LollmsToolBinding
+        return LollmsToolBinding
+    except Exception as exc:          # a broken install must not break the sandbox
+        log.warning("lollms_client is installed but cannot be imported (%s); "
+                    "SandboxedBinding will not be a LollmsToolBinding", exc)
+        return object
+
+
+_Base = _lollms_base()
+LOLLMS = _Base is not object
+
+
+def lollms_bindings_dir() -> Path:
+    """Pass as ``LollmsClient(tools_bindings_dir=...)`` with ``tools_binding_name="sandboxed"``."""
+    return Path(__file__).resolve().parent / "lollms_bindings"
 
 
 def bundled_tools_dir() -> Path:
@@ -65,7 +89,7 @@ def _paths(value: Any) -> list[Path]:
     return [Path(v) for v in value]
 
 
-class SandboxedBinding:
+class SandboxedBinding(_Base):
     """Drop-in for lollms_client's LCPBinding that runs tools out of process."""
 
     def __init__(self, host_tool_configs: Optional[dict] = None, *, tools_folders: Any = None,
@@ -74,6 +98,8 @@ class SandboxedBinding:
                  workspace: Optional[PathLike] = None, tenant: str = "default",
                  timeout_s: Optional[float] = 60.0, memory_mb: Optional[float] = None,
                  supervisor: Optional[Supervisor] = None, **kwargs: Any) -> None:
+        if LOLLMS:
+            _Base.__init__(self, binding_name="sandboxed")
         self.binding_name = "sandboxed"
         self.host_tool_configs: dict = host_tool_configs if host_tool_configs is not None else {}
         self.confirm_handler = confirm_handler
@@ -89,6 +115,7 @@ class SandboxedBinding:
         self.supervisor = supervisor or Supervisor()
         self._load_flags = kwargs
         self.session_flags: dict = {}
+        self._mounted: list[discovery.Library] = []
         self._cache = discovery.FileCache()
         self._dynamic: dict[str, tuple[discovery.Library, discovery.ParsedFile]] = {}
         self._routes: dict[str, discovery.Route] = {}
@@ -104,7 +131,7 @@ class SandboxedBinding:
         found = discovery.discover(self.tools_folders, self.tool_files, cache=self._cache,
                                    host_tool_configs=self.host_tool_configs,
                                    session_flags=self.session_flags, load_flags=self._load_flags,
-                                   dynamic=self._dynamic.values())
+                                   dynamic=self._dynamic.values(), mounted=self._mounted)
         self._routes = found.routes
         self._prompt_providers = found.prompt_providers
         self._lib_limits.clear()
@@ -142,6 +169,115 @@ class SandboxedBinding:
         except SandboxEvent as ev:
             log.warning("prompt provider %s of %s failed: %s", fn, lib.name, ev)
             return None
+
+    # ------------------------------------------------------------ mounting (LCPBinding helpers)
+    @property
+    def tools_folder_path(self) -> Optional[Path]:
+        return self.tools_folders[0] if self.tools_folders else None
+
+    def _search_dirs(self) -> list[Path]:
+        dirs = [Path(d) for d in self.tools_folders]
+        default = lollms_default_tools_dir()
+        if default is not None and default not in dirs:
+            dirs.append(default)
+        return dirs
+
+    def set_session_flags(self, flags: Optional[dict]) -> None:
+        """Session feature flags (office-family gating); discovery runs again."""
+        self.session_flags = dict(flags) if isinstance(flags, dict) else {}
+        self._discover()
+
+    def find_library_for_tool(self, tool_name: str) -> Optional[str]:
+        """Which library provides ``tool_name`` (or is called that)."""
+        clean = (tool_name or "").strip()
+        direct = catalog.find_library_dir(self._search_dirs(), clean)
+        if direct is not None:
+            return direct.name
+        route = self._routes.get(clean)
+        if route is not None:
+            return route.library.name
+        lib = catalog.library_for_tool(self._search_dirs(), clean, self._cache)
+        if lib is not None and all(self._file_admitted(Path(f)) for f in lib.files[:1]):
+            return lib.name
+        return None
+
+    def _file_admitted(self, path: Path) -> bool:
+        parsed = self._cache.parse(path)
+        return parsed is not None and discovery.file_permitted(
+            parsed, path.stem, self.host_tool_configs, self._load_flags)
+
+    def is_tool_available(self, tool_name: str) -> bool:
+        clean = (tool_name or "").strip()
+        return clean in self._routes or self.find_library_for_tool(clean) is not None
+
+    def is_library_mounted(self, library_name: str) -> bool:
+        lib = catalog.library_of(self._search_dirs(), library_name)
+        if lib is None:
+            return False
+        expected = catalog.tools_of(lib, self._cache)
+        return bool(expected) and expected <= self._routes.keys()
+
+    def mount_tool_library(self, library_name: str) -> bool:
+        """Make a library of the search dirs available by name (lazy: nothing runs)."""
+        resolved = catalog.resolve_library_name(self._search_dirs(), library_name, self._cache) or library_name
+        if not discovery.office_library_admitted(resolved, self.session_flags):
+            log.warning("mount of %r refused: office-family library and its session flag is off", library_name)
+            return False
+        lib = catalog.library_of(self._search_dirs(), resolved)
+        if lib is None:
+            log.warning("mount of %r: library not found in %s", library_name, self._search_dirs())
+            return False
+        if lib.files and not self._file_admitted(Path(lib.files[0])):
+            log.warning("mount of %r refused: its TOOL_LIBRARY_LOAD_FLAG is not enabled", library_name)
+            return False
+        if self.is_library_mounted(resolved):
+            return True
+        if not catalog.tools_of(lib, self._cache):
+            log.warning("mount of %r: the library defines no tools", library_name)
+            return False
+        if all(m.key != lib.key for m in self._mounted):
+            self._mounted.append(lib)
+        self._discover()
+        return any(r.library.key == lib.key for r in self._routes.values())
+
+    def mount_tool_library_if_absent(self, library_name: str) -> bool:
+        return self.is_library_mounted(library_name) or self.mount_tool_library(library_name)
+
+    def load_tool_by_name(self, tool_name: str) -> Optional[dict]:
+        """The spec of ``tool_name``, mounting its library first if needed."""
+        clean = (tool_name or "").strip()
+        spec = next((t for t in self.discovered_tools if t.get("name") == clean), None)
+        if spec is not None:
+            return spec
+        lib = self.find_library_for_tool(clean) or catalog.resolve_library_name(
+            self._search_dirs(), clean, self._cache)
+        if lib and self.mount_tool_library(lib):
+            return next((t for t in self.discovered_tools if t.get("name") == clean),
+                        next((t for t in self.discovered_tools if t.get("_library") == lib), None))
+        return None
+
+    @property
+    def mounted_libraries(self) -> dict[str, "LibraryHandle"]:
+        """Library name -> handle; module functions called on a handle run in the worker."""
+        libs = {r.library.key: r.library for r in self._routes.values()}
+        return {lib.name: LibraryHandle(self, lib) for lib in libs.values()}
+
+    def call_library_function(self, lib: discovery.Library, fn: str, *args: Any, **kwargs: Any) -> Any:
+        """Run a module-level function of a library in its worker; returns its value."""
+        index = next((i for i, f in enumerate(lib.files)
+                      if fn in getattr(self._cache.parse(Path(f)), "function_names", ())), 0)
+        objects = HostObjects(self._named_object)
+        msg = (wire.MODCALL, fn, index, tuple(objects.lend(a) for a in args),
+               {k: objects.lend(v) for k, v in kwargs.items()}, self.workspace or os.getcwd(),
+               self._handlers_mask())
+        try:
+            return self.supervisor.run(self.tenant, lib, msg, init=lambda: self._init(lib),
+                                       limits=self._limits(lib), objects=objects, tool=fn)
+        except SandboxEvent as ev:
+            raise RuntimeError(ev.result["error"]) from None
+
+    def list_models(self) -> list:
+        return []
 
     # ------------------------------------------------------------ execution
     def _handlers_mask(self) -> int:
@@ -297,3 +433,26 @@ def _sendable(value: Any) -> bool:
         return True
     except Exception:
         return False
+
+
+class LibraryHandle:
+    """A mounted library as lollms hosts see it (``binding.mounted_libraries[name]``).
+
+    ``hasattr`` answers from the source (AST); calling a function runs it in the
+    library's worker, e.g. ``handle.init_tools_library({"autonomy_level": "strict"})``."""
+
+    def __init__(self, binding: SandboxedBinding, library: discovery.Library) -> None:
+        self._binding = binding
+        self._library = library
+        self.__name__ = library.name
+
+    def __getattr__(self, name: str) -> Any:
+        cache = self._binding._cache
+        names = set().union(*(getattr(cache.parse(Path(f)), "function_names", frozenset())
+                              for f in self._library.files)) if self._library.files else set()
+        if name not in names:
+            raise AttributeError(f"library {self._library.name!r} has no function {name!r}")
+        return lambda *args, **kwargs: self._binding.call_library_function(self._library, name, *args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<sandboxed library {self._library.name} ({self._library.key})>"

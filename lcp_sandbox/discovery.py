@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import itertools
 import logging
 import os
 import re
@@ -392,15 +393,21 @@ def add_library(out: Discovered, lib: Library, parsed_files: list[tuple[int, Par
 def discover(folders: Iterable[Path], tool_files: Iterable[Path] = (), *, cache: FileCache,
              host_tool_configs: Optional[dict] = None, session_flags: Optional[dict] = None,
              load_flags: Optional[dict] = None,
-             dynamic: Iterable[tuple[Library, ParsedFile]] = ()) -> Discovered:
+             dynamic: Iterable[tuple[Library, ParsedFile]] = (),
+             mounted: Iterable[Library] = ()) -> Discovered:
     """All tools of the folders and files.  ``dynamic`` libraries (registered from
-    code) come first, so they win over file tools of the same name."""
+    code) come first, so they win over file tools of the same name; libraries
+    mounted by name from other folders come last."""
     host_tool_configs = host_tool_configs or {}
     load_flags = load_flags or {}
     out = Discovered()
     for lib, parsed in dynamic:
         add_library(out, lib, [(0, parsed)], lambda i, p: True)
-    for lib in iter_libraries(folders, tool_files):
+    seen = set()
+    for lib in itertools.chain(iter_libraries(folders, tool_files), mounted):
+        if lib.key in seen:
+            continue
+        seen.add(lib.key)
         parsed = [(i, pf) for i, p in enumerate(lib.files) if (pf := cache.parse(p)) is not None]
 
         def admit(index: int, pf: ParsedFile, lib: Library = lib) -> bool:

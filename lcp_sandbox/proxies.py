@@ -145,7 +145,7 @@ class Channel:
         finally:
             self.waiting_host = False
         if not ok:
-            raise _rebuild_error(*value)
+            raise rebuild_error(*value)
         return self.wrap(value)
 
     def wrap(self, value: Any) -> Any:
@@ -166,7 +166,7 @@ class Channel:
 _error_classes: dict[str, type] = {}
 
 
-def _rebuild_error(type_name: str, message: str) -> BaseException:
+def rebuild_error(type_name: str, message: str) -> BaseException:
     cls = getattr(builtins, type_name, None)
     if isinstance(cls, type) and issubclass(cls, Exception):
         try:

@@ -37,7 +37,7 @@ from . import normalize, wire
 from .discovery import Library
 from .limits import Limits, describe_exit
 from .output import OutputPump
-from .proxies import HostObjects
+from .proxies import HostObjects, rebuild_error
 from .worker import SOFT_TIMEOUT_SIGNAL
 from .zygote import Zygote, ZygoteGone
 
@@ -353,6 +353,8 @@ class Supervisor:
         if info.get("retire"):                     # library failed to load: start fresh next time
             proc.kill_reason = {"why": "library failed to load", "counts": False}
             self._bury(slot, proc, served_a_call=True)
+        if "raised" in info:
+            raise rebuild_error(*info["raised"])
         return value
 
     def _died(self, slot: Slot, proc: _Process, tool: str) -> None:

@@ -9,7 +9,7 @@ Messages are plain tuples whose first item is the kind; the constructors
 below name their fields.  Tuples of ints and strings pickle in about a
 microsecond, which keeps a warm call close to the pipe floor.
 
-    host ──CALL/PROMPT──────────────────────────────► worker
+    host ──CALL/PROMPT/MODCALL──────────────────────► worker
     host ◄─REQUEST (handler, proxy use)───────────── worker   (0..n per call)
     host ──REPLY────────────────────────────────────► worker
     host ◄─RESULT──────────────────────────────────── worker   (ends the call)
@@ -29,6 +29,7 @@ CALL = 2        # (CALL, tool, file_index, params, cwd, injected, handlers_mask)
 PROMPT = 3      # (PROMPT, fn_name, file_index, cwd, handlers_mask)
 REPLY = 4       # (REPLY, ok, value)                 answer to a REQUEST
 SHUTDOWN = 5    # (SHUTDOWN,)
+MODCALL = 6     # (MODCALL, fn_name, file_index, args, kwargs, cwd, handlers_mask)
 # Worker -> host
 RESULT = 10     # (RESULT, result_dict, info_dict)
 REQUEST = 11    # (REQUEST, op, ref, name, args, kwargs)

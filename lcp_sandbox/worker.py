@@ -212,6 +212,22 @@ class Worker:
             f"The tool '{tool}' did not run; the library will be loaded again on the next call.",
             traceback=tb)
 
+    def modcall(self, fn_name: str, index: int, args: tuple, kwargs: dict, cwd: str,
+                handlers: int) -> tuple[Any, Optional[dict]]:
+        """A module-level function called by the host (e.g. init_tools_library again)."""
+        if handlers != self.handlers:
+            self.set_handlers(handlers)
+        try:
+            os.chdir(cwd)
+            mod = self.modules[index] or self._load(index)
+            fn = getattr(mod, fn_name)
+            value = fn(*(self.ch.wrap(a) for a in args), **{k: self.ch.wrap(v) for k, v in kwargs.items()})
+            return value, None
+        except LoadFailed as exc:
+            return None, {"raised": ("RuntimeError", f"library {self.library} failed to load: {exc}"), "retire": True}
+        except BaseException as exc:
+            return None, {"raised": (type(exc).__name__, str(exc))}
+
     def prompt(self, fn_name: str, index: int, cwd: str) -> Optional[str]:
         try:
             os.chdir(cwd)
@@ -265,6 +281,16 @@ def serve(sock) -> None:
                 finally:
                     ch.in_call = False
                 worker.reply(result, info)
+                if info and info.get("retire"):
+                    break
+            elif kind == wire.MODCALL:
+                ch.call_seq += 1
+                ch.in_call = True
+                try:
+                    value, info = worker.modcall(*msg[1:])
+                finally:
+                    ch.in_call = False
+                worker.reply(value, info)
                 if info and info.get("retire"):
                     break
             elif kind == wire.PROMPT:
