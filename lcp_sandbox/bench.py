@@ -160,35 +160,45 @@ def _pin_tid(tid: Optional[int], cpus: Optional[set]) -> None:
             pass
 
 
-def _sched_ns(pid: Optional[int], exclude_tid: Optional[int] = None) -> Optional[int]:
-    """CPU time (ns) of every thread of ``pid`` so far, from /proc/PID/task/TID/schedstat."""
+def _sched(pid: Optional[int], tid: Optional[int] = None, exclude_tid: Optional[int] = None) -> Optional[tuple]:
+    """(ns on a CPU, ns waiting on a run queue) so far, summed over the threads of ``pid``
+    (or of one thread ``tid``), from /proc/PID/task/TID/schedstat."""
     if not pid:
         return None
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return None
-    total = 0
+    if tid is not None:
+        tids = [str(tid)]
+    else:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            return None
+    run = wait = 0
     for t in tids:
         if exclude_tid is not None and int(t) == exclude_tid:
             continue
         try:
             with open(f"/proc/{pid}/task/{t}/schedstat") as f:
-                total += int(f.read().split()[0])
+                v = f.read().split()
+            run += int(v[0])
+            wait += int(v[1])
         except (OSError, ValueError, IndexError):
-            pass
-    return total
+            if tid is not None:
+                return None
+    return run, wait
 
 
-def _cpu_snapshot(pids: list) -> tuple:
-    """(this thread's CPU ns, the other host threads' CPU ns, the pids' CPU ns)."""
-    others = _sched_ns(os.getpid(), threading.get_native_id())
+def _cpu_snapshot(pids: list) -> list:
+    """[this thread's CPU, its run-queue wait, the other host threads' CPU, the pids' CPU,
+    their run-queue wait], ns, each None when unknown."""
+    me, tid = os.getpid(), threading.get_native_id()
+    own = _sched(me, tid=tid)
+    others = _sched(me, exclude_tid=tid)
     worker = None
     for pid in pids:
-        v = _sched_ns(pid)
+        v = _sched(pid)
         if v is not None:
-            worker = (worker or 0) + v
-    return time.thread_time_ns(), others, worker
+            worker = (worker[0] + v[0], worker[1] + v[1]) if worker else v
+    return [own and own[0], own and own[1], others and others[0], worker and worker[0], worker and worker[1]]
 
 
 def bundled_bench_libs() -> Path:
@@ -778,7 +788,7 @@ class _Run:
         cfg = self.cfg
         rounds = max(1, cfg.rounds)
         samples = {pl: {p.key: [] for p in paths} for pl in self.placements}
-        cpu: dict = {pl: {} for pl in self.placements}      # key -> [calls, host thread, other host threads, worker] ns
+        cpu: dict = {pl: {} for pl in self.placements}      # key -> [calls, *_cpu_snapshot deltas]
         overhead = self.result["meta"]["timer_overhead_ns"]
         try:
             for r in range(rounds):
@@ -799,9 +809,9 @@ class _Run:
                         xs = p.run(n)
                         c1 = _cpu_snapshot(pids)
                         samples[pl][p.key].extend(xs)
-                        acc = cpu[pl].setdefault(p.key, [0, 0, 0, 0])
+                        acc = cpu[pl].setdefault(p.key, [0] * 6)
                         acc[0] += n
-                        for i in range(3):
+                        for i in range(5):
                             if c0[i] is not None and c1[i] is not None:
                                 acc[i + 1] += c1[i] - c0[i]
                         prog.step("warm", f"round {r + 1}/{rounds} {pl:<8} {p.label}")
@@ -823,10 +833,13 @@ class _Run:
                            samples_us=[round(x / 1000.0, 3) for x in xs])
                 acc = cpu[pl].get(key)
                 if acc and acc[0]:
+                    per = [v / acc[0] / 1000.0 for v in acc[1:]]
+                    served = kinds[key] in ("floor", "sandbox", "ppe")
                     row["cpu_us_per_call"] = {
-                        "host_thread": acc[1] / acc[0] / 1000.0,
-                        "host_other_threads": acc[2] / acc[0] / 1000.0,
-                        "worker": acc[3] / acc[0] / 1000.0 if kinds[key] in ("floor", "sandbox", "ppe") else None}
+                        "host_thread": per[0], "host_other_threads": per[2],
+                        "worker": per[3] if served else None}
+                    # time runnable but not running (another task had the CPU): noise, per call
+                    row["runq_wait_us_per_call"] = {"host_thread": per[1], "worker": per[4] if served else None}
                 out[key] = row
             floor = out.get("floor")
             for row in out.values():
@@ -943,7 +956,7 @@ class _Run:
         _pin_thread(self.all_cpus)
         bindings = []
 
-        def sandbox_calls(k: int, tool: str, params: dict, folder: str, tag: str) -> list:
+        def sandbox_calls(k: int, tool: str, params: dict, folder: str, tag: str) -> tuple:
             fns = []
             for i in range(k):
                 b = SandboxedBinding(tools_folders=[folder], workspace=self.ws, supervisor=self.sup,
@@ -955,43 +968,50 @@ class _Run:
                 if r.get("status_code") != 200:
                     raise RuntimeError(f"{tool} failed: {r.get('error')}")
                 fns.append(lambda b=b: b.execute_tool(tool, params))
-            return fns
+            return fns, bindings[-k:]
 
         cpu = {"ms": cfg.cpu_ms}
         libs = str(self.libs)
-        configs = []          # (key, label, path, tool, K, T, fns)
-        pools = {k: sandbox_calls(k, "tool_cpu", cpu, libs, f"cpu{k}") for k in (1, 2)}
-        for k, t in ((1, 1), (1, 2), (2, 2)):
-            configs.append(("sandbox", "tool_cpu", k, t, [pools[k][i % k] for i in range(t)]))
-        noop = {k: sandbox_calls(k, "tool_noop", {}, libs, f"noop{k}") for k in (1, 2)}
-        for k, t in ((1, 1), (2, 2)):
-            configs.append(("sandbox", "tool_noop", k, t, [noop[k][i % k] for i in range(t)]))
+        configs = []          # (path, tool, K, T, fns, bindings serving them)
+
+        def add_sandbox(tool: str, params: dict, folder: str, tag: str, shapes: tuple) -> None:
+            pools = {k: sandbox_calls(k, tool, params, folder, f"{tag}{k}") for k in {k for k, _ in shapes}}
+            for k, t in shapes:
+                fns, bs = pools[k]
+                configs.append(("sandbox", tool, k, t, [fns[i % k] for i in range(t)], bs))
+
+        add_sandbox("tool_cpu", cpu, libs, "cpu", ((1, 1), (1, 2), (2, 2)))
+        add_sandbox("tool_noop", {}, libs, "noop", ((1, 1), (2, 2)))
         if self.lcp_cls is not None:
             lcp = self.lcp_cls(tools_folders=[libs])
             lcp.execute_tool("tool_cpu", dict(cpu))
             for t in (1, 2):
                 configs.append(("inprocess", "tool_cpu", 1, t,
-                                [lambda: lcp.execute_tool("tool_cpu", dict(cpu))] * t))
+                                [lambda: lcp.execute_tool("tool_cpu", dict(cpu))] * t, []))
         u = self.user
         if u:
-            upools = {k: sandbox_calls(k, u["tool"], u["params"], u["folder"], "user") for k in (1, 2)}
-            for k, t in ((1, 1), (2, 2)):
-                configs.append(("sandbox", u["tool"], k, t, [upools[k][i % k] for i in range(t)]))
+            add_sandbox(u["tool"], u["params"], u["folder"], "user", ((1, 1), (2, 2)))
 
         runs: dict = {i: [] for i in range(len(configs))}
         for r in range(max(1, cfg.throughput_rounds)):
             order = list(range(len(configs)))
             self.rng.shuffle(order)
             for i in order:
-                path, tool, k, t, fns = configs[i]
+                path, tool, k, t, fns, bs = configs[i]
+                pids = [st["pid"] for b in bs for st in b.stats() if st["pid"]]
                 gc.collect()
-                runs[i].append(_drive(fns, cfg.duration_s))
+                runs[i].append(_drive(fns, cfg.duration_s, pids))
                 prog.step("throughput", f"round {r + 1} {path} {tool} K={k} T={t}")
         rows = []
-        for i, (path, tool, k, t, _) in enumerate(configs):
+        for i, (path, tool, k, t, _, _) in enumerate(configs):
             cps = sorted(x["calls_per_s"] for x in runs[i])
+            calls = sum(x["calls"] for x in runs[i]) or 1
             rows.append({"path": path, "tool": tool, "libraries": k, "threads": t,
-                         "calls_per_s": percentile(cps, 50), "rounds": runs[i]})
+                         "calls_per_s": percentile(cps, 50), "rounds": runs[i],
+                         "runq_wait_us_per_call": {
+                             "host_threads": sum(x["host_wait_ns"] for x in runs[i]) / calls / 1000.0,
+                             "workers": (sum(x["workers_wait_ns"] for x in runs[i]) / calls / 1000.0
+                                         if path == "sandbox" else None)}})
         for row in rows:
             base = next((x for x in rows if x["path"] == row["path"] and x["tool"] == row["tool"]
                          and x["libraries"] == 1 and x["threads"] == 1), None)
@@ -1131,7 +1151,7 @@ class _Run:
     def run(self) -> dict:
         cfg = self.cfg
         t_start = time.monotonic()
-        stat0, own0 = _cpu_busy_jiffies(), _own_cpu_s()
+        stat0 = _cpu_busy_jiffies()
         self.setup()
         try:
             wpaths = self.warm_paths()
@@ -1178,13 +1198,11 @@ class _Run:
                 except Exception:                              # noqa: BLE001
                     pass
         self.result["meta"]["duration_s"] = time.monotonic() - t_start
-        stat1, own1 = _cpu_busy_jiffies(), _own_cpu_s()
+        stat1 = _cpu_busy_jiffies()
         if stat0 and stat1 and stat1[2] > stat0[2]:
-            tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
             span = stat1[2] - stat0[2]
-            busy = (stat1[0] - stat0[0]) / tick
             self.result["meta"]["machine"] = {
-                "others_busy_fraction": max(0.0, busy - (own1 - own0)) / (span / tick),
+                "busy_fraction": (stat1[0] - stat0[0]) / span,        # this run included
                 "steal_fraction": (stat1[1] - stat0[1]) / span,
                 "loadavg_end": os.getloadavg() if hasattr(os, "getloadavg") else None}
         return self.result
@@ -1206,12 +1224,6 @@ def _cpu_busy_jiffies() -> Optional[tuple]:
     steal = v[7] if len(v) > 7 else 0
     total = sum(v[:8])
     return total - idle - steal, steal, total
-
-
-def _own_cpu_s() -> float:
-    """CPU seconds of this process and every descendant it has reaped."""
-    t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
 
 
 def _stop_resource_tracker_if_new() -> Callable[[], None]:
@@ -1242,41 +1254,54 @@ def _stop_resource_tracker_if_new() -> Callable[[], None]:
     return stop
 
 
-def _drive(fns: list, duration: float) -> dict:
-    """Run each fn in its own thread in a loop for ``duration`` s; calls per second."""
+def _drive(fns: list, duration: float, pids: Optional[list] = None) -> dict:
+    """Run each fn in its own thread in a loop for ``duration`` s: calls per second, and the
+    run-queue wait (ns) of the driving threads and of ``pids`` meanwhile."""
     n = len(fns)
     stop = [False]
     counts = [0] * n
     ends = [0.0] * n
+    waits = [0] * n
     errors: list = []
     barrier = threading.Barrier(n + 1)
+    me = os.getpid()
 
     def loop(i: int) -> None:
         fn = fns[i]
         c = 0
+        tid = threading.get_native_id()
         barrier.wait()
+        w0 = _sched(me, tid=tid)
         try:
             while not stop[0]:
                 fn()
                 c += 1
         except Exception as exc:                               # noqa: BLE001
             errors.append(exc)
+        w1 = _sched(me, tid=tid)
         counts[i] = c
         ends[i] = time.perf_counter()
+        waits[i] = w1[1] - w0[1] if w0 and w1 else 0
+
+    def workers_wait() -> int:
+        return sum((_sched(p) or (0, 0))[1] for p in pids or ())
 
     threads = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(n)]
     for t in threads:
         t.start()
+    ww0 = workers_wait()
     barrier.wait()
     t0 = time.perf_counter()
     time.sleep(duration)
     stop[0] = True
     for t in threads:
         t.join()
+    ww1 = workers_wait()
     if errors:
         raise errors[0]
     elapsed = max(ends) - t0
-    return {"calls": sum(counts), "seconds": elapsed, "calls_per_s": sum(counts) / elapsed if elapsed else 0.0}
+    return {"calls": sum(counts), "seconds": elapsed, "calls_per_s": sum(counts) / elapsed if elapsed else 0.0,
+            "host_wait_ns": sum(waits), "workers_wait_ns": ww1 - ww0}
 
 
 def _mem_row(what: str, pid: Optional[int], calls: Optional[int], key: str) -> dict:
@@ -1445,9 +1470,9 @@ def render_table(result: dict) -> str:
                  f"lollms_client {m.get('lollms_client') or '-'}  took {m.get('duration_s', 0):.0f} s")
     mach = m.get("machine")
     if mach:
-        lines.append(f"other processes kept {100 * mach['others_busy_fraction']:.0f}% of the machine's CPU time "
-                     f"busy during the run, hypervisor steal {100 * mach['steal_fraction']:.0f}% "
-                     f"(high values: noisy figures; compare ratios)")
+        lines.append(f"CPUs busy {100 * mach['busy_fraction']:.0f}% during the run (this run included), "
+                     f"hypervisor steal {100 * mach['steal_fraction']:.1f}%; 'runq' below: time runnable "
+                     f"but waiting for a CPU, a sign of other load")
     lines.append(f"timer overhead {m.get('timer_overhead_ns', 0):.0f} ns (subtracted); messages "
                  f"{m.get('message_bytes', {}).get('request', '?')} B out / "
                  f"{m.get('message_bytes', {}).get('reply', '?')} B back")
@@ -1460,7 +1485,7 @@ def render_table(result: dict) -> str:
         lines.append(f"WARM  one small call on a live process, microseconds; {cpus}; "
                      f"{cfg.get('rounds')} interleaved rounds")
         hdr = ["path", "n", "p50", "p90", "p99", "max", "x floor p50", "x floor p99", "cpu: host", "+threads",
-               "worker"]
+               "worker", "runq"]
         for name in other:
             hdr += [f"{name} p50", f"{name} p99", f"{name} x floor"]
         rows = []
@@ -1468,14 +1493,16 @@ def render_table(result: dict) -> str:
             c = r.get("cpu_us_per_call") or {}
             row = [r["label"], r["n"], _f(r.get("p50")), _f(r.get("p90")), _f(r.get("p99")),
                    _f(r.get("max")), _x(r.get("x_floor_p50")), _x(r.get("x_floor_p99")),
-                   _f(c.get("host_thread")), _f(c.get("host_other_threads")), _f(c.get("worker"))]
+                   _f(c.get("host_thread")), _f(c.get("host_other_threads")), _f(c.get("worker")),
+                   _f(sum(v for v in (r.get("runq_wait_us_per_call") or {}).values() if v) or None)]
             for name, rs in other.items():
                 o = rs.get(key, {})
                 row += [_f(o.get("p50")), _f(o.get("p99")), _x(o.get("x_floor_p50"))]
             rows.append(row)
         lines += _table(hdr, rows, "lr" + "r" * (len(hdr) - 2))
-        lines.append("  cpu: CPU time per call (us) of the calling thread, the host's other threads, and the "
-                     "serving process (schedstat)")
+        lines.append("  cpu: CPU time per call (us) of the calling thread, the host's other threads and the "
+                     "serving process; runq: run-queue wait per call of the calling thread + the serving process "
+                     "(/proc schedstat)")
         lines.append("")
 
     cold = result.get("cold", {})
@@ -1499,10 +1526,13 @@ def render_table(result: dict) -> str:
     if tp:
         lines.append(f"THROUGHPUT  calls per second, K libraries (one worker each) driven by T host threads; "
                      f"median of {cfg.get('throughput_rounds')} rounds of {cfg.get('duration_s')} s; unpinned")
-        hdr = ["path", "tool", "K", "T", "calls/s", "x (K=1, T=1)"]
+        hdr = ["path", "tool", "K", "T", "calls/s", "x (K=1, T=1)", "runq: host", "workers"]
         rows = [[r["path"], r["tool"] + (f" {cfg.get('cpu_ms'):g} ms" if r["tool"] == "tool_cpu" else ""),
-                 r["libraries"], r["threads"], _f(r["calls_per_s"]), _x(r.get("x_one"))] for r in tp]
-        lines += _table(hdr, rows, "llrrrr")
+                 r["libraries"], r["threads"], _f(r["calls_per_s"]), _x(r.get("x_one")),
+                 _f(r.get("runq_wait_us_per_call", {}).get("host_threads")),
+                 _f(r.get("runq_wait_us_per_call", {}).get("workers"))] for r in tp]
+        lines += _table(hdr, rows, "llrrrrrr")
+        lines.append("  runq: run-queue wait per call (us) of the driving threads and of the workers")
         lines.append("")
 
     mem = result.get("memory", [])

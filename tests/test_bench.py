@@ -1,0 +1,126 @@
+"""Smoke test of the benchmark harness: it runs end to end on a tiny budget and
+writes its JSON and PNG.  No timing is asserted, only that every figure exists."""
+import io
+import json
+import math
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from lcp_sandbox import bench
+from lcp_sandbox.bench import percentile, render_table, run_bench
+
+HERE = Path(__file__).resolve().parent
+
+TINY = dict(calls=40, rounds=2, subprocess_calls=2, cold_reps=2, zygote_reps=1, duration_s=0.1,
+            throughput_rounds=1, mem_calls=200, discovery_files=30, discovery_reps=1)
+
+TARGET_NAMES = {"warm_p50", "warm_p99", "cold_vs_spawn", "parallel", "uss_first", "uss_after",
+                "discovery_first", "discovery_again"}
+
+
+def _has_matplotlib() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not math.isnan(v) and v >= 0
+
+
+def test_percentile_and_summary():
+    xs = [1, 2, 3, 4]
+    assert percentile(xs, 50) == 2.5
+    assert percentile(xs, 0) == 1 and percentile(xs, 100) == 4
+    s = bench.summarize([3000, 1000, 2000], 1000.0)
+    assert s["n"] == 3 and s["p50"] == 2.0 and s["max"] == 3.0 and s["min"] == 1.0
+
+
+def test_bench_end_to_end(tmp_path):
+    json_path, png_path = tmp_path / "bench.json", tmp_path / "bench.png"
+    out = io.StringIO()
+    result = run_bench(json_path=str(json_path), plot_path=str(png_path), out=out, **TINY)
+
+    data = json.loads(json_path.read_text())
+    assert set(data) >= {"meta", "warm", "cold", "throughput", "memory", "discovery", "targets", "skipped"}
+    assert data["meta"]["timer_overhead_ns"] >= 0
+
+    # warm: the floor and the sandbox in every placement, each with its ratio to the floor
+    assert data["warm"], "no warm figures"
+    for placement, rows in data["warm"].items():
+        for key in ("floor", "sandbox", "ppe", "subprocess"):
+            row = rows[key]
+            assert row["n"] > 0 and len(row["samples_us"]) == row["n"]
+            for k in ("p50", "p90", "p99", "max", "x_floor_p50", "x_floor_p99"):
+                assert _number(row[k]), (placement, key, k)
+        assert rows["floor"]["x_floor_p50"] == pytest.approx(1.0)
+        if "inprocess" not in data["skipped"]:
+            assert _number(rows["inprocess"]["x_floor_p50"])
+
+    # cold: phases from the stamps, ratios to spawn
+    cold = data["cold"]
+    for key in ("sandbox", "sandbox_heavy", "spawn", "subprocess", "ppe", "zygote_start", "new_host"):
+        assert _number(cold[key]["p50"]), key
+        assert _number(cold[key]["x_spawn_p50"]), key
+    for key in ("sandbox", "spawn"):
+        assert set(cold[key]["phases"]) == {"start", "import_init", "call"}
+
+    tp = {(r["path"], r["tool"], r["libraries"], r["threads"]): r for r in data["throughput"]}
+    assert _number(tp[("sandbox", "tool_cpu", 2, 2)]["x_one"])
+    assert _number(tp[("sandbox", "tool_cpu", 1, 1)]["calls_per_s"])
+
+    mem = {r["key"]: r for r in data["memory"]}
+    assert _number(mem["small_first"]["uss_mb"]) and _number(mem["small_after"]["rss_mb"])
+    assert mem["small_after"]["calls"] == TINY["mem_calls"]
+
+    assert data["discovery"]["files"] == 30 and data["discovery"]["tools"] == 60
+    assert _number(data["discovery"]["sandbox"]["again"]["p50"])
+
+    targets = {t["name"]: t for t in data["targets"]}
+    assert set(targets) == TARGET_NAMES
+    for t in targets.values():
+        assert _number(t["value"]), t
+        assert t["met"] in (True, False)
+
+    table = out.getvalue()
+    for heading in ("WARM", "COLD", "THROUGHPUT", "MEMORY", "DISCOVERY", "TARGETS"):
+        assert heading in table
+    assert result["targets"] == data["targets"]
+
+    if not _has_matplotlib():
+        assert "plot" in result["skipped"]
+        pytest.skip("matplotlib is not installed: the PNG part needs the 'plot' extra")
+    assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_command_line_with_a_host_folder(tmp_path, capsys):
+    from lcp_sandbox.cli import main
+    folder = tmp_path / "mytools"
+    shutil.copytree(HERE / "libs" / "other", folder / "other")
+    json_path = tmp_path / "b.json"
+    rc = main(["bench", str(folder), "--tool", "tool_other_set", "--params", '{"value": "x"}',
+               "--calls", "20", "--rounds", "1", "--cold", "1", "--discovery-files", "5",
+               "--mem-calls", "10", "--no-progress", "--json", str(json_path),
+               "--skip", "ppe,subprocess,spawn,throughput"])
+    assert rc == 0
+    data = json.loads(json_path.read_text())
+    for rows in data["warm"].values():
+        assert _number(rows["sandbox:tool_other_set"]["p50"])
+        assert _number(rows["sandbox:tool_other_set"]["x_floor_p50"])
+    assert _number(data["cold"]["sandbox:tool_other_set"]["p50"])
+    assert any(r["key"] == "user" and _number(r.get("uss_mb")) for r in data["memory"])
+    assert data["skipped"]["ppe"] == "skipped by request"
+    assert "sandbox tool_other_set" in capsys.readouterr().out
+
+
+def test_bench_rejects_bad_options():
+    from lcp_sandbox.cli import main
+    assert main(["bench", "--skip", "nonsense", "--no-progress"]) == 2
+    assert main(["bench", "--params", "{not json", "--no-progress"]) == 2
+    with pytest.raises(TypeError):
+        run_bench(no_such_option=1)
