@@ -719,6 +719,7 @@ class _Run:
             "lcp_sandbox": _version("lcp-sandbox"),
             "timer_overhead_ns": timer_overhead_ns(),
             "dont_write_bytecode": bool(sys.dont_write_bytecode),
+            "engine_source": _engine_source(),
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "targets": TARGETS,
         })
@@ -1332,6 +1333,23 @@ def _message_sizes(result: dict, tool: str, params: dict, cwd: str) -> tuple:
     return req, reply
 
 
+def _engine_source() -> dict:
+    """Where the measured lcp_sandbox comes from, and its git commit when it is a checkout."""
+    pkg = Path(__file__).resolve().parent
+    out: dict = {"path": str(pkg)}
+    try:
+        git = ["git", "-C", str(pkg.parent)]
+        out["commit"] = subprocess.run(git + ["rev-parse", "--short", "HEAD"], capture_output=True,
+                                       text=True, timeout=10).stdout.strip() or None
+        if out["commit"]:
+            status = subprocess.run(git + ["status", "--porcelain", "--", "lcp_sandbox"], capture_output=True,
+                                    text=True, timeout=10).stdout
+            out["uncommitted_changes"] = bool(status.strip())
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return out
+
+
 def _version(dist: str) -> Optional[str]:
     try:
         from importlib.metadata import version
@@ -1466,7 +1484,10 @@ def render_table(result: dict) -> str:
     pl = m.get("headline_placement", "split")
     cpus = (f"host thread on CPU {m.get('host_cpu')}, worker on CPU {m.get('worker_cpu')}"
             if pl == "split" else "unpinned (could not split CPUs)")
-    lines.append(f"lcp-sandbox bench  python {m.get('python')}  {m.get('cpu_count')} CPUs  "
+    src = m.get("engine_source") or {}
+    engine = (f"engine {src['commit']}{' + uncommitted changes' if src.get('uncommitted_changes') else ''}"
+              if src.get("commit") else f"engine {src.get('path', '?')}")
+    lines.append(f"lcp-sandbox bench  {engine}  python {m.get('python')}  {m.get('cpu_count')} CPUs  "
                  f"lollms_client {m.get('lollms_client') or '-'}  took {m.get('duration_s', 0):.0f} s")
     mach = m.get("machine")
     if mach:
