@@ -97,7 +97,8 @@ class SandboxedBinding(_Base):
                  user_interaction_handler: Optional[Callable] = None,
                  workspace: Optional[PathLike] = None, tenant: str = "default",
                  timeout_s: Optional[float] = 60.0, memory_mb: Optional[float] = None,
-                 supervisor: Optional[Supervisor] = None, **kwargs: Any) -> None:
+                 supervisor: Optional[Supervisor] = None, confine: Optional[bool] = None,
+                 workspace_root: Optional[PathLike] = None, **kwargs: Any) -> None:
         if LOLLMS:
             _Base.__init__(self, binding_name="sandboxed")
         self.binding_name = "sandboxed"
@@ -110,9 +111,11 @@ class SandboxedBinding(_Base):
             self.tools_folders = [lollms_default_tools_dir() or bundled_tools_dir()]
         self.workspace = str(Path(workspace).resolve()) if workspace else None
         self.tenant = tenant
-        self.limits = Limits(timeout_s=timeout_s, memory_mb=memory_mb)
+        self.workspace_root = os.path.realpath(workspace_root) if workspace_root else None
         self._own_supervisor = supervisor is None
         self.supervisor = supervisor or Supervisor()
+        self.limits = Limits(timeout_s=timeout_s, memory_mb=memory_mb,
+                             confine=self.supervisor.confine if confine is None else bool(confine))
         self._load_flags = kwargs
         self.session_flags: dict = {}
         self._mounted: list[discovery.Library] = []
@@ -162,10 +165,12 @@ class SandboxedBinding(_Base):
         return self._prompt(*entry) if entry else None
 
     def _prompt(self, lib: discovery.Library, fn: str, index: int) -> Optional[str]:
-        msg = (wire.PROMPT, fn, index, self.workspace or os.getcwd(), self._handlers_mask())
+        cwd = self.workspace or os.getcwd()
+        root = self._root(lib, cwd)
+        msg = (wire.PROMPT, fn, index, cwd, self._handlers_mask())
         try:
-            return self.supervisor.run(self.tenant, lib, msg, init=lambda: self._init(lib),
-                                       limits=self._limits(lib), objects=self._objects, tool=fn)
+            return self.supervisor.run(self.tenant, lib, msg, init=lambda: self._init(lib, root),
+                                       limits=self._limits(lib), objects=self._objects, tool=fn, root=root)
         except SandboxEvent as ev:
             log.warning("prompt provider %s of %s failed: %s", fn, lib.name, ev)
             return None
@@ -267,12 +272,13 @@ class SandboxedBinding(_Base):
         index = next((i for i, f in enumerate(lib.files)
                       if fn in getattr(self._cache.parse(Path(f)), "function_names", ())), 0)
         objects = HostObjects(self._named_object)
+        cwd = self.workspace or os.getcwd()
+        root = self._root(lib, cwd)
         msg = (wire.MODCALL, fn, index, tuple(objects.lend(a) for a in args),
-               {k: objects.lend(v) for k, v in kwargs.items()}, self.workspace or os.getcwd(),
-               self._handlers_mask())
+               {k: objects.lend(v) for k, v in kwargs.items()}, cwd, self._handlers_mask())
         try:
-            return self.supervisor.run(self.tenant, lib, msg, init=lambda: self._init(lib),
-                                       limits=self._limits(lib), objects=objects, tool=fn)
+            return self.supervisor.run(self.tenant, lib, msg, init=lambda: self._init(lib, root),
+                                       limits=self._limits(lib), objects=objects, tool=fn, root=root)
         except SandboxEvent as ev:
             raise RuntimeError(ev.result["error"]) from None
 
@@ -305,7 +311,17 @@ class SandboxedBinding(_Base):
             lim = self._lib_limits[lib.key] = Limits.merged(self.limits, cfg.get("sandbox"))
         return lim
 
-    def _init(self, lib: discovery.Library) -> dict:
+    def _root(self, lib: discovery.Library, cwd: str) -> str:
+        """The confinement root of a call ("" when the library is not confined).
+
+        Landlock rules cannot be widened, so a confined worker serves one root for
+        life: the tenant's workspace root, or else the one workspace it was started
+        for (the slot key includes it, so another workspace gets another worker)."""
+        if not self._limits(lib).confine:
+            return ""
+        return self.workspace_root or os.path.realpath(cwd)
+
+    def _init(self, lib: discovery.Library, root: str = "") -> dict:
         stems = [Path(f).stem for f in lib.files] or [lib.name]
         configs = {}
         for stem in stems:
@@ -313,8 +329,12 @@ class SandboxedBinding(_Base):
             if isinstance(cfg, dict):
                 configs[stem] = {k: v if _sendable(v) else Ref(("cfg", stem, k)) for k, v in cfg.items()}
         lim = self._limits(lib)
+        confine = None
+        if root:
+            confine = {"root": root, "read_paths": [str(p) for p in (lib.root, *lim.read_paths) if p]}
         return {"library": lib.name, "files": [str(f) for f in lib.files], "source": lib.source,
                 "configs": configs, "handlers": self._handlers_mask(), "sys_path": list(sys.path),
+                "env": dict(os.environ), "confine": confine,
                 "limits": {k: getattr(lim, k) for k in lim.__dataclass_fields__}}
 
     def execute_tool(self, tool_name: str, params: Optional[dict] = None, discussion_instance: Any = None,
@@ -339,11 +359,16 @@ class SandboxedBinding(_Base):
                             for k, v in values.items() if v is not None}
         cwd = str(workspace) if workspace else (self.workspace or os.getcwd())
         lib = route.library
+        if self.workspace_root is not None and not _inside(cwd, self.workspace_root):
+            return normalize.failure(
+                f"[{lib.name}] tool '{tool_name}' not run: the workspace {cwd!r} is outside the "
+                f"root {self.workspace_root!r} of tenant {self.tenant!r}.", normalize.FORBIDDEN)
+        root = self._root(lib, cwd)
         msg = (wire.CALL, tool_name, route.index, params, cwd, injected, self._handlers_mask())
         try:
-            return self.supervisor.run(self.tenant, lib, msg, init=lambda: self._init(lib),
+            return self.supervisor.run(self.tenant, lib, msg, init=lambda: self._init(lib, root),
                                        limits=self._limits(lib), objects=objects, tool=tool_name,
-                                       timeout_s=timeout_s)
+                                       timeout_s=timeout_s, root=root)
         except SandboxEvent as ev:
             log.warning("%s", ev)
             return ev.result
@@ -421,6 +446,11 @@ class SandboxedBinding(_Base):
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _inside(path: str, root: str) -> bool:
+    real = os.path.realpath(path)
+    return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
 
 
 def _sendable(value: Any) -> bool:

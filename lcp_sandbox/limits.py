@@ -49,6 +49,11 @@ class Limits:
     max_file_size_mb: Optional[float] = 4096
     max_result_mb: float = 64
     log_bytes_per_s: int = 256 * 1024       # tool stdout/stderr forwarded to logging
+    # confinement (confine.py); None: the binding's / supervisor's setting
+    confine: Optional[bool] = None
+    network: bool = True                    # False: own network namespace, loopback only
+    env: Optional[dict] = None              # extra environment variables for the worker
+    read_paths: tuple = ()                  # extra read-only paths for a confined worker
 
     @classmethod
     def merged(cls, base: "Limits", override: Optional[dict]) -> "Limits":

@@ -10,8 +10,10 @@
                 RESULT   ─► done (events: timeout 504, MemoryError 507)
                 deadline ─► SIGUSR1 (soft) ... grace ... kill tree (hard, 504)
                 EOF      ─► worker died: exit status from the zygote, 500 / 507
-    watchdog thread: RSS of each worker's process tree vs memory_mb ─► kill, 507
+    watchdog thread: RSS of each worker's process tree vs memory_mb ─► kill, 507;
+                     idle workers past idle_timeout_s ─► stopped
     output thread:   worker stdout/stderr ─► logging (output.py)
+    pool (pool.py):  max_workers / max_workers_per_tenant, fair queue, LRU eviction
 
 Calls to one worker are served one at a time in arrival order; calls to
 different slots never wait for each other (no global lock is held while a
@@ -24,6 +26,7 @@ import atexit
 import collections
 import logging
 import os
+import shutil
 import signal
 import threading
 import time
@@ -37,11 +40,13 @@ from . import normalize, wire
 from .discovery import Library
 from .limits import Limits, describe_exit
 from .output import OutputPump
+from .pool import Pool
 from .proxies import HostObjects, rebuild_error
 from .worker import SOFT_TIMEOUT_SIGNAL
 from .zygote import Zygote, ZygoteGone
 
 log = logging.getLogger("lcp_sandbox")
+events_log = logging.getLogger("lcp_sandbox.events")
 
 
 class SandboxEvent(Exception):
@@ -100,6 +105,7 @@ class _Process:
     calls: int = 0
     exit_status: Optional[int] = None      # set when the zygote reports it
     kill_reason: Optional[dict] = None     # set by whoever killed it on purpose
+    report: dict = field(default_factory=dict)   # READY: protections in force, tmpdir
 
 
 @dataclass
@@ -107,6 +113,7 @@ class Slot:
     tenant: str
     library: Library
     limits: Limits
+    root: str = ""                         # confinement root ("" when not confined)
     lock: FifoLock = field(default_factory=FifoLock)
     proc: Optional[_Process] = None
     busy: bool = False
@@ -147,9 +154,19 @@ def _close_all() -> None:
 class Supervisor:
     """Owns the zygote, the worker slots and the threads that watch them."""
 
-    def __init__(self, crash_policy: Optional[CrashPolicy] = None, watch_interval_s: float = 0.05) -> None:
+    def __init__(self, max_workers: Optional[int] = None, max_workers_per_tenant: Optional[int] = None,
+                 idle_timeout_s: Optional[float] = None, confine: bool = False,
+                 on_event: Optional[Callable[[dict], None]] = None,
+                 crash_policy: Optional[CrashPolicy] = None, watch_interval_s: float = 0.05) -> None:
+        """``confine`` is the default for bindings that do not say (see confine.py);
+        ``on_event`` gets a dict per lifecycle event (start, stop, evict, idle,
+        crash, timeout, memory, quarantine), also logged on ``lcp_sandbox.events``."""
         self.crash_policy = crash_policy or CrashPolicy()
-        self._slots: dict[tuple[str, str], Slot] = {}
+        self.confine = confine
+        self.idle_timeout_s = idle_timeout_s
+        self.on_event = on_event
+        self.pool = Pool(max_workers, max_workers_per_tenant)
+        self._slots: dict[tuple, Slot] = {}
         self._by_pid: dict[int, Slot] = {}
         self._lock = threading.Lock()
         self._zygote: Optional[Zygote] = None
@@ -158,7 +175,17 @@ class Supervisor:
         self._watch_interval = watch_interval_s
         self._watcher: Optional[threading.Thread] = None
         self._wake = threading.Event()
+        self._retiring: list[tuple[int, float]] = []   # (pid, kill if still alive at)
         _live_supervisors.add(self)
+
+    def _event(self, kind: str, slot: Slot, **details: Any) -> None:
+        event = {"event": kind, "tenant": slot.tenant, "library": slot.library.name, **details}
+        events_log.info("%s", event)
+        if self.on_event is not None:
+            try:
+                self.on_event(event)
+            except Exception:
+                log.exception("on_event callback failed")
 
     # ------------------------------------------------------------ plumbing
     def _zyg(self) -> Zygote:
@@ -186,41 +213,105 @@ class Supervisor:
         if slot is not None and slot.proc is not None and slot.proc.pid == pid:
             slot.proc.exit_status = status
 
-    def slot(self, tenant: str, library: Library, limits: Limits) -> Slot:
-        key = (tenant, library.key)
+    def slot(self, tenant: str, library: Library, limits: Limits, root: str = "") -> Slot:
+        key = (tenant, library.key, root)
         s = self._slots.get(key)
         if s is None:
             with self._lock:
                 s = self._slots.get(key)
                 if s is None:
-                    s = self._slots[key] = Slot(tenant, library, limits)
+                    s = self._slots[key] = Slot(tenant, library, limits, root)
         else:
             s.limits = limits
         return s
 
     # ------------------------------------------------------------ workers
-    def _spawn(self, slot: Slot, init: dict) -> _Process:
-        zyg = self._zyg()
-        host_sock, worker_sock = wire.pair()
-        log_r, log_w = os.pipe()
+    def _spawn(self, slot: Slot, init: dict, deadline: Optional[float], tool: str) -> _Process:
+        if self.pool.limited:
+            try:
+                self.pool.reserve(slot.tenant, deadline, lambda tenant: self._evict_one(slot, tenant))
+            except TimeoutError:
+                raise SandboxEvent(normalize.failure(
+                    f"[{slot.library.name}] tool '{tool}' not run: no worker became free in time "
+                    f"(pool of {self.pool.max_workers} workers, {self.pool.max_per_tenant} per tenant, "
+                    f"all busy).", normalize.UNAVAILABLE)) from None
+        else:
+            self.pool.reserve(slot.tenant, None, lambda tenant: False)
         try:
-            pid = zyg.fork(worker_sock.fileno(), log_w)
-        except (ZygoteGone, TimeoutError) as exc:
-            host_sock.close()
-            os.close(log_r)
-            raise SandboxEvent(normalize.failure(
-                f"[{slot.library.name}] could not start a worker: {exc}", normalize.UNAVAILABLE))
-        finally:
-            worker_sock.close()
-            os.close(log_w)
+            zyg = self._zyg()
+            host_sock, worker_sock = wire.pair()
+            log_r, log_w = os.pipe()
+            try:
+                pid = zyg.fork(worker_sock.fileno(), log_w)
+            except (ZygoteGone, TimeoutError) as exc:
+                host_sock.close()
+                os.close(log_r)
+                raise SandboxEvent(normalize.failure(
+                    f"[{slot.library.name}] could not start a worker: {exc}", normalize.UNAVAILABLE))
+            finally:
+                worker_sock.close()
+                os.close(log_w)
+        except BaseException:
+            self.pool.release(slot.tenant)
+            raise
         self._pump.add(log_r, slot.library.name, slot.limits.log_bytes_per_s)
         proc = _Process(pid, wire.Connection(host_sock), time.monotonic())
         with self._lock:
             self._by_pid[pid] = slot
         slot.proc = proc
         slot.starts += 1
-        proc.conn.send((wire.INIT, init))
+        try:
+            proc.conn.send((wire.INIT, init))
+            kind, proc.report = proc.conn.recv(30.0)
+        except (EOFError, OSError, TimeoutError):
+            self._kill(proc)
+            self._died(slot, proc, tool, while_starting=True)
+        self._event("start", slot, pid=pid, protections=self._protections(proc))
         return proc
+
+    @staticmethod
+    def _protections(proc: _Process) -> dict:
+        return {k: v for k, v in proc.report.items() if k in ("env", "network", "filesystem")}
+
+    def _detach(self, slot: Slot, proc: _Process) -> None:
+        """``proc`` no longer serves ``slot``: give its room back to the pool."""
+        if slot.proc is proc:
+            slot.proc = None
+            self.pool.release(slot.tenant)
+            tmp = proc.report.get("tmpdir")
+            if tmp:
+                shutil.rmtree(tmp, ignore_errors=True)
+
+    def _retire(self, slot: Slot, proc: _Process, kind: str, why: str) -> None:
+        """Stop an idle worker on purpose (eviction, idle timeout, host request)."""
+        proc.kill_reason = {"why": why, "counts": False}
+        try:
+            proc.conn.send((wire.SHUTDOWN,))
+        except OSError:
+            pass
+        proc.conn.close()
+        slot.last_exit = why
+        self._detach(slot, proc)
+        with self._lock:
+            self._retiring.append((proc.pid, time.monotonic() + 2.0))
+        self._event(kind, slot, pid=proc.pid, reason=why)
+
+    def _evict_one(self, asking: Slot, tenant: Optional[str]) -> bool:
+        """Stop the least recently used idle worker (of ``tenant`` if given)."""
+        candidates = sorted((s for s in list(self._slots.values())
+                             if s is not asking and s.proc is not None and not s.busy
+                             and (tenant is None or s.tenant == tenant)),
+                            key=lambda s: s.last_used)
+        for victim in candidates:
+            if victim.lock.acquire(timeout=0):
+                try:
+                    proc = victim.proc
+                    if proc is not None and not victim.busy:
+                        self._retire(victim, proc, "evict", "evicted to make room for another worker")
+                        return True
+                finally:
+                    victim.lock.release()
+        return False
 
     def _kill(self, proc: _Process, reason: Optional[dict] = None) -> None:
         if reason is not None and proc.kill_reason is None:
@@ -239,9 +330,9 @@ class Supervisor:
                 status = self._zygote.wait_exit(proc.pid, 5.0)
         how = describe_exit(status)
         slot.last_exit = how if proc.kill_reason is None else proc.kill_reason["why"]
-        if slot.proc is proc:
-            slot.proc = None
+        self._detach(slot, proc)
         if proc.kill_reason is None or proc.kill_reason.get("counts", True):
+            self._event("crash", slot, pid=proc.pid, reason=how)
             self._record_death(slot, fresh=not served_a_call)
         return how
 
@@ -257,23 +348,35 @@ class Supervisor:
             slot.quarantined_until = now + slot.backoff_s
             log.error("library %s (tenant %s) quarantined for %.0f s after repeated worker deaths",
                       slot.library.name, slot.tenant, slot.backoff_s)
+            self._event("quarantine", slot, seconds=slot.backoff_s)
 
     # ------------------------------------------------------------ calling
     def run(self, tenant: str, library: Library, msg: tuple, *, init: Callable[[], dict],
-            limits: Limits, objects: HostObjects, tool: str, timeout_s: Optional[float] = None) -> Any:
-        """Send ``msg`` to the (tenant, library) worker and return its RESULT value."""
-        slot = self.slot(tenant, library, limits)
-        slot.lock.acquire()
+            limits: Limits, objects: HostObjects, tool: str, timeout_s: Optional[float] = None,
+            root: str = "") -> Any:
+        """Send ``msg`` to the (tenant, library, root) worker and return its RESULT value.
+
+        Waiting for the worker (its queue, or room in the pool) counts against the
+        call's timeout from the moment the call was made."""
+        timeout = limits.timeout_s if timeout_s is None else timeout_s
+        queue_deadline = time.monotonic() + timeout if timeout else None
+        slot = self.slot(tenant, library, limits, root)
+        if not slot.lock.acquire(timeout=timeout if timeout else None):
+            raise SandboxEvent(normalize.failure(
+                f"[{library.name}] tool '{tool}' not run: its worker stayed busy with earlier calls "
+                f"for the whole {timeout:g} s timeout.", normalize.UNAVAILABLE))
         try:
-            return self._run_locked(slot, msg, init, objects, tool,
-                                    limits.timeout_s if timeout_s is None else timeout_s)
+            return self._run_locked(slot, msg, init, objects, tool, timeout, queue_deadline)
         finally:
             slot.busy = False
             slot.last_used = time.monotonic()
+            proc = slot.proc
+            if proc is not None and self.pool.limited and self.pool.should_yield(tenant):
+                self._retire(slot, proc, "evict", "stopped to give its room to a waiting tenant")
             slot.lock.release()
 
     def _run_locked(self, slot: Slot, msg: tuple, init: Callable[[], dict], objects: HostObjects,
-                    tool: str, timeout: Optional[float]) -> Any:
+                    tool: str, timeout: Optional[float], queue_deadline: Optional[float]) -> Any:
         name = slot.library.name
         if self._closed:
             raise SandboxEvent(normalize.failure("The sandbox supervisor is closed.", normalize.UNAVAILABLE))
@@ -288,7 +391,7 @@ class Supervisor:
             self._bury(slot, proc, served_a_call=proc.calls > 0)   # died while idle
             proc = None
         if proc is None:
-            proc = self._spawn(slot, init())
+            proc = self._spawn(slot, init(), queue_deadline, tool)
         slot.busy = True
         conn = proc.conn
         try:
@@ -313,6 +416,7 @@ class Supervisor:
                         continue
                     self._kill(proc, {"why": f"killed after its {timeout:g} s timeout", "counts": False})
                     self._bury(slot, proc, served_a_call=True)
+                    self._event("timeout", slot, pid=proc.pid, tool=tool, stage="hard", seconds=timeout)
                     raise SandboxEvent(normalize.failure(
                         f"[{name}] tool '{tool}' timed out after {timeout:g} s and did not stop when "
                         f"interrupted; its worker was killed and will be replaced on the next call "
@@ -343,6 +447,7 @@ class Supervisor:
             return value
         event = info.get("event")
         if event == "timeout":
+            self._event("timeout", slot, pid=proc.pid, tool=tool, stage="soft", seconds=timeout)
             raise SandboxEvent(normalize.failure(
                 f"[{name}] tool '{tool}' timed out after {timeout:g} s; it was interrupted and its "
                 f"worker (with its module state) was kept.", normalize.TIMED_OUT))
@@ -357,11 +462,15 @@ class Supervisor:
             raise rebuild_error(*info["raised"])
         return value
 
-    def _died(self, slot: Slot, proc: _Process, tool: str) -> None:
+    def _died(self, slot: Slot, proc: _Process, tool: str, while_starting: bool = False) -> None:
         how = self._bury(slot, proc, served_a_call=proc.calls > 0)
         name = slot.library.name
         reason = proc.kill_reason
+        if while_starting:
+            raise SandboxEvent(normalize.failure(
+                f"[{name}] tool '{tool}' not run: its worker {how} while starting.", normalize.TOOL_FAILED))
         if reason and reason.get("code") == normalize.OUT_OF_MEMORY:
+            self._event("memory", slot, pid=proc.pid, tool=tool, reason=reason["why"])
             raise SandboxEvent(normalize.failure(
                 f"[{name}] tool '{tool}': {reason['why']}; the worker's process tree was killed and "
                 f"will be replaced on the next call (module state was lost).", normalize.OUT_OF_MEMORY))
@@ -375,10 +484,21 @@ class Supervisor:
         while not self._closed:
             self._wake.wait(self._watch_interval)
             tick += 1
+            now = time.monotonic()
+            if self._retiring:
+                self._reap_retiring(now)
             for slot in list(self._slots.values()):
                 proc = slot.proc
                 if proc is None or proc.exit_status is not None:
                     continue
+                if (self.idle_timeout_s is not None and not slot.busy
+                        and now - slot.last_used > self.idle_timeout_s and slot.lock.acquire(timeout=0)):
+                    try:
+                        if slot.proc is proc and not slot.busy:
+                            self._retire(slot, proc, "idle", f"stopped after {self.idle_timeout_s:g} s idle")
+                            continue
+                    finally:
+                        slot.lock.release()
                 limit = slot.limits.memory_mb
                 # Busy workers with a limit are measured every tick; the rest once a
                 # second (a /proc walk per worker is not free, and it holds the GIL).
@@ -392,26 +512,31 @@ class Supervisor:
                                              f"{rss / 1048576:.0f} MB in its process tree)",
                                       "code": normalize.OUT_OF_MEMORY, "counts": False})
 
+    def _reap_retiring(self, now: float) -> None:
+        # Workers asked to shut down get a grace period for their atexit work, then a kill.
+        with self._lock:
+            due = [pid for pid, at in self._retiring if at <= now]
+            self._retiring = [(pid, at) for pid, at in self._retiring if at > now]
+        for pid in due:
+            if self._zygote is not None:
+                self._zygote.kill(pid)
+
     # ------------------------------------------------------------ lifecycle
     def stop(self, tenant: str, library_key: str) -> bool:
-        """Stop one slot's worker (e.g. a dynamic library being unregistered)."""
-        slot = self._slots.pop((tenant, library_key), None)
-        if slot is None:
-            return False
-        with slot.lock:
-            if slot.proc is not None:
+        """Stop the worker(s) of one library of one tenant and forget the slot(s)."""
+        keys = [k for k in list(self._slots) if k[0] == tenant and k[1] == library_key]
+        for key in keys:
+            slot = self._slots.pop(key, None)
+            if slot is None:
+                continue
+            with slot.lock:
                 proc = slot.proc
-                proc.kill_reason = {"why": "stopped by the host", "counts": False}
-                try:
-                    proc.conn.send((wire.SHUTDOWN,))
-                except OSError:
-                    pass
-                if self._zygote is not None and self._zygote.wait_exit(proc.pid, 2.0) is None:
-                    self._kill(proc)
-                    self._zygote.wait_exit(proc.pid, 2.0)
-                proc.conn.close()
-                slot.proc = None
-        return True
+                if proc is not None:
+                    self._retire(slot, proc, "stop", "stopped by the host")
+                    if self._zygote is not None and self._zygote.wait_exit(proc.pid, 2.0) is None:
+                        self._kill(proc)
+                        self._zygote.wait_exit(proc.pid, 2.0)
+        return bool(keys)
 
     def stats(self, tenant: Optional[str] = None) -> list[dict]:
         out = []
@@ -428,8 +553,20 @@ class Supervisor:
                           "busy" if slot.busy else "idle" if alive else "stopped"),
                 "calls": slot.calls, "restarts": slot.restarts, "last_exit": slot.last_exit,
                 "rss": rss, "peak_rss": max(slot.peak_rss, rss),
+                "protections": self._protections(proc) if alive else {},
+                "workspace_root": slot.root or None,
             })
         return out
+
+    def pool_stats(self) -> dict:
+        """The pool as a whole and per tenant: live workers, calls waiting for room."""
+        waiting = self.pool.waiting()
+        tenants = {s.tenant for s in self._slots.values()} | set(self.pool.live) | set(waiting)
+        return {"max_workers": self.pool.max_workers, "max_workers_per_tenant": self.pool.max_per_tenant,
+                "live_workers": self.pool.total, "waiting": sum(waiting.values()),
+                "tenants": {t: {"live_workers": self.pool.live.get(t, 0), "waiting": waiting.get(t, 0),
+                                "calls": sum(s.calls for s in self._slots.values() if s.tenant == t)}
+                            for t in sorted(tenants)}}
 
     def close(self) -> None:
         """Stop every worker and the zygote; idempotent."""
@@ -454,6 +591,7 @@ class Supervisor:
         for slot in list(self._slots.values()):
             if slot.proc is not None:
                 slot.proc.conn.close()
+                self._detach(slot, slot.proc)
         if self._pump is not None:
             self._pump.close()
         _live_supervisors.discard(self)

@@ -13,7 +13,9 @@ microsecond, which keeps a warm call close to the pipe floor.
     host ◄─REQUEST (handler, proxy use)───────────── worker   (0..n per call)
     host ──REPLY────────────────────────────────────► worker
     host ◄─RESULT──────────────────────────────────── worker   (ends the call)
-    host ──INIT (once) / SHUTDOWN───────────────────► worker
+    host ──INIT (once) ─────────────────────────────► worker
+    host ◄─READY (protections in force) ───────────── worker
+    host ──SHUTDOWN─────────────────────────────────► worker
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ REPLY = 4       # (REPLY, ok, value)                 answer to a REQUEST
 SHUTDOWN = 5    # (SHUTDOWN,)
 MODCALL = 6     # (MODCALL, fn_name, file_index, args, kwargs, cwd, handlers_mask)
 # Worker -> host
+READY = 9       # (READY, report_dict)                after INIT: protections in force
 RESULT = 10     # (RESULT, result_dict, info_dict)
 REQUEST = 11    # (REQUEST, op, ref, name, args, kwargs)
 

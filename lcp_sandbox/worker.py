@@ -20,13 +20,14 @@ import inspect
 import os
 import signal
 import sys
+import tempfile
 import time
 import traceback
 import types
 from pathlib import Path
 from typing import Any, Optional
 
-from . import limits, normalize, wire
+from . import confine, limits, normalize, wire
 from .proxies import Channel, Proxy, Ref
 
 PERSISTENT_PREFIX = "lollms_client.tools_bindings.lcp.persistent_"
@@ -251,14 +252,43 @@ class Worker:
         self.conn.send_bytes(data)
 
 
+def prepare(init: dict) -> dict:
+    """Environment, confinement and limits of this worker, before any tool code runs.
+
+    Returns what is in force, for the host's stats()."""
+    lim = init["limits"]
+    report: dict = {"env": "host environment"}
+    conf = init.get("confine")
+    if conf is not None:
+        confine.clean_environment(lim.get("env"), init.get("env") or {})
+        report["env"] = "clean (allowlist" + (" + library env)" if lim.get("env") else ")")
+    elif init.get("env") is not None:
+        os.environ.clear()
+        os.environ.update(init["env"])
+        os.environ.update({str(k): str(v) for k, v in (lim.get("env") or {}).items()})
+    report["network"] = "host network" if lim.get("network", True) else confine.isolate_network()
+    if conf is not None:
+        tmp = tempfile.mkdtemp(prefix="lcp-sandbox-")
+        os.environ["TMPDIR"] = tempfile.tempdir = tmp
+        report["tmpdir"] = tmp
+        ro = [*conf.get("read_paths", ()), *confine.python_paths(), *confine.SYSTEM_READ_PATHS,
+              os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
+        report["filesystem"] = confine.apply_landlock([conf["root"], tmp], ro, confine.DEVICES)
+    else:
+        report["filesystem"] = "unrestricted"
+    limits.apply_in_worker(lim)
+    return report
+
+
 def serve(sock) -> None:
     """Run the worker loop on a connected socket; never returns."""
     conn = wire.Connection(sock)
     code = 0
     try:
         kind, init = conn.recv()
-        limits.apply_in_worker(init["limits"])
+        report = prepare(init)
         worker = Worker(conn, init)
+        conn.send((wire.READY, report))
         ch = worker.ch
 
         def on_soft_timeout(signum: int, frame: Any) -> None:

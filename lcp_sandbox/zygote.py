@@ -132,7 +132,8 @@ def main(fd: int) -> None:
     # What every worker needs, imported once here and shared copy-on-write.
     import ctypes, inspect, importlib.util, json, pathlib, re, sqlite3, threading, traceback, typing  # noqa
     import psutil  # noqa
-    from . import worker, normalize, proxies, wire  # noqa
+    from . import confine, worker, normalize, proxies, wire  # noqa
+    import tempfile, fcntl, struct  # noqa
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
@@ -202,7 +203,11 @@ class Zygote:
 
     def __init__(self, on_exit: Optional[Callable[[int, int], None]] = None) -> None:
         host_end, zyg_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        env = dict(os.environ)
+        # The zygote (and so the memory every worker starts from) never holds the
+        # host's environment: workers get theirs in INIT, whole or filtered.
+        from .confine import ENV_ALLOWLIST
+        env = {k: v for k, v in os.environ.items()
+               if k in ENV_ALLOWLIST or k.startswith("LC_") or k in ("LD_LIBRARY_PATH", "PYTHONHOME", "PYTHONPATH")}
         pkg_parent = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join([pkg_parent] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
         self.proc = subprocess.Popen(
