@@ -1665,7 +1665,8 @@ def write_plot(result: dict, path: str) -> None:
              "ppe": "ppe", "inprocess": "inprocess", "zygote_start": "zygote", "new_host": "zygote"}
     for key, r in cold.items():
         kind = kinds.get(key, key.split(":")[0])
-        ls = "--" if key in ("sandbox_heavy", "new_host") else ":" if key == "zygote_start" else "-"
+        ls = ("--" if key in ("sandbox_heavy", "new_host") else ":" if key == "zygote_start"
+              else "-." if ":" in key else "-")
         ecdf(a2, r.get("samples_ms", []), color=color(kind), lw=1.8, ls=ls,
              label=f"{r['label']} (p50 {_f(r.get('p50'))} ms)")
     a2.set_xscale("log")
