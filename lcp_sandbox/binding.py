@@ -335,6 +335,7 @@ class SandboxedBinding(_Base):
         return {"library": lib.name, "files": [str(f) for f in lib.files], "source": lib.source,
                 "configs": configs, "handlers": self._handlers_mask(), "sys_path": list(sys.path),
                 "env": dict(os.environ), "confine": confine,
+                "disabled": [x.strip() for x in os.environ.get("LCP_SANDBOX_DISABLE", "").split(",") if x.strip()],
                 "limits": {k: getattr(lim, k) for k in lim.__dataclass_fields__}}
 
     def execute_tool(self, tool_name: str, params: Optional[dict] = None, discussion_instance: Any = None,

@@ -103,7 +103,7 @@ def _demo_body(b: SandboxedBinding, ws: str, args: argparse.Namespace) -> None:
 def _demo_calls(b: SandboxedBinding, ws: str) -> list:
     names = {t["name"] for t in b.discovered_tools}
     Path(ws, "notes.txt").write_text("hello from the workspace\n")
-    wanted = [("tool_list_files", {}), ("tool_read_file", {"path": "notes.txt"}),
+    wanted = [("tool_list_files", {}), ("tool_read_file", {"file_name": "notes.txt"}),
               ("tool_execute_query", {"database_name": "demo.db", "query": "SELECT 1 AS one"})]
     if "tool_execute_query" in names:
         import sqlite3

@@ -5,9 +5,10 @@ served max-min fair: the next one is the oldest ticket of the tenant with
 the fewest live workers, so one tenant's flood of calls cannot starve
 another tenant.  The head ticket takes free room, or asks the supervisor to
 evict an idle worker; otherwise every ticket waits until room is released
-or its own deadline passes.  When a call ends and a poorer tenant is
-waiting, the supervisor retires that call's worker (``should_yield``), so a
-waiting tenant is delayed by at most one call.
+or its own deadline passes.  When a call ends and a tenant no richer than
+the call's own is waiting, the supervisor retires that call's worker
+(``should_yield``), so a waiting tenant is delayed by at most one call and
+a tenant's libraries take turns when it has more of them than workers.
 """
 from __future__ import annotations
 
@@ -81,10 +82,11 @@ class Pool:
             self._cond.notify_all()
 
     def should_yield(self, tenant: str) -> bool:
-        """A tenant with fewer live workers is waiting for room."""
+        """A call waits for room and its tenant has no more live workers than ``tenant``
+        (the same tenant included: its other libraries take turns rather than starve)."""
         with self._cond:
             mine = self.live[tenant]
-            return any(self.live[t] < mine for _, t in self._tickets)
+            return any(self.live[t] <= mine for _, t in self._tickets)
 
     def waiting(self) -> collections.Counter:
         with self._cond:

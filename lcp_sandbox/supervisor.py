@@ -176,6 +176,7 @@ class Supervisor:
         self._watcher: Optional[threading.Thread] = None
         self._wake = threading.Event()
         self._retiring: list[tuple[int, float]] = []   # (pid, kill if still alive at)
+        self._warned: set[str] = set()
         _live_supervisors.add(self)
 
     def _event(self, kind: str, slot: Slot, **details: Any) -> None:
@@ -267,7 +268,23 @@ class Supervisor:
             self._kill(proc)
             self._died(slot, proc, tool, while_starting=True)
         self._event("start", slot, pid=pid, protections=self._protections(proc))
+        self._warn_missing(slot, proc, init)
         return proc
+
+    def _warn_missing(self, slot: Slot, proc: _Process, init: dict) -> None:
+        """One clear warning per kind when a requested protection is not in force."""
+        wanted = []
+        if init.get("confine") is not None:
+            wanted.append("filesystem")
+        if not slot.limits.network:
+            wanted.append("network")
+        for kind in wanted:
+            state = str(proc.report.get(kind, "unknown"))
+            if not state.startswith("on") and kind not in self._warned:
+                self._warned.add(kind)
+                log.warning("%s confinement requested for %s (tenant %s) is not in force: %s. "
+                            "The worker runs without it; stats() shows what is active.",
+                            kind, slot.library.name, slot.tenant, state)
 
     @staticmethod
     def _protections(proc: _Process) -> dict:

@@ -266,14 +266,22 @@ def prepare(init: dict) -> dict:
         os.environ.clear()
         os.environ.update(init["env"])
         os.environ.update({str(k): str(v) for k, v in (lim.get("env") or {}).items()})
-    report["network"] = "host network" if lim.get("network", True) else confine.isolate_network()
+    disabled = set(init.get("disabled") or ())     # LCP_SANDBOX_DISABLE in the host, for tests
+    if lim.get("network", True):
+        report["network"] = "host network"
+    else:
+        report["network"] = ("unavailable (disabled by LCP_SANDBOX_DISABLE)" if "netns" in disabled
+                             else confine.isolate_network())
     if conf is not None:
         tmp = tempfile.mkdtemp(prefix="lcp-sandbox-")
         os.environ["TMPDIR"] = tempfile.tempdir = tmp
         report["tmpdir"] = tmp
         ro = [*conf.get("read_paths", ()), *confine.python_paths(), *confine.SYSTEM_READ_PATHS,
               os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
-        report["filesystem"] = confine.apply_landlock([conf["root"], tmp], ro, confine.DEVICES)
+        if "landlock" in disabled:
+            report["filesystem"] = "unavailable (disabled by LCP_SANDBOX_DISABLE)"
+        else:
+            report["filesystem"] = confine.apply_landlock([conf["root"], tmp], ro, confine.DEVICES)
     else:
         report["filesystem"] = "unrestricted"
     limits.apply_in_worker(lim)

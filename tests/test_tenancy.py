@@ -1,0 +1,258 @@
+"""Many tenants on one supervisor: separation, confinement, pool fairness, scale."""
+import logging
+import os
+import socket
+import threading
+import time
+
+import pytest
+
+from conftest import HERE
+from lcp_sandbox import SandboxedBinding, Supervisor
+
+LIBS = HERE / "tenant_libs"
+
+
+@pytest.fixture
+def roots(tmp_path):
+    a, b = tmp_path / "tenant_a", tmp_path / "tenant_b"
+    a.mkdir(), b.mkdir()
+    (b / "secret.txt").write_text("b's secret")
+    return a, b
+
+
+@pytest.fixture
+def confined(roots):
+    """Two tenants, confined, each with a workspace root, on one supervisor."""
+    a, b = roots
+    sup = Supervisor(confine=True)
+    ta = SandboxedBinding(tools_folders=[LIBS], supervisor=sup, tenant="a", workspace=str(a), workspace_root=str(a))
+    tb = SandboxedBinding(tools_folders=[LIBS], supervisor=sup, tenant="b", workspace=str(b), workspace_root=str(b))
+    yield sup, ta, tb
+    ta.close(), tb.close(), sup.close()
+
+
+def test_state_is_per_tenant(confined):
+    sup, ta, tb = confined
+    assert ta.execute_tool("tool_remember", {"key": "k", "value": "a's"})["output"] == {"k": "a's"}
+    assert tb.execute_tool("tool_recall", {})["output"]["state"] == {}
+    assert ta.execute_tool("tool_recall", {})["output"]["state"] == {"k": "a's"}
+    pids = {(s["tenant"], s["library"]): s["pid"] for s in sup.stats()}
+    assert pids[("a", "probe")] != pids[("b", "probe")]
+
+
+def test_workspaces_are_per_tenant(confined, roots):
+    sup, ta, tb = confined
+    a, b = roots
+    assert ta.execute_tool("tool_write_file", {"path": "note.txt", "text": "hi"})["output"] == str(a / "note.txt")
+    assert tb.execute_tool("tool_read_file", {"path": "note.txt"})["success"] is False
+    assert ta.execute_tool("tool_read_file", {"path": "note.txt"})["output"] == "hi"
+
+
+@pytest.mark.parametrize("how", ["absolute", "dotdot", "symlink", "symlink_dir"])
+def test_cross_tenant_reads_are_refused(confined, roots, how):
+    sup, ta, tb = confined
+    a, b = roots
+    if how == "absolute":
+        path = str(b / "secret.txt")
+    elif how == "dotdot":
+        path = "../tenant_b/secret.txt"
+    elif how == "symlink":
+        (a / "link.txt").symlink_to(b / "secret.txt")
+        path = "link.txt"
+    else:
+        (a / "other").symlink_to(b, target_is_directory=True)
+        path = "other/secret.txt"
+    r = ta.execute_tool("tool_read_file", {"path": path})
+    assert r["success"] is False and "PermissionError" in r["error"]
+    assert tb.execute_tool("tool_read_file", {"path": "secret.txt"})["output"] == "b's secret"
+
+
+def test_cross_tenant_writes_are_refused(confined, roots):
+    sup, ta, tb = confined
+    a, b = roots
+    r = ta.execute_tool("tool_write_file", {"path": str(b / "planted.txt"), "text": "x"})
+    assert r["success"] is False and "PermissionError" in r["error"]
+    assert not (b / "planted.txt").exists()
+    r = ta.execute_tool("tool_write_file", {"path": str(a.parent / "outside.txt"), "text": "x"})
+    assert r["success"] is False and not (a.parent / "outside.txt").exists()
+
+
+def test_workspace_outside_the_tenant_root_403(confined, roots):
+    sup, ta, tb = confined
+    a, b = roots
+    r = ta.execute_tool("tool_read_file", {"path": "secret.txt"}, workspace=str(b))
+    assert r["status_code"] == 403 and "outside the root" in r["error"] and "'a'" in r["error"]
+    sub = a / "project"
+    sub.mkdir()
+    assert ta.execute_tool("tool_write_file", {"path": "x.txt", "text": "1"}, workspace=str(sub))["success"]
+
+
+def test_host_secrets_are_invisible(roots, monkeypatch):
+    a, b = roots
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-host-secret")
+    with Supervisor(confine=True) as sup:
+        t = SandboxedBinding(tools_folders=[LIBS], supervisor=sup, tenant="a", workspace=str(a),
+                             workspace_root=str(a),
+                             host_tool_configs={"probe": {"sandbox": {"env": {"PROBE_MODE": "on"}}}})
+        assert t.execute_tool("tool_getenv", {"name": "OPENAI_API_KEY"})["output"] == {"environ": None, "proc": False}
+        assert t.execute_tool("tool_getenv", {"name": "PROBE_MODE"})["output"]["environ"] == "on"
+        assert t.execute_tool("tool_getenv", {"name": "PATH"})["output"]["environ"] == os.environ["PATH"]
+        # unconfined (drop-in parity) tools see the host's environment, as in-process
+        u = SandboxedBinding(tools_folders=[LIBS], supervisor=sup, tenant="u", workspace=str(a), confine=False)
+        assert u.execute_tool("tool_getenv", {"name": "OPENAI_API_KEY"})["output"]["environ"] == "sk-host-secret"
+
+
+@pytest.fixture
+def listener():
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    srv.settimeout(10)
+
+    def serve():
+        for _ in range(4):
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            conn.sendall(b"hello from the host\n")
+            conn.close()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    yield srv.getsockname()[1]
+    srv.close()
+
+
+def test_network_off_and_on(roots, listener):
+    a, b = roots
+    with Supervisor(confine=True) as sup:
+        off = SandboxedBinding(tools_folders=[LIBS], supervisor=sup, tenant="a", workspace=str(a),
+                               host_tool_configs={"probe": {"sandbox": {"network": False}}})
+        on = SandboxedBinding(tools_folders=[LIBS], supervisor=sup, tenant="b", workspace=str(b))
+        r = off.execute_tool("tool_connect", {"host": "127.0.0.1", "port": listener})
+        assert r["success"] is False and ("refused" in r["error"] or "unreachable" in r["error"])
+        r = on.execute_tool("tool_connect", {"host": "127.0.0.1", "port": listener})
+        assert r["output"] == "hello from the host\n"
+        prot = {s["tenant"]: s["protections"] for s in sup.stats()}
+        assert prot["a"]["network"].startswith("on (own network namespace")
+        assert prot["b"]["network"] == "host network"
+        assert prot["a"]["filesystem"].startswith("on (ABI")
+
+
+def test_missing_mechanism_warns_once_and_stats_tell(roots, monkeypatch, caplog):
+    a, b = roots
+    monkeypatch.setenv("LCP_SANDBOX_DISABLE", "landlock")
+    with Supervisor(confine=True) as sup, caplog.at_level(logging.WARNING, logger="lcp_sandbox"):
+        t = SandboxedBinding(tools_folders=[LIBS], supervisor=sup, tenant="a", workspace=str(a),
+                             workspace_root=str(a))
+        assert t.execute_tool("tool_read_file", {"path": str(b / "secret.txt")})["output"] == "b's secret"
+        assert t.execute_tool("tool_lib_a_pid", {})["success"]
+        warnings = [r for r in caplog.records if "confinement requested" in r.getMessage()]
+        assert len(warnings) == 1 and "not in force" in warnings[0].getMessage()
+        assert all(s["protections"]["filesystem"].startswith("unavailable") for s in t.stats())
+        assert all(s["protections"]["env"].startswith("clean") for s in t.stats())
+
+
+def test_lru_eviction_and_events(tmp_path):
+    events = []
+    with Supervisor(max_workers=2, on_event=events.append) as sup:
+        t = SandboxedBinding(tools_folders=[LIBS], supervisor=sup, workspace=str(tmp_path))
+        pa = t.execute_tool("tool_lib_a_pid", {})["output"]
+        t.execute_tool("tool_lib_b_pid", {})
+        t.execute_tool("tool_lib_a_pid", {})                 # lib_b is now least recently used
+        t.execute_tool("tool_lib_c_pid", {})
+        state = {s["library"]: s for s in t.stats()}
+        assert state["lib_b"]["state"] == "stopped" and "evicted" in state["lib_b"]["last_exit"]
+        assert state["lib_a"]["pid"] == pa and state["lib_c"]["state"] == "idle"
+        assert sup.pool_stats()["live_workers"] == 2
+        assert [e["library"] for e in events if e["event"] == "evict"] == ["lib_b"]
+        assert [e["library"] for e in events if e["event"] == "start"] == ["lib_a", "lib_b", "lib_c"]
+
+
+def test_idle_timeout(tmp_path):
+    events = []
+    with Supervisor(idle_timeout_s=0.3, on_event=events.append) as sup:
+        t = SandboxedBinding(tools_folders=[LIBS], supervisor=sup, workspace=str(tmp_path))
+        t.execute_tool("tool_lib_a_pid", {})
+        deadline = time.monotonic() + 10
+        while t.stats()[0]["state"] != "stopped" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        s = t.stats()[0]
+        assert s["state"] == "stopped" and s["last_exit"] == "stopped after 0.3 s idle"
+        assert any(e["event"] == "idle" for e in events)
+        assert t.execute_tool("tool_lib_a_pid", {})["success"]        # comes back on demand
+
+
+def test_no_room_in_time_503(tmp_path):
+    with Supervisor(max_workers=1) as sup:
+        t = SandboxedBinding(tools_folders=[LIBS], supervisor=sup, workspace=str(tmp_path))
+        th = threading.Thread(target=t.execute_tool, args=("tool_lib_a_work", {"seconds": 1.5}))
+        th.start()
+        while not any(s["state"] == "busy" for s in t.stats()):
+            time.sleep(0.01)
+        r = t.execute_tool("tool_lib_b_pid", {}, timeout_s=0.3)
+        th.join(10)
+        assert r["status_code"] == 503 and "no worker became free in time" in r["error"]
+
+
+def test_fair_queue(tmp_path):
+    """Tenant A floods 3 libraries from 6 threads on a 2-worker pool; tenant B's single
+    call starts after at most one of A's calls ends (A's queue does not go first)."""
+    work = 0.25
+    with Supervisor(max_workers=2) as sup:
+        ta = SandboxedBinding(tools_folders=[LIBS], supervisor=sup, tenant="A", workspace=str(tmp_path))
+        tb = SandboxedBinding(tools_folders=[LIBS], supervisor=sup, tenant="B", workspace=str(tmp_path))
+        a_calls, failures = [], []
+        stop = threading.Event()
+
+        def flood(tool):
+            while not stop.is_set():
+                r = ta.execute_tool(tool, {"seconds": work}, timeout_s=60)
+                (a_calls.append(r["output"]) if r.get("success") else failures.append(r))
+
+        threads = [threading.Thread(target=flood, args=(tool,)) for tool in
+                   ["tool_lib_a_work", "tool_lib_b_work", "tool_lib_c_work"] * 2]
+        [t.start() for t in threads]
+        while sum(1 for s in sup.stats() if s["state"] == "busy") < 2:
+            time.sleep(0.01)
+        submitted = time.monotonic()
+        b = tb.execute_tool("tool_lib_a_work", {"seconds": 0.01}, timeout_s=60)["output"]
+        stop.set()
+        [t.join(60) for t in threads]
+        ends_before_b = [c for c in a_calls if submitted < c["end"] <= b["start"]]
+        started_while_b_waited = [c for c in a_calls if submitted < c["start"] < b["start"]]
+        assert failures == []
+        assert len(ends_before_b) <= 2           # B got the first (or, racing, second) worker to free up
+        assert len(started_while_b_waited) <= 1
+        assert b["start"] - submitted < 3 * work + 1.0
+
+
+def test_two_hundred_workers(new_processes, tmp_path):
+    """50 tenants x 4 libraries: 200 live workers, every call answered, nothing left behind."""
+    sup = Supervisor()
+    bindings = [SandboxedBinding(tools_folders=[LIBS], supervisor=sup, tenant=f"t{i}", workspace=str(tmp_path))
+                for i in range(50)]
+    tools = ["tool_lib_a_pid", "tool_lib_b_pid", "tool_lib_c_pid", "tool_recall"]
+    results, errors = {}, []
+
+    def drive(chunk):
+        for b in chunk:
+            for tool in tools:
+                r = b.execute_tool(tool, {})
+                if not r.get("success"):
+                    errors.append(r)
+                results[(b.tenant, tool)] = r.get("output")
+
+    threads = [threading.Thread(target=drive, args=(bindings[i::8],)) for i in range(8)]
+    [t.start() for t in threads]
+    [t.join(300) for t in threads]
+    assert errors == []
+    stats = sup.stats()
+    assert len(stats) == 200 and all(s["state"] == "idle" for s in stats)
+    assert len({s["pid"] for s in stats}) == 200
+    assert sup.pool_stats()["live_workers"] == 200
+    assert len(new_processes()) >= 201
+    sup.close()
+    assert new_processes() == set()
