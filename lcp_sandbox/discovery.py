@@ -20,7 +20,6 @@ folder, or one loose ``.py`` file, or the code given to
 from __future__ import annotations
 
 import ast
-import copy
 import itertools
 import logging
 import os
@@ -253,10 +252,22 @@ def _walk_defs(node: ast.AST, tools: list, names: set) -> None:
 
 
 class FileCache:
-    """Parsed files keyed by path; an entry is reused while (mtime_ns, size) match."""
+    """Parsed files keyed by path; an entry is reused while (mtime_ns, size) match.
+    Also the libraries of a folder, reused while the folder and its sub-folders
+    keep their mtimes (adding, removing or renaming a file changes them)."""
 
     def __init__(self) -> None:
         self._entries: dict[str, tuple[int, int, ParsedFile]] = {}
+        self._folders: dict[str, tuple[list, tuple, list]] = {}
+
+    def folder(self, base: str) -> list:
+        hit = self._folders.get(base)
+        if hit is not None and _mtimes(hit[0]) == hit[1]:
+            return hit[2]
+        dirs: list = []
+        libs = list(_scan_folder(base, dirs))
+        self._folders[base] = (dirs, _mtimes(dirs), libs)
+        return libs
 
     def parse(self, path: Path) -> Optional[ParsedFile]:
         key = str(path)
@@ -291,29 +302,77 @@ class Library:
         return self.source is not None
 
 
-def _py_files(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.iterdir()
-                  if p.is_file() and p.suffix == ".py" and p.stem != "__init__")
+def _entries(folder: str) -> list[os.DirEntry]:
+    try:
+        with os.scandir(folder) as it:
+            return sorted(it, key=lambda e: e.name)
+    except OSError:
+        return []
 
 
-def iter_libraries(folders: Iterable[Path], tool_files: Iterable[Path] = ()) -> Iterable[Library]:
-    """Folder rules of seed §2, in sorted order so "first wins" is deterministic."""
+def _real(entry: os.DirEntry) -> str:
+    # A DirEntry's type is cached from readdir: only symlinks cost a resolve.
+    return os.path.realpath(entry.path) if entry.is_symlink() else entry.path
+
+
+def iter_libraries(folders: Iterable[Path], tool_files: Iterable[Path] = (),
+                   cache: Optional["FileCache"] = None) -> Iterable[Library]:
+    """Folder rules of seed §2, in sorted order so "first wins" is deterministic.
+
+    Paths are absolute and symlink-free (as upstream's resolved file paths), so a
+    worker can import them whatever its CWD is.  With a ``cache``, a folder whose
+    directories did not change (mtimes) is not scanned again."""
     for folder in folders:
-        if not folder or not folder.is_dir():
+        if not folder:
             continue
-        for item in sorted(folder.iterdir()):
-            if item.is_dir():
-                primary = item / f"{item.name}.py"
-                rest = [p for p in _py_files(item) if p != primary]
-                files = ([primary] if primary.is_file() else []) + rest
-                if files:
-                    yield Library(item.name, str(item.resolve()), tuple(files), root=item.resolve())
-            elif item.suffix == ".py" and item.stem != "__init__" and item.is_file():
-                yield Library(item.stem, str(item.resolve()), (item,), root=item.parent.resolve())
+        base = os.path.realpath(folder)
+        if cache is not None:
+            yield from cache.folder(base)
+        else:
+            yield from _scan_folder(base)
     for f in tool_files:
-        f = Path(f)
-        if f.is_file() and f.suffix == ".py":
-            yield Library(f.stem, str(f.resolve()), (f,), root=f.parent.resolve())
+        path = os.path.realpath(f)
+        if path.endswith(".py") and os.path.isfile(path):
+            yield Library(Path(path).stem, path, (Path(path),), root=Path(os.path.dirname(path)))
+
+
+def _scan_folder(base: str, dirs: Optional[list] = None) -> Iterable[Library]:
+    """The libraries of one folder; ``dirs`` collects the directories looked into."""
+    if dirs is not None:
+        dirs.append(base)
+    for entry in _entries(base):
+        if entry.is_dir():
+            if dirs is not None:
+                dirs.append(entry.path)
+            path = _real(entry)
+            primary = os.path.join(entry.path, entry.name + ".py")
+            py = [e for e in _entries(entry.path)
+                  if e.name.endswith(".py") and e.name != "__init__.py" and e.is_file()]
+            files = [_real(e) for e in py if e.path == primary] + [_real(e) for e in py if e.path != primary]
+            if files:
+                yield Library(entry.name, path, tuple(Path(f) for f in files), root=Path(path))
+        elif entry.name.endswith(".py") and entry.name != "__init__.py" and entry.is_file():
+            path = _real(entry)
+            yield Library(entry.name[:-3], path, (Path(path),), root=Path(os.path.dirname(path)))
+
+
+def _mtimes(dirs: list) -> tuple:
+    out = []
+    for d in dirs:
+        try:
+            out.append(os.stat(d).st_mtime_ns)
+        except OSError:
+            out.append(None)
+    return tuple(out)
+
+
+def _copy_spec(spec: dict) -> dict:
+    """A copy the caller may change without touching the parse cache (deepcopy is slow)."""
+    schema = spec["input_schema"]
+    out = dict(spec)
+    out["input_schema"] = {"type": schema["type"], "required": list(schema["required"]),
+                           "properties": {k: dict(v) for k, v in schema["properties"].items()}}
+    return out
 
 
 @dataclass
@@ -358,7 +417,7 @@ def add_library(out: Discovered, lib: Library, parsed_files: list[tuple[int, Par
     for index, parsed in parsed_files:
         if not admit(index, parsed):
             continue
-        path = str(Path(lib.files[index]).resolve()) if lib.files else None
+        path = str(lib.files[index]) if lib.files else None
         for tool in parsed.tools:
             name = tool.spec["name"]
             base = name[5:]
@@ -374,7 +433,7 @@ def add_library(out: Discovered, lib: Library, parsed_files: list[tuple[int, Par
                 log.warning("tool %s in %s ignored: already provided by %s", name, path or lib.key,
                             first.files[out.routes[name].index] if first.files else first.key)
                 continue
-            spec = copy.deepcopy(tool.spec)
+            spec = _copy_spec(tool.spec)
             spec["_python_file_path"] = path
             spec["_library"] = lib.name
             provider = f"tool_{base}_prompt"
@@ -404,7 +463,7 @@ def discover(folders: Iterable[Path], tool_files: Iterable[Path] = (), *, cache:
     for lib, parsed in dynamic:
         add_library(out, lib, [(0, parsed)], lambda i, p: True)
     seen = set()
-    for lib in itertools.chain(iter_libraries(folders, tool_files), mounted):
+    for lib in itertools.chain(iter_libraries(folders, tool_files, cache), mounted):
         if lib.key in seen:
             continue
         seen.add(lib.key)
