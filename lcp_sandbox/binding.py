@@ -124,7 +124,6 @@ class SandboxedBinding(_Base):
         self._routes: dict[str, discovery.Route] = {}
         self._lib_limits: dict[str, Limits] = {}
         self._prompt_providers: dict[str, tuple] = {}
-        self._objects = HostObjects(self._named_object)
         self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self.discovered_tools: list[dict] = []
         self._discover()
@@ -170,7 +169,8 @@ class SandboxedBinding(_Base):
         msg = (wire.PROMPT, fn, index, cwd, self._handlers_mask())
         try:
             return self.supervisor.run(self.tenant, lib, msg, init=lambda: self._init(lib, root),
-                                       limits=self._limits(lib), objects=self._objects, tool=fn, root=root)
+                                       limits=self._limits(lib), objects=HostObjects(self._named_object),
+                                       tool=fn, root=root)
         except SandboxEvent as ev:
             log.warning("prompt provider %s of %s failed: %s", fn, lib.name, ev)
             return None
@@ -346,7 +346,7 @@ class SandboxedBinding(_Base):
             return normalize.not_found(tool_name)
         params = {**route.defaults, **params} if params else dict(route.defaults)
         injected = None
-        objects = self._objects
+        objects = HostObjects(self._named_object)       # one per call: released when it ends
         if discussion_instance is not None or kwargs or not params.keys().isdisjoint(HOST_PARAMS):
             values = {"discussion_instance": discussion_instance,
                       "tool_context": kwargs.get("tool_context") or params.get("tool_context"),
@@ -355,9 +355,7 @@ class SandboxedBinding(_Base):
             for k in HOST_PARAMS:
                 params.pop(k, None)
             if any(v is not None for v in values.values()):
-                objects = HostObjects(self._named_object)
-                injected = {k: (objects.lend_context(v) if k == "tool_context" else objects.lend(v))
-                            for k, v in values.items() if v is not None}
+                injected = {k: objects.lend(v) for k, v in values.items() if v is not None}
         cwd = str(workspace) if workspace else (self.workspace or os.getcwd())
         lib = route.library
         if self.workspace_root is not None and not _inside(cwd, self.workspace_root):

@@ -48,6 +48,10 @@ def resolve_context_files(value: Any, cwd: Path) -> list[str]:
 
 def normalize(result: Any, cwd: Optional[str] = None) -> dict:
     """Turn whatever a tool returned into the LCP success or failure shape."""
+    if type(result) is dict and len(result) == 2 and result.get("success") is True and "output" in result:
+        # The canonical success shape: nothing to look for (same result as below).
+        return {"output": result["output"] or "Tool executed successfully (no output).",
+                "status_code": 200, "success": True}
     if not isinstance(result, dict):
         result = {"success": True, "output": result}
     else:

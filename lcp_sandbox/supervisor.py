@@ -31,6 +31,7 @@ import signal
 import threading
 import time
 import weakref
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -99,13 +100,23 @@ class FifoLock:
 
 @dataclass
 class _Process:
-    pid: int
+    forked: Future                         # the zygote's answer: the pid
     conn: wire.Connection
     started: float
     calls: int = 0
     exit_status: Optional[int] = None      # set when the zygote reports it
     kill_reason: Optional[dict] = None     # set by whoever killed it on purpose
     report: dict = field(default_factory=dict)   # READY: protections in force, tmpdir
+
+    @property
+    def pid(self) -> int:
+        return self.forked.result(30.0)
+
+    @property
+    def known_pid(self) -> Optional[int]:
+        """The pid if the zygote already said it (never waits)."""
+        f = self.forked
+        return f.result() if f.done() and f.exception() is None else None
 
 
 @dataclass
@@ -242,10 +253,14 @@ class Supervisor:
             zyg = self._zyg()
             host_sock, worker_sock = wire.pair()
             log_r, log_w = os.pipe()
+            conn = wire.Connection(host_sock)
             try:
-                pid = zyg.fork(worker_sock.fileno(), log_w)
-            except (ZygoteGone, TimeoutError) as exc:
-                host_sock.close()
+                # INIT waits in the socket; the worker reads it as soon as it runs.
+                # The call itself follows at once: nobody waits for the fork.
+                conn.send((wire.INIT, init))
+                forked = zyg.fork(worker_sock.fileno(), log_w)
+            except (ZygoteGone, OSError) as exc:
+                conn.close()
                 os.close(log_r)
                 raise SandboxEvent(normalize.failure(
                     f"[{slot.library.name}] could not start a worker: {exc}", normalize.UNAVAILABLE))
@@ -256,20 +271,22 @@ class Supervisor:
             self.pool.release(slot.tenant)
             raise
         self._pump.add(log_r, slot.library.name, slot.limits.log_bytes_per_s)
-        proc = _Process(pid, wire.Connection(host_sock), time.monotonic())
-        with self._lock:
-            self._by_pid[pid] = slot
+        proc = _Process(forked, conn, time.monotonic())
         slot.proc = proc
         slot.starts += 1
-        try:
-            proc.conn.send((wire.INIT, init))
-            kind, proc.report = proc.conn.recv(30.0)
-        except (EOFError, OSError, TimeoutError):
-            self._kill(proc)
-            self._died(slot, proc, tool, while_starting=True)
-        self._event("start", slot, pid=pid, protections=self._protections(proc))
-        self._warn_missing(slot, proc, init)
+
+        def known(f: Future) -> None:
+            if f.exception() is None:
+                with self._lock:
+                    self._by_pid[f.result()] = slot
+        forked.add_done_callback(known)
         return proc
+
+    def _ready(self, slot: Slot, proc: _Process, init: dict, report: dict) -> None:
+        """The worker's READY: what protections are in force."""
+        proc.report = report
+        self._event("start", slot, pid=proc.pid, protections=self._protections(proc))
+        self._warn_missing(slot, proc, init)
 
     def _warn_missing(self, slot: Slot, proc: _Process, init: dict) -> None:
         """One clear warning per kind when a requested protection is not in force."""
@@ -404,11 +421,17 @@ class Supervisor:
                 f"repeatedly ({slot.last_exit}); it will be retried in {slot.quarantined_until - now:.0f} s.",
                 normalize.UNAVAILABLE))
         proc = slot.proc
-        if proc is not None and (proc.exit_status is not None or proc.conn.readable_now()):
-            self._bury(slot, proc, served_a_call=proc.calls > 0)   # died while idle
+        # Did it die while idle?  The zygote says so within a moment; a worker that
+        # sat idle for over a millisecond is also asked (poll) in case the zygote's
+        # word is still on its way.  Back-to-back calls skip that syscall.
+        if proc is not None and (proc.exit_status is not None or
+                                 (now - slot.last_used > 0.001 and proc.conn.readable_now())):
+            self._bury(slot, proc, served_a_call=proc.calls > 0)
             proc = None
+        init_msg = None
         if proc is None:
-            proc = self._spawn(slot, init(), queue_deadline, tool)
+            init_msg = init()
+            proc = self._spawn(slot, init_msg, queue_deadline, tool)
         slot.busy = True
         conn = proc.conn
         try:
@@ -421,6 +444,7 @@ class Supervisor:
 
         deadline = time.monotonic() + timeout if timeout else None
         soft_sent = False
+        objects.conn = conn
         try:
             while True:
                 try:
@@ -443,9 +467,12 @@ class Supervisor:
                 kind = reply[0]
                 if kind == wire.RESULT:
                     break
+                if kind == wire.READY:
+                    self._ready(slot, proc, init_msg or {}, reply[1])
+                    continue
                 if kind == wire.REQUEST:
                     t0 = time.monotonic()
-                    answer = objects.handle(*reply[1:])
+                    answer = objects.handle(reply)
                     try:
                         conn.send(answer)
                     except wire.PayloadError as exc:
@@ -479,13 +506,10 @@ class Supervisor:
             raise rebuild_error(*info["raised"])
         return value
 
-    def _died(self, slot: Slot, proc: _Process, tool: str, while_starting: bool = False) -> None:
+    def _died(self, slot: Slot, proc: _Process, tool: str) -> None:
         how = self._bury(slot, proc, served_a_call=proc.calls > 0)
         name = slot.library.name
         reason = proc.kill_reason
-        if while_starting:
-            raise SandboxEvent(normalize.failure(
-                f"[{name}] tool '{tool}' not run: its worker {how} while starting.", normalize.TOOL_FAILED))
         if reason and reason.get("code") == normalize.OUT_OF_MEMORY:
             self._event("memory", slot, pid=proc.pid, tool=tool, reason=reason["why"])
             raise SandboxEvent(normalize.failure(
@@ -521,7 +545,10 @@ class Supervisor:
                 # second (a /proc walk per worker is not free, and it holds the GIL).
                 if not ((slot.busy and limit) or tick % 20 == 0):
                     continue
-                rss = tree_rss(proc.pid)
+                pid = proc.known_pid
+                if pid is None:
+                    continue
+                rss = tree_rss(pid)
                 if rss > slot.peak_rss:
                     slot.peak_rss = rss
                 if limit and rss > limit * 1048576:
@@ -561,7 +588,7 @@ class Supervisor:
             if tenant is not None and slot.tenant != tenant:
                 continue
             proc = slot.proc
-            alive = proc is not None and proc.exit_status is None
+            alive = proc is not None and proc.exit_status is None and proc.known_pid is not None
             rss = tree_rss(proc.pid) if alive else 0
             out.append({
                 "library": slot.library.name, "tenant": slot.tenant,

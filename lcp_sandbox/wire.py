@@ -68,7 +68,7 @@ def dumps(msg: Any) -> bytes:
 class Connection:
     """Framed messages over one connected stream socket (one per worker)."""
 
-    __slots__ = ("sock", "fd", "_buf", "_poll")
+    __slots__ = ("sock", "fd", "_buf", "_poll", "_rcvtimeo")
 
     def __init__(self, sock: socket.socket) -> None:
         sock.setblocking(True)
@@ -76,6 +76,7 @@ class Connection:
         self.fd = sock.fileno()
         self._buf = bytearray()
         self._poll: Optional[select.poll] = None
+        self._rcvtimeo: Optional[float] = None
 
     # -- sending -------------------------------------------------------
     def send(self, msg: Any) -> int:
@@ -110,9 +111,7 @@ class Connection:
                     return data
                 if n >= _BIG:
                     return self._recv_big(n, timeout)
-            if timeout is not None:
-                self._wait(timeout)
-            chunk = self.sock.recv(_BIG)
+            chunk = self._recv(timeout)
             if not chunk:
                 raise EOFError("peer closed the connection")
             buf += chunk
@@ -132,6 +131,28 @@ class Connection:
                 raise EOFError("peer closed the connection")
             have += got
         return out
+
+    def _recv(self, timeout: Optional[float]) -> bytes:
+        # A timeout is a socket option (SO_RCVTIMEO), not a poll() before each
+        # read: one syscall per message.  The option is only changed when it is
+        # more than 10 ms off, so calls with the same timeout set it once.
+        if timeout is None:
+            if self._rcvtimeo is not None:
+                self._set_rcvtimeo(None)
+        elif timeout <= 0:
+            raise TimeoutError
+        elif self._rcvtimeo is None or abs(self._rcvtimeo - timeout) > 0.01:
+            self._set_rcvtimeo(timeout)
+        try:
+            return self.sock.recv(_BIG)
+        except BlockingIOError:
+            raise TimeoutError from None
+
+    def _set_rcvtimeo(self, timeout: Optional[float]) -> None:
+        secs = 0.0 if timeout is None else max(timeout, 0.001)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
+                             struct.pack("ll", int(secs), int((secs % 1) * 1e6)))
+        self._rcvtimeo = timeout
 
     def _wait(self, timeout: float) -> None:
         if self._poll is None:

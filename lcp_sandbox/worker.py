@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from . import confine, limits, normalize, wire
-from .proxies import Channel, Proxy, Ref
+from .proxies import Channel, Proxy, error_reply
 
 PERSISTENT_PREFIX = "lollms_client.tools_bindings.lcp.persistent_"
 SOFT_TIMEOUT_SIGNAL = signal.SIGUSR1
@@ -85,7 +85,7 @@ class Worker:
 
     def _config(self, stem: str) -> dict:
         """host_tool_configs[stem] with host callables as relays and handlers injected."""
-        cfg = dict(self.ch.wrap_context(self.configs.get(stem) or {}))
+        cfg = dict(self.ch.wrap(self.configs.get(stem) or {}))
         for key, bit in (("confirm_handler", HANDLER_CONFIRM), ("user_interaction_handler", HANDLER_UI)):
             if self.handlers & bit and key not in cfg:
                 cfg[key] = self.relays[bit]
@@ -186,7 +186,7 @@ class Worker:
             if injected:
                 for k, v in injected.items():
                     if k in entry.injectable:
-                        kwargs[k] = self.ch.wrap_context(v) if k == "tool_context" else self.ch.wrap(v)
+                        kwargs[k] = self.ch.wrap(v)
             if self.handlers & HANDLER_UI and "user_interaction_handler" in entry.injectable:
                 kwargs["user_interaction_handler"] = self.relays[HANDLER_UI]
 
@@ -225,9 +225,10 @@ class Worker:
             value = fn(*(self.ch.wrap(a) for a in args), **{k: self.ch.wrap(v) for k, v in kwargs.items()})
             return value, None
         except LoadFailed as exc:
-            return None, {"raised": ("RuntimeError", f"library {self.library} failed to load: {exc}"), "retire": True}
+            return None, {"raised": ("RuntimeError", (f"library {self.library} failed to load: {exc}",)),
+                          "retire": True}
         except BaseException as exc:
-            return None, {"raised": (type(exc).__name__, str(exc))}
+            return None, {"raised": error_reply(exc)[2]}
 
     def prompt(self, fn_name: str, index: int, cwd: str) -> Optional[str]:
         try:
@@ -317,7 +318,7 @@ def serve(sock) -> None:
                 try:
                     result, info = worker.call(*msg[1:])
                 finally:
-                    ch.in_call = False
+                    ch.end_call()
                 worker.reply(result, info)
                 if info and info.get("retire"):
                     break
@@ -327,7 +328,7 @@ def serve(sock) -> None:
                 try:
                     value, info = worker.modcall(*msg[1:])
                 finally:
-                    ch.in_call = False
+                    ch.end_call()
                 worker.reply(value, info)
                 if info and info.get("retire"):
                     break
@@ -337,7 +338,7 @@ def serve(sock) -> None:
                 try:
                     text = worker.prompt(*msg[1:4])
                 finally:
-                    ch.in_call = False
+                    ch.end_call()
                 conn.send((wire.RESULT, text, None))
             elif kind == wire.SHUTDOWN:
                 break

@@ -262,8 +262,11 @@ class Zygote:
             fut.set_exception(ZygoteGone("the zygote process is gone"))
         self._pending.clear()
 
-    def fork(self, sock_fd: int, log_fd: int, timeout: float = 30.0) -> int:
-        """Start a worker serving ``sock_fd``; returns its pid."""
+    def fork(self, sock_fd: int, log_fd: int) -> Future:
+        """Start a worker serving ``sock_fd``; the future's result is its pid.
+
+        The fds are duplicated into the zygote as this returns, so the caller may
+        close its copies and talk to the worker at once, before the pid is known."""
         fut: Future = Future()
         with self._send_lock:
             if not self.alive:
@@ -276,7 +279,7 @@ class Zygote:
             except OSError as exc:
                 self._pending.pop(req, None)
                 raise ZygoteGone(f"the zygote process is gone ({exc})") from None
-        return fut.result(timeout)
+        return fut
 
     def _send(self, msg: tuple) -> None:
         with self._send_lock:
