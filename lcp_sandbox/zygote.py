@@ -8,8 +8,9 @@ forks.  It is the parent of every worker, so it is also the one that reaps
 them, reports how they ended, and kills process trees.
 
     host (Zygote)                       zygote process                 worker
-      FORK(req) + [sock, log fds] ──►  fork() ────────────────────────► setsid, die-with-parent,
-      ◄── FORKED(req, pid)                                              fds 1,2 -> log pipe, serve()
+      FORK(req) + [sock, log fds] ──►  hand them to the spare ─────────► (forked earlier: setsid,
+      ◄── FORKED(req, pid)             fork the next spare               die-with-parent) fds 1,2
+                                                                         -> log pipe, serve()
       KILL(pid) ─────────────────────►  kill the worker's tree
       ◄── EXITED(pid, status)           SIGCHLD: reap; kill orphans left behind
       EOF (host gone or closing) ────►  kill every worker, exit
@@ -96,31 +97,54 @@ def _kill_orphans(workers: set) -> None:
                 pass
 
 
-def _child(ctl: socket.socket, wake_r: int, wake_w: int, sock_fd: int, log_fd: int, zygote_pid: int) -> None:
-    try:
-        os.setsid()
-        from .limits import die_with_parent
-        die_with_parent()
-        if os.getppid() != zygote_pid:
-            os._exit(1)
-        signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
-            signal.signal(sig, signal.SIG_DFL)
-        ctl.close()
-        os.close(wake_r)
-        os.close(wake_w)
-        os.dup2(log_fd, 1)
-        os.dup2(log_fd, 2)
-        os.close(log_fd)
+def _spare(ctl: socket.socket, wake_r: int, wake_w: int, zygote_pid: int) -> tuple[int, socket.socket]:
+    """Fork a worker-to-be now, so a request only has to hand it its fds.
+
+    The child does its process setup at once and then waits for [sock, log] fds
+    on a private socket; forking (about 2 ms for the zygote's address space) and
+    setup are off the critical path of a cold call."""
+    mine, its = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = os.fork()
+    if pid == 0:
         try:
-            sys.stdout.reconfigure(line_buffering=True)
-            sys.stderr.reconfigure(line_buffering=True)
-        except Exception:
-            pass
-        from .worker import serve
-        serve(socket.socket(fileno=sock_fd))
-    finally:
-        os._exit(70)
+            mine.close()
+            _child(ctl, wake_r, wake_w, its, zygote_pid)
+        finally:
+            os._exit(70)
+    its.close()
+    return pid, mine
+
+
+def _child(ctl: socket.socket, wake_r: int, wake_w: int, inbox: socket.socket, zygote_pid: int) -> None:
+    os.setsid()
+    from .limits import die_with_parent
+    die_with_parent()
+    if os.getppid() != zygote_pid:
+        os._exit(1)
+    signal.set_wakeup_fd(-1)
+    for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_DFL)
+    ctl.close()
+    os.close(wake_r)
+    os.close(wake_w)
+    try:
+        data, fds, _, _ = socket.recv_fds(inbox, 16, 2)
+    except OSError:
+        os._exit(0)
+    if not data or len(fds) != 2:
+        os._exit(0)                              # the zygote is gone or closing
+    inbox.close()
+    sock_fd, log_fd = fds
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.close(log_fd)
+    try:
+        sys.stdout.reconfigure(line_buffering=True)
+        sys.stderr.reconfigure(line_buffering=True)
+    except Exception:
+        pass
+    from .worker import serve
+    serve(socket.socket(fileno=sock_fd))
 
 
 def main(fd: int) -> None:
@@ -142,6 +166,8 @@ def main(fd: int) -> None:
     me = os.getpid()
     gc.collect()
     gc.freeze()
+    spare_pid, spare_inbox = _spare(ctl, wake_r, wake_w, me)
+    workers.add(spare_pid)
     ctl.send(pickle.dumps((READY, me)))
 
     import select
@@ -172,14 +198,23 @@ def main(fd: int) -> None:
                 os._exit(0)
             msg = pickle.loads(data)
             if msg[0] == FORK:
-                sock_fd, log_fd = fds
-                pid = os.fork()
-                if pid == 0:
-                    _child(ctl, wake_r, wake_w, sock_fd, log_fd, me)
-                os.close(sock_fd)
-                os.close(log_fd)
-                workers.add(pid)
+                # Hand the fds to the spare; if it died, fork one on the spot.
+                try:
+                    socket.send_fds(spare_inbox, [b"go"], fds)
+                    pid = spare_pid
+                except OSError:
+                    spare_inbox.close()
+                    pid, inbox = _spare(ctl, wake_r, wake_w, me)
+                    workers.add(pid)
+                    socket.send_fds(inbox, [b"go"], fds)
+                    inbox.close()
+                else:
+                    spare_inbox.close()
+                for f in fds:
+                    os.close(f)
                 ctl.send(pickle.dumps((FORKED, msg[1], pid)))
+                spare_pid, spare_inbox = _spare(ctl, wake_r, wake_w, me)   # for the next one
+                workers.add(spare_pid)
             elif msg[0] == KILL:
                 if msg[1] in workers:        # never signal a pid we already reaped
                     _kill_tree(msg[1])
