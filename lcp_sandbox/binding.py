@@ -285,6 +285,21 @@ class SandboxedBinding(_Base):
     def list_models(self) -> list:
         return []
 
+    # lollms_client calls these private LCPBinding methods (chat(tools=[file]), personalities).
+    def _discover_local_tools(self) -> None:
+        self._discover()
+
+    def _load_tool_file(self, py_file: PathLike) -> int:
+        """Add one tool file (a library of its own); returns how many tools it brought."""
+        path = Path(py_file)
+        if not path.is_file() or path.suffix != ".py":
+            return 0
+        before = set(self._routes)
+        if all(os.path.realpath(f) != os.path.realpath(path) for f in self.tool_files):
+            self.tool_files.append(path)
+        self._discover()
+        return len(set(self._routes) - before)
+
     # ------------------------------------------------------------ execution
     def _handlers_mask(self) -> int:
         return (HANDLER_CONFIRM if self.confirm_handler is not None else 0) | \

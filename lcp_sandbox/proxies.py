@@ -20,12 +20,17 @@ only be used while a call is in flight (nobody listens otherwise).
 from __future__ import annotations
 
 import builtins
+import operator
+import os
 import threading
 from typing import Any, Callable, Optional
 
 from . import wire
 
 _SCALARS = (type(None), bool, int, float, complex, str, bytes)
+# Protocols a proxy forwards to the host object (comparisons with enums, Path(proxy)...).
+OPERATORS = {"eq": operator.eq, "ne": operator.ne, "lt": operator.lt, "le": operator.le,
+             "gt": operator.gt, "ge": operator.ge, "hash": hash, "fspath": os.fspath}
 
 
 class Ref:
@@ -162,6 +167,8 @@ class HostObjects:
                 value = bool(target)
             elif op == wire.OP_LIST:
                 value = list(target)
+            elif op == wire.OP_OPERATOR:
+                value = OPERATORS[name](target, *args)
             else:
                 raise RuntimeError(f"unknown request op {op}")
             return (wire.REPLY, True, self.lend(value))
@@ -325,6 +332,30 @@ class Proxy:
 
     def __str__(self) -> str:
         return self._req(wire.OP_METHOD, "__str__")
+
+    def __eq__(self, other: Any) -> bool:
+        return self._req(wire.OP_OPERATOR, "eq", (other,))
+
+    def __ne__(self, other: Any) -> bool:
+        return self._req(wire.OP_OPERATOR, "ne", (other,))
+
+    def __lt__(self, other: Any) -> bool:
+        return self._req(wire.OP_OPERATOR, "lt", (other,))
+
+    def __le__(self, other: Any) -> bool:
+        return self._req(wire.OP_OPERATOR, "le", (other,))
+
+    def __gt__(self, other: Any) -> bool:
+        return self._req(wire.OP_OPERATOR, "gt", (other,))
+
+    def __ge__(self, other: Any) -> bool:
+        return self._req(wire.OP_OPERATOR, "ge", (other,))
+
+    def __hash__(self) -> int:
+        return self._req(wire.OP_OPERATOR, "hash")
+
+    def __fspath__(self) -> Any:
+        return self._req(wire.OP_OPERATOR, "fspath")
 
     def __repr__(self) -> str:
         return f"<host proxy {self._req(wire.OP_METHOD, '__repr__')}>"

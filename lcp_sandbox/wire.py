@@ -44,6 +44,7 @@ OP_METHOD = 2     # getattr(ref, name)(*args, **kwargs)
 OP_SETATTR = 3    # setattr(ref, name, args[0])
 OP_TRUTH = 4      # bool(ref)
 OP_LIST = 5       # list(ref)
+OP_OPERATOR = 6   # OPERATORS[name](ref, *args): ==, !=, <, hash(), os.fspath()
 
 _HDR = struct.Struct("!I")
 _BIG = 1 << 16

@@ -308,3 +308,38 @@ def test_workers_exit_when_host_is_killed(libs, tmp_path):
     host.wait()
     gone, alive = psutil.wait_procs(family, timeout=10)
     assert alive == []
+
+
+def test_proxies_forward_comparisons_and_paths(make_binding):
+    """Path(tool_context.workspace_path) and enum comparisons work as in-process."""
+    import enum
+
+    class Mode(enum.Enum):
+        STREAM = 1
+        QUIET = 2
+
+    class Context:
+        event_mode = Mode.STREAM
+        workspace_path = Path("/srv/ws")
+
+    code = ("from pathlib import Path\n"
+            "def tool_ctx_probe(tool_context=None):\n"
+            "    '''Probes a proxied context.'''\n"
+            "    m = tool_context.event_mode\n"
+            "    return {'success': True, 'output': [str(Path(tool_context.workspace_path)),\n"
+            "            m == tool_context.event_mode, m != tool_context.event_mode, hash(m) == hash(m)]}\n")
+    b = make_binding()
+    b.register_tool_from_code("ctx", code)
+    r = b.execute_tool("tool_ctx_probe", {}, tool_context=Context())
+    assert r["output"] == ["/srv/ws", True, False, True]
+
+
+def test_load_tool_file_and_discover_local_tools(make_binding, libs):
+    """The private LCPBinding methods lollms calls (chat(tools=[file]), personalities)."""
+    b = make_binding(tools_folders=[libs / "other"])
+    assert "tool_marker" not in {t["name"] for t in b.discovered_tools}
+    assert b._load_tool_file(libs / "sideeffect" / "sideeffect.py") == 1
+    assert b.execute_tool("tool_marker", {})["output"] == "hello"
+    b._discover_local_tools()
+    assert "tool_marker" in {t["name"] for t in b.discovered_tools}
+    assert b._load_tool_file(libs / "missing.py") == 0
