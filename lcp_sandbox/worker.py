@@ -230,14 +230,17 @@ class Worker:
         except BaseException as exc:
             return None, {"raised": error_reply(exc)[2]}
 
-    def prompt(self, fn_name: str, index: int, cwd: str) -> Optional[str]:
+    def prompt(self, fn_name: str, index: int, cwd: str, handlers: int) -> tuple[Optional[str], None]:
+        """A dynamic prompt provider; None when it is missing or fails (as in-process)."""
+        if handlers != self.handlers:
+            self.set_handlers(handlers)
         try:
             os.chdir(cwd)
             mod = self.modules[index] or self._load(index)
             fn = getattr(mod, fn_name, None)
-            return str(fn()) if callable(fn) else None
+            return (str(fn()) if callable(fn) else None), None
         except Exception:
-            return None
+            return None, None
 
     def reply(self, result: Any, info: Optional[dict]) -> None:
         try:
@@ -306,41 +309,23 @@ def serve(sock) -> None:
         signal.signal(SOFT_TIMEOUT_SIGNAL, on_soft_timeout)
 
         recv = conn.recv
+        ops = {wire.CALL: worker.call, wire.MODCALL: worker.modcall, wire.PROMPT: worker.prompt}
         while True:
             try:
                 msg = recv()
             except EOFError:
                 break
-            kind = msg[0]
-            if kind == wire.CALL:
-                ch.call_seq += 1
-                ch.in_call = True
-                try:
-                    result, info = worker.call(*msg[1:])
-                finally:
-                    ch.end_call()
-                worker.reply(result, info)
-                if info and info.get("retire"):
-                    break
-            elif kind == wire.MODCALL:
-                ch.call_seq += 1
-                ch.in_call = True
-                try:
-                    value, info = worker.modcall(*msg[1:])
-                finally:
-                    ch.end_call()
-                worker.reply(value, info)
-                if info and info.get("retire"):
-                    break
-            elif kind == wire.PROMPT:
-                ch.call_seq += 1
-                ch.in_call = True
-                try:
-                    text = worker.prompt(*msg[1:4])
-                finally:
-                    ch.end_call()
-                conn.send((wire.RESULT, text, None))
-            elif kind == wire.SHUTDOWN:
+            op = ops.get(msg[0])
+            if op is None:                       # SHUTDOWN
+                break
+            ch.call_seq += 1
+            ch.in_call = True
+            try:
+                value, info = op(*msg[1:])
+            finally:
+                ch.end_call()
+            worker.reply(value, info)
+            if info and info.get("retire"):      # the library failed to load: start afresh
                 break
     except BaseException:
         code = 70
