@@ -11,6 +11,9 @@ with the baselines measured in the same run and every row as a ratio.
                   sandbox (zygote fork), spawn, python -c, a new
                   ProcessPoolExecutor, in-process first import; phases come from
                   perf_counter stamps taken inside the tool's process
+      routing     one Supervisor, 50 tenants × 4 small libraries: a warm call to one
+                  worker with 1 live worker in the pool vs 200 live, alternating
+                  in rounds (the other 199 started / stopped between batches)
       throughput  rounds × (tool, libraries K, host threads T)
       memory      USS / PSS / RSS of workers after their first call and after N
       discovery   N generated tool files: first time, again unchanged
@@ -71,20 +74,27 @@ class BenchConfig:
     mem_calls: int = 25000                # memory: calls before the second reading
     discovery_files: int = 1000
     discovery_reps: int = 3
+    routing_workers: int = 200            # routing: live workers in the "many" condition (4 per tenant)
+    routing_calls: int = 5000             # routing: calls per condition (1 live / many live)
+    routing_rounds: int = 10              # routing: rounds, the two conditions alternating
     cpus: Optional[tuple] = None          # (host CPU, worker CPU); default: the first two allowed
-    skip: tuple = ()                      # any of: floor inprocess ppe subprocess spawn throughput memory discovery
+    skip: tuple = ()                      # any of: floor inprocess ppe subprocess spawn routing throughput memory discovery
     seed: int = 1
     binding_kwargs: dict = field(default_factory=dict)   # extra SandboxedBinding keywords for --folder
 
     @classmethod
     def quick(cls, **kw: Any) -> "BenchConfig":
         base = dict(calls=2000, rounds=10, subprocess_calls=6, cold_reps=10, zygote_reps=2,
-                    duration_s=0.4, throughput_rounds=3, mem_calls=5000, discovery_reps=2)
+                    duration_s=0.4, throughput_rounds=3, mem_calls=5000, discovery_reps=2,
+                    routing_workers=40, routing_calls=1200, routing_rounds=4)
         base.update(kw)
         return cls(**base)
 
 
-SKIPPABLE = ("floor", "inprocess", "ppe", "subprocess", "spawn", "throughput", "memory", "discovery")
+SKIPPABLE = ("floor", "inprocess", "ppe", "subprocess", "spawn", "routing", "throughput", "memory",
+             "discovery")
+
+ROUTING_LIBRARIES = 4                     # small libraries per routing tenant
 
 TARGETS = {
     "warm_p50": 1.05, "warm_p99": 1.25, "cold_vs_spawn": 0.06, "parallel": 1.9,
@@ -643,8 +653,8 @@ class _Run:
         self.cfg = cfg
         self.rng = random.Random(cfg.seed)
         self.show_progress = progress
-        self.result: dict = {"meta": {}, "skipped": {}, "warm": {}, "cold": {}, "throughput": [],
-                             "memory": [], "discovery": {}, "targets": []}
+        self.result: dict = {"meta": {}, "skipped": {}, "warm": {}, "routing": {}, "cold": {},
+                             "throughput": [], "memory": [], "discovery": {}, "targets": []}
         self.skipped = self.result["skipped"]
         self.cleanup: list[Callable[[], None]] = []
 

@@ -27,7 +27,6 @@ import collections
 import logging
 import os
 import shutil
-import signal
 import threading
 import time
 import weakref

@@ -21,7 +21,6 @@ import os
 import signal
 import sys
 import tempfile
-import time
 import traceback
 import types
 from pathlib import Path

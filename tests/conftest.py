@@ -1,4 +1,3 @@
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -29,6 +28,23 @@ def new_processes():
     """Returns the descendants started since the test began (others' leftovers excluded)."""
     before = descendants()
     return lambda: descendants() - before
+
+
+@pytest.fixture(scope="module")
+def supervisor():
+    """One Supervisor for a test module (its workers are shared by the module's bindings)."""
+    from lcp_sandbox import Supervisor
+    sup = Supervisor()
+    yield sup
+    sup.close()
+
+
+@pytest.fixture(autouse=True)
+def _forget_inprocess_modules():
+    """Upstream LCPBinding caches tool modules in sys.modules: none may leak between tests."""
+    yield
+    for name in [n for n in sys.modules if n.startswith("lollms_client.tools_bindings.lcp.persistent_")]:
+        del sys.modules[name]
 
 
 @pytest.fixture

@@ -222,27 +222,12 @@ class Progress:
 
 # ================================================================ fixtures
 @pytest.fixture(scope="module")
-def supervisor():
-    sup = Supervisor()
-    yield sup
-    sup.close()
-
-
-@pytest.fixture(scope="module")
 def sandbox(supervisor, tmp_path_factory):
     """One binding over tests/lollms_libs for the module; tests pass their workspace per call."""
     b = SandboxedBinding(tools_folders=[str(LOLLMS_LIBS)], supervisor=supervisor, tenant="host-objects",
                          workspace=str(tmp_path_factory.mktemp("default_ws")), timeout_s=20)
     yield b
     b.close()
-
-
-@pytest.fixture(autouse=True)
-def _forget_inprocess_modules():
-    """Upstream LCPBinding caches tool modules in sys.modules: none may leak between tests."""
-    yield
-    for name in [n for n in sys.modules if n.startswith(PERSISTENT)]:
-        del sys.modules[name]
 
 
 @pytest.fixture

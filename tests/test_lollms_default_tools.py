@@ -100,20 +100,6 @@ def same(sb, ip):
 
 
 # ================================================================ fixtures
-@pytest.fixture(scope="module")
-def supervisor():
-    sup = Supervisor()
-    yield sup
-    sup.close()
-
-
-@pytest.fixture(autouse=True)
-def _forget_inprocess_modules():
-    yield
-    for name in [n for n in sys.modules if n.startswith(PERSISTENT)]:
-        del sys.modules[name]
-
-
 @pytest.fixture
 def both(supervisor, tmp_path, monkeypatch):
     """both(libraries, configs=None, confirm=None, ui=None) -> (sandbox World, in-process World).

@@ -57,20 +57,6 @@ def _default_tools() -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / "tools_bindings" / "lcp" / "default_tools"
 
 
-@pytest.fixture(scope="module")
-def supervisor():
-    sup = Supervisor()
-    yield sup
-    sup.close()
-
-
-@pytest.fixture(autouse=True)
-def _forget_inprocess_modules():
-    yield
-    for name in [n for n in sys.modules if n.startswith(PERSISTENT)]:
-        del sys.modules[name]
-
-
 @pytest.fixture
 def empty_folder(tmp_path):
     folder = tmp_path / "own_tools"

@@ -45,13 +45,6 @@ BROKEN_SERVERS = [
 
 # ---------------------------------------------------------------- fixtures and helpers
 @pytest.fixture(scope="module")
-def supervisor():
-    sup = Supervisor()
-    yield sup
-    sup.close()
-
-
-@pytest.fixture(scope="module")
 def binding(supervisor, tmp_path_factory):
     b = SandboxedBinding(tools_folders=[str(TOOLS)],
                          host_tool_configs={"mcp_bridge": {"servers": [ECHO_SERVER, *BROKEN_SERVERS]}},
