@@ -869,6 +869,152 @@ class _Run:
                         if floor and r in per_round["floor"] and percentile(per_round["floor"][r], q) > 0)
                     row[f"x_floor_p{q}_paired"] = percentile(ratios, 50) if ratios else None
 
+    # ------------------------------------------------------------ routing
+    def routing(self, prog: Progress) -> None:
+        """A warm call to one worker with 1 live worker in the pool vs N live.
+
+        One Supervisor (its own, started while this thread is unpinned) shared by N/4
+        tenants' bindings over 4 small libraries; the measured worker is (t0, library 0).
+        The other N-1 are started (one call each) or stopped between batches, never
+        while timing; the conditions alternate (N, 1 | 1, N | N, 1...), so every round
+        has one transition and each condition follows one half of the time."""
+        import compileall
+        import concurrent.futures
+        from .binding import SandboxedBinding
+        from .supervisor import Supervisor
+        cfg = self.cfg
+        nlib = ROUTING_LIBRARIES
+        n_many = max(2, cfg.routing_workers)
+        n_tenants = -(-n_many // nlib)
+        rounds = max(1, cfg.routing_rounds)
+        host, worker = self.placements[self.headline]
+        overhead = self.result["meta"]["timer_overhead_ns"]
+        folder = self.tmp / "routing"
+        folder.mkdir()
+        for j in range(nlib):
+            (folder / f"bench_route_{j}.py").write_text(_ROUTING_LIB.format(j=j))
+        compileall.compile_dir(str(folder), quiet=1)
+
+        _pin_thread(self.all_cpus)        # the zygote, and so every worker, inherits this affinity
+        sup = Supervisor()
+        self.cleanup.append(sup.close)
+        try:
+            sup.start()
+            bindings = [SandboxedBinding(tools_folders=[str(folder)], workspace=self.ws, supervisor=sup,
+                                         tenant=f"t{i}") for i in range(n_tenants)]
+            pairs = [(b, f"tool_route{j}_noop") for b in bindings for j in range(nlib)][:n_many]
+            (b0, tool0), others = pairs[0], pairs[1:]
+            key_of = {t: b0._routes[t].library.key for _, t in pairs}
+
+            def one_call(pair: tuple) -> None:
+                b, t = pair
+                r = b.execute_tool(t, {})
+                if r.get("status_code") != 200:
+                    raise RuntimeError(f"{t} failed for tenant {b.tenant}: {r.get('error')}")
+
+            def start_others() -> float:
+                t0 = time.perf_counter()
+                with concurrent.futures.ThreadPoolExecutor(4) as ex:
+                    list(ex.map(one_call, others))
+                return time.perf_counter() - t0
+
+            def stop_others() -> float:
+                t0 = time.perf_counter()
+                with concurrent.futures.ThreadPoolExecutor(8) as ex:
+                    list(ex.map(lambda p: sup.stop(p[0].tenant, key_of[p[1]]), others))
+                return time.perf_counter() - t0
+
+            path = SandboxPath("routing", b0, tool0, {}, "bench_route_0")
+            pid = path.pid()
+            transitions: dict = {"start_others": [start_others()], "stop_others": []}
+            prog.step("routing", f"{n_many} workers started")
+            live_of = {"one": 1, "many": len(pairs)}
+            samples: dict = {c: [] for c in live_of}
+            seen: dict = {c: set() for c in live_of}
+            acc: dict = {c: [0] * 6 for c in live_of}
+            state = "many"
+            try:
+                for r in range(rounds):
+                    for cond in (("many", "one") if r % 2 == 0 else ("one", "many")):
+                        if cond != state:
+                            _pin_thread(self.all_cpus)
+                            if cond == "many":
+                                transitions["start_others"].append(start_others())
+                            else:
+                                transitions["stop_others"].append(stop_others())
+                            state = cond
+                            time.sleep(0.05)        # exits reaped, the zygote's spare forked again
+                        live = sup.pool_stats()["live_workers"]
+                        seen[cond].add(live)
+                        if live != live_of[cond]:
+                            raise RuntimeError(f"{live} live workers where {live_of[cond]} were expected")
+                        n = _share(cfg.routing_calls, rounds, r)
+                        if n <= 0:
+                            continue
+                        _pin_thread(host)
+                        _pin_process(pid, worker)
+                        path.run(path.warmup)
+                        gc.collect(1)
+                        c0 = _cpu_snapshot([pid])
+                        xs = path.run(n)
+                        c1 = _cpu_snapshot([pid])
+                        samples[cond].append((r, xs))
+                        a = acc[cond]
+                        a[0] += n
+                        for i in range(5):
+                            if c0[i] is not None and c1[i] is not None:
+                                a[i + 1] += c1[i] - c0[i]
+                        prog.step("routing", f"round {r + 1}/{rounds} {live_of[cond]} live")
+            finally:
+                _pin_thread(self.all_cpus)
+                _pin_process(pid, self.all_cpus)
+            measured = next((s for s in sup.stats(tenant="t0") if s["library"] == "bench_route_0"), {})
+            if measured.get("pid") != pid or measured.get("restarts"):
+                raise RuntimeError(f"the measured worker was replaced during the run ({measured})")
+        finally:
+            sup.close()
+
+        labels = {"one": "1 live worker in the pool",
+                  "many": f"{len(pairs)} live workers ({n_tenants} tenants x {nlib} libraries"
+                          + (")" if len(pairs) == 200 else "; the full run uses 200)")}
+        rows: dict = {}
+        per_round: dict = {}
+        for cond, batches in samples.items():
+            per_round[cond] = {r: sorted(max(0.0, x - overhead) for x in xs) for r, xs in batches}
+            xs = [max(0.0, x - overhead) for _, batch in batches for x in batch]
+            row = summarize(xs, 1000.0)
+            row.update(label=labels[cond], live_workers=live_of[cond], unit="us",
+                       live_workers_seen=sorted(seen[cond]),
+                       samples_us=[round(x / 1000.0, 3) for x in xs],
+                       round_of_sample=[r for r, batch in batches for _ in batch])
+            a = acc[cond]
+            if a[0]:
+                per = [v / a[0] / 1000.0 for v in a[1:]]
+                row["cpu_us_per_call"] = {"host_thread": per[0], "host_other_threads": per[2], "worker": per[3]}
+                row["runq_wait_us_per_call"] = {"host_thread": per[1], "worker": per[4]}
+            rows[cond] = row
+        one, many = rows["one"], rows["many"]
+        ratio: dict = {}
+        for q in (50, 90, 99):
+            ratio[f"p{q}"] = _ratio(many.get(f"p{q}"), one.get(f"p{q}"))
+            paired = sorted(percentile(xs, q) / percentile(per_round["one"][r], q)
+                            for r, xs in per_round["many"].items()
+                            if r in per_round["one"] and percentile(per_round["one"][r], q) > 0)
+            ratio[f"p{q}_paired"] = percentile(paired, 50) if paired else None
+        for cond, row in rows.items():
+            for q in (50, 90, 99):
+                row[f"x_one_p{q}"] = _ratio(row.get(f"p{q}"), one.get(f"p{q}"))
+        self.result["routing"] = {
+            "workers": len(pairs), "tenants": n_tenants, "libraries": nlib, "rounds": rounds,
+            "placement": self.headline, "host_cpus": sorted(host) if host else None,
+            "worker_cpus": sorted(worker) if worker else None,
+            "measured": {"tenant": "t0", "library": "bench_route_0", "tool": tool0, "pid": pid,
+                         "calls": measured.get("calls"), "restarts": measured.get("restarts")},
+            "rows": rows, "ratio": ratio,
+            "transitions_s": {k: _secs(v) for k, v in transitions.items() if v},
+        }
+        prog.step("routing", "closed")
+
     # ------------------------------------------------------------ cold
     def cold_paths(self) -> list:
         cfg = self.cfg
@@ -1187,6 +1333,8 @@ class _Run:
             cpaths = self.cold_paths()
             nsteps += max(1, cfg.cold_reps) * len(cpaths) + max(0, cfg.zygote_reps)
             ntp = 7 + (2 if self.lcp_cls else 0) + (2 if self.user else 0)
+            if "routing" not in cfg.skip:
+                nsteps += 2 * max(1, cfg.routing_rounds) + 2
             if "throughput" not in cfg.skip:
                 nsteps += ntp * max(1, cfg.throughput_rounds)
             if "memory" not in cfg.skip:
@@ -1200,6 +1348,14 @@ class _Run:
                 for p in wpaths:
                     if p is not ppe:
                         p.close()
+                if "routing" in cfg.skip:
+                    self.skipped["routing"] = "skipped by request"
+                else:
+                    try:
+                        self.routing(prog)
+                    except Exception as exc:                   # noqa: BLE001
+                        self.result["routing"] = {}
+                        self.skipped["routing"] = f"{type(exc).__name__}: {exc}"
                 self.cold(cpaths, prog)
                 self.zygote(prog)
                 self.cold_ratios()
@@ -1389,6 +1545,19 @@ def _jsonable(v: Any) -> Any:
     return json.loads(json.dumps(v, default=str))
 
 
+_ROUTING_LIB = '''"""Generated tool library {j} for the routing benchmark: one tool that does nothing."""
+
+
+def tool_route{j}_noop() -> dict:
+    """Does nothing and returns a tiny result.
+
+    Returns:
+        dict: {{"ok": True}}
+    """
+    return {{"ok": True}}
+'''
+
+
 _GENERATED = '''"""Generated tool library {i} for the discovery benchmark."""
 import os
 
@@ -1504,7 +1673,7 @@ def _table(headers: list, rows: list, align: str) -> list:
 
 
 def render_table(result: dict) -> str:
-    """The readable report: warm, cold, throughput, memory, discovery, targets."""
+    """The readable report: warm, routing, cold, throughput, memory, discovery, targets."""
     m = result.get("meta", {})
     cfg = m.get("config", {})
     lines = []
@@ -1554,6 +1723,35 @@ def render_table(result: dict) -> str:
         lines.append("  cpu: CPU time per call (us) of the calling thread, the host's other threads and the "
                      "serving process; runq: run-queue wait per call of the calling thread + the serving process "
                      "(/proc schedstat)")
+        lines.append("")
+
+    rt = result.get("routing") or {}
+    if rt.get("rows"):
+        where = (f"host thread on CPU {','.join(map(str, rt.get('host_cpus') or []))}, worker on CPU "
+                 f"{','.join(map(str, rt.get('worker_cpus') or []))}" if rt.get("placement") == "split"
+                 else "unpinned (could not split CPUs)")
+        lines.append(f"ROUTING  a warm call to one worker (tenant t0, bench_route_0) of a Supervisor shared by "
+                     f"{rt['tenants']} tenants x {rt['libraries']} small libraries, with 1 vs {rt['workers']} "
+                     f"live workers; microseconds; {where}; {rt['rounds']} rounds, conditions alternating")
+        hdr = ["pool", "n", "p50", "p90", "p99", "max", "x 1 live p50", "p90", "p99", "cpu: host", "+threads",
+               "worker", "runq"]
+        rows = []
+        for r in rt["rows"].values():
+            c = r.get("cpu_us_per_call") or {}
+            rows.append([r["label"], r["n"], _f(r.get("p50")), _f(r.get("p90")), _f(r.get("p99")),
+                         _f(r.get("max")), _x(r.get("x_one_p50")), _x(r.get("x_one_p90")), _x(r.get("x_one_p99")),
+                         _f(c.get("host_thread")), _f(c.get("host_other_threads")), _f(c.get("worker")),
+                         _f(sum(v for v in (r.get("runq_wait_us_per_call") or {}).values() if v) or None)])
+        lines += _table(hdr, rows, "lr" + "r" * (len(hdr) - 2))
+        ra = rt.get("ratio", {})
+        lines.append(f"  {rt['workers']} live vs 1 live: p50 {_x(ra.get('p50'))}, p90 {_x(ra.get('p90'))}, "
+                     f"p99 {_x(ra.get('p99'))}; paired by round: p50 {_x(ra.get('p50_paired'))}, "
+                     f"p90 {_x(ra.get('p90_paired'))}, p99 {_x(ra.get('p99_paired'))}")
+        tr = rt.get("transitions_s", {})
+        st, sp = tr.get("start_others", {}), tr.get("stop_others", {})
+        lines.append(f"  between batches, never timed: the other {rt['workers'] - 1} workers started (one call "
+                     f"each, p50 {_f(st.get('p50'))} s) or stopped (p50 {_f(sp.get('p50'))} s); "
+                     f"+threads: CPU of the host's other threads per call (the supervisors' watchdogs...)")
         lines.append("")
 
     cold = result.get("cold", {})
@@ -1662,6 +1860,9 @@ def write_plot(result: dict, path: str) -> None:
         for name, rows in warm.items():
             if name != pl and key in rows:
                 ecdf(a1, rows[key].get("samples_us", []), color=color(kind), lw=0.9, ls=":", alpha=0.8)
+    for cond, r in ((result.get("routing") or {}).get("rows") or {}).items():
+        ecdf(a1, r.get("samples_us", []), color=color("routing"), lw=1.4, ls="-" if cond == "one" else "--",
+             label=f"routing: {r['label']} (p50 {_f(r.get('p50'))} us)")
     a1.set_xscale("log")
     a1.set_ylim(0, 1.02)
     a1.set_xlabel("round trip, microseconds (log)")
@@ -1718,6 +1919,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="memory: calls before the second reading (default 25000)")
     p.add_argument("--discovery-files", dest="discovery_files", type=int, default=None)
     p.add_argument("--subprocess-calls", dest="subprocess_calls", type=int, default=None)
+    p.add_argument("--routing-workers", dest="routing_workers", type=int, default=None,
+                   help="routing: live workers in the large pool (default 200, --quick 40; 4 per tenant)")
     p.add_argument("--cpus", default=None, help="HOST,WORKER CPUs for the pinned figures (default: the first two)")
     p.add_argument("--skip", default="", help=f"comma-separated: {','.join(SKIPPABLE)}")
     p.add_argument("--seed", type=int, default=None)
@@ -1737,7 +1940,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"--skip: unknown {', '.join(bad)} (known: {', '.join(SKIPPABLE)})", file=sys.stderr)
         return 2
     over = {k: getattr(args, k) for k in ("rounds", "cold_reps", "duration_s", "mem_calls",
-                                          "discovery_files", "subprocess_calls", "seed")
+                                          "discovery_files", "subprocess_calls", "routing_workers", "seed")
             if getattr(args, k) is not None}
     if args.cpus:
         try:

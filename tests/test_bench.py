@@ -15,7 +15,8 @@ from lcp_sandbox.bench import percentile, render_table, run_bench
 HERE = Path(__file__).resolve().parent
 
 TINY = dict(calls=40, rounds=2, subprocess_calls=2, cold_reps=2, zygote_reps=1, duration_s=0.1,
-            throughput_rounds=1, mem_calls=200, discovery_files=30, discovery_reps=1)
+            throughput_rounds=1, mem_calls=200, discovery_files=30, discovery_reps=1,
+            routing_workers=8, routing_calls=40, routing_rounds=2)
 
 TARGET_NAMES = {"warm_p50", "warm_p99", "cold_vs_spawn", "parallel", "uss_first", "uss_after",
                 "discovery_first", "discovery_again"}
@@ -41,13 +42,15 @@ def test_percentile_and_summary():
     assert s["n"] == 3 and s["p50"] == 2.0 and s["max"] == 3.0 and s["min"] == 1.0
 
 
-def test_bench_end_to_end(tmp_path):
+def test_bench_end_to_end(tmp_path, new_processes):
     json_path, png_path = tmp_path / "bench.json", tmp_path / "bench.png"
     out = io.StringIO()
     result = run_bench(json_path=str(json_path), plot_path=str(png_path), out=out, **TINY)
+    assert new_processes() == set()            # every worker, zygote and baseline process is gone
 
     data = json.loads(json_path.read_text())
-    assert set(data) >= {"meta", "warm", "cold", "throughput", "memory", "discovery", "targets", "skipped"}
+    assert set(data) >= {"meta", "warm", "routing", "cold", "throughput", "memory", "discovery", "targets",
+                         "skipped"}
     assert data["meta"]["timer_overhead_ns"] >= 0
 
     # warm: the floor and the sandbox in every placement, each with its ratio to the floor
@@ -61,6 +64,21 @@ def test_bench_end_to_end(tmp_path):
         assert rows["floor"]["x_floor_p50"] == pytest.approx(1.0)
         if "inprocess" not in data["skipped"]:
             assert _number(rows["inprocess"]["x_floor_p50"])
+
+    # routing: one worker's warm calls with 1 live worker in the pool vs many (8 here, 200 by default)
+    rt = data["routing"]
+    assert "routing" not in data["skipped"]
+    assert rt["workers"] == 8 and rt["tenants"] == 2 and rt["libraries"] == 4
+    assert rt["measured"]["restarts"] == 0
+    for cond, live in (("one", 1), ("many", 8)):
+        row = rt["rows"][cond]
+        assert row["live_workers"] == live and row["live_workers_seen"] == [live]
+        assert row["n"] == TINY["routing_calls"] and len(row["samples_us"]) == row["n"]
+        for k in ("p50", "p90", "p99", "max", "x_one_p50", "x_one_p99"):
+            assert _number(row[k]), (cond, k)
+    assert rt["rows"]["one"]["x_one_p50"] == pytest.approx(1.0)
+    for k in ("p50", "p90", "p99", "p50_paired", "p99_paired"):
+        assert _number(rt["ratio"][k]) and rt["ratio"][k] > 0, k
 
     # cold: phases from the stamps, ratios to spawn
     cold = data["cold"]
@@ -88,7 +106,7 @@ def test_bench_end_to_end(tmp_path):
         assert t["met"] in (True, False)
 
     table = out.getvalue()
-    for heading in ("WARM", "COLD", "THROUGHPUT", "MEMORY", "DISCOVERY", "TARGETS"):
+    for heading in ("WARM", "ROUTING", "COLD", "THROUGHPUT", "MEMORY", "DISCOVERY", "TARGETS"):
         assert heading in table
     assert result["targets"] == data["targets"]
 
@@ -106,7 +124,7 @@ def test_bench_command_line_with_a_host_folder(tmp_path, capsys):
     rc = main(["bench", str(folder), "--tool", "tool_other_set", "--params", '{"value": "x"}',
                "--calls", "20", "--rounds", "1", "--cold", "1", "--discovery-files", "5",
                "--mem-calls", "10", "--no-progress", "--json", str(json_path),
-               "--skip", "ppe,subprocess,spawn,throughput"])
+               "--skip", "ppe,subprocess,spawn,routing,throughput"])
     assert rc == 0
     data = json.loads(json_path.read_text())
     for rows in data["warm"].values():
@@ -115,6 +133,7 @@ def test_bench_command_line_with_a_host_folder(tmp_path, capsys):
     assert _number(data["cold"]["sandbox:tool_other_set"]["p50"])
     assert any(r["key"] == "user" and _number(r.get("uss_mb")) for r in data["memory"])
     assert data["skipped"]["ppe"] == "skipped by request"
+    assert data["skipped"]["routing"] == "skipped by request" and data["routing"] == {}
     assert "sandbox tool_other_set" in capsys.readouterr().out
 
 
