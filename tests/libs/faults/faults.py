@@ -83,17 +83,13 @@ def tool_sleep(seconds: float = BOUND_S) -> dict:
 
 
 def tool_stubborn(seconds: float = BOUND_S) -> dict:
-    """Sleeps and swallows every interruption (bounded).
+    """Replaces the worker's interrupt handler with its own, then sleeps (bounded).
 
     Args:
         seconds (float): how long at most
     """
-    end = time.monotonic() + min(float(seconds), BOUND_S)
-    while time.monotonic() < end:
-        try:
-            time.sleep(0.05)
-        except BaseException:
-            pass
+    signal.signal(signal.SIGUSR1, lambda *a: None)      # swallows every interruption
+    time.sleep(min(float(seconds), BOUND_S))
     return {"success": True, "output": "survived"}
 
 
