@@ -76,7 +76,8 @@ class BenchConfig:
     discovery_reps: int = 3
     routing_workers: int = 200            # routing: live workers in the "many" condition (4 per tenant)
     routing_calls: int = 5000             # routing: calls per condition (1 live / many live)
-    routing_rounds: int = 10              # routing: rounds, the two conditions alternating
+    routing_rounds: int = 8               # routing: rounds, the two conditions alternating
+    routing_window_s: float = 1.0         # routing: each batch's calls spread over this long
     cpus: Optional[tuple] = None          # (host CPU, worker CPU); default: the first two allowed
     skip: tuple = ()                      # any of: floor inprocess ppe subprocess spawn routing throughput memory discovery
     seed: int = 1
@@ -86,7 +87,7 @@ class BenchConfig:
     def quick(cls, **kw: Any) -> "BenchConfig":
         base = dict(calls=2000, rounds=10, subprocess_calls=6, cold_reps=10, zygote_reps=2,
                     duration_s=0.4, throughput_rounds=3, mem_calls=5000, discovery_reps=2,
-                    routing_workers=40, routing_calls=1200, routing_rounds=4)
+                    routing_workers=40, routing_calls=1200, routing_rounds=4, routing_window_s=0.5)
         base.update(kw)
         return cls(**base)
 
@@ -95,6 +96,8 @@ SKIPPABLE = ("floor", "inprocess", "ppe", "subprocess", "spawn", "routing", "thr
              "discovery")
 
 ROUTING_LIBRARIES = 4                     # small libraries per routing tenant
+ROUTING_SUB_BATCH = 125                   # routing: calls back to back, at a random moment of the window
+ROUTING_SETTLE_S = 0.5                    # routing: pause after the other workers were started / stopped
 
 TARGETS = {
     "warm_p50": 1.05, "warm_p99": 1.25, "cold_vs_spawn": 0.06, "parallel": 1.9,
@@ -877,7 +880,11 @@ class _Run:
         tenants' bindings over 4 small libraries; the measured worker is (t0, library 0).
         The other N-1 are started (one call each) or stopped between batches, never
         while timing; the conditions alternate (N, 1 | 1, N | N, 1...), so every round
-        has one transition and each condition follows one half of the time."""
+        has one transition and each condition follows one half of the time.  A batch is
+        spread over ``routing_window_s`` in runs of ROUTING_SUB_BATCH calls at random
+        moments: the supervisor's periodic work (its watchdog's sweeps, whose length
+        grows with the live workers) is sampled at every phase, not at one that the
+        schedule of the transitions happens to lock onto."""
         import compileall
         import concurrent.futures
         from .binding import SandboxedBinding
@@ -887,6 +894,8 @@ class _Run:
         n_many = max(2, cfg.routing_workers)
         n_tenants = -(-n_many // nlib)
         rounds = max(1, cfg.routing_rounds)
+        window = max(0.0, cfg.routing_window_s)
+        rng = random.Random(cfg.seed + 1)     # its own: the other sections' orders stay as they were
         host, worker = self.placements[self.headline]
         overhead = self.result["meta"]["timer_overhead_ns"]
         folder = self.tmp / "routing"
@@ -927,6 +936,7 @@ class _Run:
             path = SandboxPath("routing", b0, tool0, {}, "bench_route_0")
             pid = path.pid()
             transitions: dict = {"start_others": [start_others()], "stop_others": []}
+            time.sleep(ROUTING_SETTLE_S)
             prog.step("routing", f"{n_many} workers started")
             live_of = {"one": 1, "many": len(pairs)}
             samples: dict = {c: [] for c in live_of}
@@ -943,7 +953,7 @@ class _Run:
                             else:
                                 transitions["stop_others"].append(stop_others())
                             state = cond
-                            time.sleep(0.05)        # exits reaped, the zygote's spare forked again
+                            time.sleep(ROUTING_SETTLE_S)     # the zygote's spare forked again...
                         live = sup.pool_stats()["live_workers"]
                         seen[cond].add(live)
                         if live != live_of[cond]:
@@ -953,17 +963,26 @@ class _Run:
                             continue
                         _pin_thread(host)
                         _pin_process(pid, worker)
-                        path.run(path.warmup)
-                        gc.collect(1)
-                        c0 = _cpu_snapshot([pid])
-                        xs = path.run(n)
-                        c1 = _cpu_snapshot([pid])
-                        samples[cond].append((r, xs))
+                        k = -(-n // ROUTING_SUB_BATCH)
+                        offsets = sorted(rng.uniform(0.0, window) for _ in range(k))
+                        xs = []
                         a = acc[cond]
-                        a[0] += n
-                        for i in range(5):
-                            if c0[i] is not None and c1[i] is not None:
-                                a[i + 1] += c1[i] - c0[i]
+                        start = time.perf_counter()
+                        for i, off in enumerate(offsets):
+                            delay = start + off - time.perf_counter()
+                            if delay > 0:
+                                time.sleep(delay)
+                            path.run(path.warmup)   # untimed: the first calls after a pause are slower
+                            m = _share(n, k, i)
+                            gc.collect(1)
+                            c0 = _cpu_snapshot([pid])
+                            xs += path.run(m)
+                            c1 = _cpu_snapshot([pid])
+                            a[0] += m
+                            for j in range(5):
+                                if c0[j] is not None and c1[j] is not None:
+                                    a[j + 1] += c1[j] - c0[j]
+                        samples[cond].append((r, xs))
                         prog.step("routing", f"round {r + 1}/{rounds} {live_of[cond]} live")
             finally:
                 _pin_thread(self.all_cpus)
@@ -1006,6 +1025,7 @@ class _Run:
                 row[f"x_one_p{q}"] = _ratio(row.get(f"p{q}"), one.get(f"p{q}"))
         self.result["routing"] = {
             "workers": len(pairs), "tenants": n_tenants, "libraries": nlib, "rounds": rounds,
+            "window_s": window, "sub_batch": ROUTING_SUB_BATCH, "settle_s": ROUTING_SETTLE_S,
             "placement": self.headline, "host_cpus": sorted(host) if host else None,
             "worker_cpus": sorted(worker) if worker else None,
             "measured": {"tenant": "t0", "library": "bench_route_0", "tool": tool0, "pid": pid,
@@ -1732,7 +1752,9 @@ def render_table(result: dict) -> str:
                  else "unpinned (could not split CPUs)")
         lines.append(f"ROUTING  a warm call to one worker (tenant t0, bench_route_0) of a Supervisor shared by "
                      f"{rt['tenants']} tenants x {rt['libraries']} small libraries, with 1 vs {rt['workers']} "
-                     f"live workers; microseconds; {where}; {rt['rounds']} rounds, conditions alternating")
+                     f"live workers; microseconds; {where}; {rt['rounds']} rounds, conditions alternating, "
+                     f"each batch in runs of {rt.get('sub_batch')} calls at random moments of "
+                     f"{_f(rt.get('window_s'))} s")
         hdr = ["pool", "n", "p50", "p90", "p99", "max", "x 1 live p50", "p90", "p99", "cpu: host", "+threads",
                "worker", "runq"]
         rows = []

@@ -16,7 +16,7 @@ HERE = Path(__file__).resolve().parent
 
 TINY = dict(calls=40, rounds=2, subprocess_calls=2, cold_reps=2, zygote_reps=1, duration_s=0.1,
             throughput_rounds=1, mem_calls=200, discovery_files=30, discovery_reps=1,
-            routing_workers=8, routing_calls=40, routing_rounds=2)
+            routing_workers=8, routing_calls=40, routing_rounds=2, routing_window_s=0.05)
 
 TARGET_NAMES = {"warm_p50", "warm_p99", "cold_vs_spawn", "parallel", "uss_first", "uss_after",
                 "discovery_first", "discovery_again"}
