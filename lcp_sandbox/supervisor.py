@@ -34,11 +34,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-import psutil
-
 from . import normalize, wire
 from .discovery import Library
-from .limits import Limits, describe_exit
+from .limits import Limits, describe_exit, tree_rss
 from .output import OutputPump
 from .pool import Pool
 from .proxies import HostObjects, rebuild_error
@@ -644,18 +642,3 @@ class Supervisor:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def tree_rss(pid: int) -> int:
-    """Resident memory of a process and all its descendants, in bytes."""
-    try:
-        p = psutil.Process(pid)
-        total = p.memory_info().rss
-        for child in p.children(recursive=True):
-            try:
-                total += child.memory_info().rss
-            except psutil.Error:
-                pass
-        return total
-    except psutil.Error:
-        return 0

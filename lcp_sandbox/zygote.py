@@ -40,19 +40,16 @@ _MAXMSG = 1 << 16
 
 # ---------------------------------------------------------------- zygote side
 def _kill_tree(pid: int) -> None:
-    import psutil
-    try:
-        kids = psutil.Process(pid).children(recursive=True)
-    except Exception:
-        kids = []
+    from .limits import process_tree
+    kids = process_tree(pid)[1:]             # taken first: killing re-parents them
     try:
         os.killpg(pid, signal.SIGKILL)       # the worker leads its own process group
     except OSError:
         pass
     for k in kids:
         try:
-            k.kill()
-        except Exception:
+            os.kill(k, signal.SIGKILL)
+        except OSError:
             pass
 
 
@@ -155,7 +152,6 @@ def main(fd: int) -> None:
     ctl = socket.socket(fileno=fd)
     # What every worker needs, imported once here and shared copy-on-write.
     import ctypes, inspect, importlib.util, json, pathlib, re, sqlite3, threading, traceback, typing  # noqa
-    import psutil  # noqa
     from . import confine, worker, normalize, proxies, wire  # noqa
     import tempfile, fcntl, struct  # noqa
     wake_r, wake_w = os.pipe()
