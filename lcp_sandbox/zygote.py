@@ -124,6 +124,11 @@ def _child(ctl: socket.socket, wake_r: int, wake_w: int, inbox: socket.socket, z
     ctl.close()
     os.close(wake_r)
     os.close(wake_w)
+    from .worker import rehearse
+    try:
+        rehearse()
+    except Exception:
+        pass                                     # only an optimization
     try:
         data, fds, _, _ = socket.recv_fds(inbox, 16, 2)
     except OSError:
