@@ -36,7 +36,7 @@ from lcp_sandbox import SandboxedBinding, Supervisor
 
 HERE = Path(__file__).resolve().parent
 LOLLMS_LIBS = HERE / "lollms_libs"
-SEED = Path("/work/shared/seeds/lcp_tool_development.md")
+SEED = HERE.parent.parent / "shared" / "seeds" / "lcp_tool_development.md"   # shared/ sits beside the repo
 PERSISTENT = "lollms_client.tools_bindings.lcp.persistent_"
 
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4
