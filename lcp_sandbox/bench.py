@@ -5,8 +5,8 @@ with the baselines measured in the same run and every row as a ratio.
       setup       temp dir: bundled libraries copied, a workspace; one Supervisor
                   whose zygote is started before anything is timed
       warm        rounds × placements (split CPUs / unpinned) × paths in a fresh
-                  random order each time: floor, sandbox, in-process LCPBinding,
-                  ProcessPoolExecutor, python -c per call
+                  random order each time: floor, pickle RPC (no engine), sandbox,
+                  in-process LCPBinding, ProcessPoolExecutor, python -c per call
       cold        rounds × paths in random order, each a never-run process:
                   sandbox (zygote fork), spawn, python -c, a new
                   ProcessPoolExecutor, in-process first import; phases come from
@@ -79,7 +79,7 @@ class BenchConfig:
     routing_rounds: int = 8               # routing: rounds, the two conditions alternating
     routing_window_s: float = 1.0         # routing: each batch's calls spread over this long
     cpus: Optional[tuple] = None          # (host CPU, worker CPU); default: the first two allowed
-    skip: tuple = ()                      # any of: floor inprocess ppe subprocess spawn routing throughput memory discovery
+    skip: tuple = ()                      # any of: floor pickle inprocess ppe subprocess spawn routing throughput memory discovery
     seed: int = 1
     binding_kwargs: dict = field(default_factory=dict)   # extra SandboxedBinding keywords for --folder
 
@@ -92,8 +92,8 @@ class BenchConfig:
         return cls(**base)
 
 
-SKIPPABLE = ("floor", "inprocess", "ppe", "subprocess", "spawn", "routing", "throughput", "memory",
-             "discovery")
+SKIPPABLE = ("floor", "pickle", "inprocess", "ppe", "subprocess", "spawn", "routing", "throughput",
+             "memory", "discovery")
 
 ROUTING_LIBRARIES = 4                     # small libraries per routing tenant
 ROUTING_SUB_BATCH = 125                   # routing: calls back to back, at a random moment of the window
@@ -314,6 +314,32 @@ while True:
     write(fd, reply)
 '''
 
+# The pickle RPC child: the floor's child plus what any Python engine must do per call,
+# a 4-byte length header ("!I", as lcp_sandbox.wire) + a protocol-5 pickle each way.
+_PICKLE_CHILD = '''
+import os, sys, pickle, struct
+fd = int(sys.argv[1])
+read, write, loads, dumps = os.read, os.write, pickle.loads, pickle.dumps
+hdr = struct.Struct("!I")
+buf = b""
+while True:
+    while len(buf) < 4:
+        d = read(fd, 65536)
+        if not d:
+            os._exit(0)
+        buf += d
+    (n,) = hdr.unpack_from(buf)
+    while len(buf) < 4 + n:
+        d = read(fd, 65536)
+        if not d:
+            os._exit(0)
+        buf += d
+    msg = loads(buf[4:4 + n])
+    buf = buf[4 + n:]
+    body = dumps((10, {"output": 1, "status_code": 200, "success": True}, None), protocol=5)
+    write(fd, hdr.pack(len(body)) + body)
+'''
+
 _ppe_modules: dict = {}
 
 
@@ -341,7 +367,7 @@ class WarmPath:
     """One way of making a call; ``run(n)`` returns n round-trip times in ns."""
     key = ""
     label = ""
-    kind = ""          # floor / sandbox / inprocess / ppe / subprocess
+    kind = ""          # floor / pickle / sandbox / inprocess / ppe / subprocess
     warmup = 5
 
     def place(self, host: Optional[set], worker: Optional[set]) -> None:
@@ -401,6 +427,49 @@ class FloorPath(WarmPath):
         self.sock.close()
         self.proc.kill()
         self.proc.wait()
+
+
+class PicklePath(FloorPath):
+    """The floor's placement and socketpair, each round trip a minimal Python RPC: the host
+    pickles a CALL-like tuple and frames it, the child unpickles it, pickles a result tuple
+    and frames it, the host unpickles it.  What any Python engine pays on top of the floor."""
+    kind = "pickle"
+
+    def __init__(self) -> None:
+        import socket
+        self.key, self.label = "pickle", "pickle RPC (no engine)"
+        self.sock, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _PICKLE_CHILD, str(child.fileno())],
+            pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL)
+        child.close()
+        self.fd = self.sock.fileno()
+        self.run(3)
+
+    def run(self, n: int) -> list:
+        import struct
+        fd = self.fd
+        read, write, dumps, loads = os.read, os.write, pickle.dumps, pickle.loads
+        hdr = struct.Struct("!I")
+        pack, unpack_from = hdr.pack, hdr.unpack_from
+        out = []
+        append = out.append
+        for _ in range(n):
+            t0 = now_ns()
+            body = dumps((2, "tool_noop", 0, {"x": 1}, "/tmp", None, 0), protocol=5)
+            write(fd, pack(len(body)) + body)
+            buf = read(fd, 65536)
+            while len(buf) < 4:
+                buf += read(fd, 65536)
+            m = unpack_from(buf)[0] + 4
+            while len(buf) < m:
+                buf += read(fd, 65536)
+            res = loads(buf[4:m])
+            t1 = now_ns()
+            append(t1 - t0)
+        if n and res[0] != 10:
+            raise RuntimeError(f"pickle RPC child answered {res!r}")
+        return out
 
 
 class SandboxPath(WarmPath):
@@ -778,6 +847,7 @@ class _Run:
         req, reply = _message_sizes(sb.first_result, "tool_noop", {}, self.ws)
         self.result["meta"]["message_bytes"] = {"request": req, "reply": reply}
         add(lambda: FloorPath(req, reply), "floor", "floor")
+        add(PicklePath, "pickle", "pickle")
         if self.lcp_cls is not None:
             self.lcp = self.lcp_cls(tools_folders=[str(self.libs)])
             add(lambda: InProcessPath("inprocess", self.lcp, "tool_noop", {}), "inprocess", "inprocess")
@@ -833,7 +903,7 @@ class _Run:
             _pin_thread(self.all_cpus)
             for p in paths:
                 p.place(self.all_cpus, self.all_cpus)
-        order = {"floor": 0, "sandbox": 1, "inprocess": 2, "ppe": 3, "subprocess": 4}
+        order = {"floor": 0, "pickle": 1, "sandbox": 2, "inprocess": 3, "ppe": 4, "subprocess": 5}
         paths = sorted(paths, key=lambda p: (order.get(p.kind, 9), ":" in p.key))
         samples = {pl: {p.key: by[p.key] for p in paths} for pl, by in samples.items()}
         labels = {p.key: p.label for p in paths}
@@ -851,7 +921,7 @@ class _Run:
                 acc = cpu[pl].get(key)
                 if acc and acc[0]:
                     per = [v / acc[0] / 1000.0 for v in acc[1:]]
-                    served = kinds[key] in ("floor", "sandbox", "ppe")
+                    served = kinds[key] in ("floor", "pickle", "sandbox", "ppe")
                     row["cpu_us_per_call"] = {
                         "host_thread": per[0], "host_other_threads": per[2],
                         "worker": per[3] if served else None}

@@ -56,12 +56,13 @@ def test_bench_end_to_end(tmp_path, new_processes):
     # warm: the floor and the sandbox in every placement, each with its ratio to the floor
     assert data["warm"], "no warm figures"
     for placement, rows in data["warm"].items():
-        for key in ("floor", "sandbox", "ppe", "subprocess"):
+        for key in ("floor", "pickle", "sandbox", "ppe", "subprocess"):
             row = rows[key]
             assert row["n"] > 0 and len(row["samples_us"]) == row["n"]
             for k in ("p50", "p90", "p99", "max", "x_floor_p50", "x_floor_p99"):
                 assert _number(row[k]), (placement, key, k)
         assert rows["floor"]["x_floor_p50"] == pytest.approx(1.0)
+        assert rows["pickle"]["label"] == "pickle RPC (no engine)" and rows["pickle"]["kind"] == "pickle"
         if "inprocess" not in data["skipped"]:
             assert _number(rows["inprocess"]["x_floor_p50"])
 
@@ -108,6 +109,7 @@ def test_bench_end_to_end(tmp_path, new_processes):
     table = out.getvalue()
     for heading in ("WARM", "ROUTING", "COLD", "THROUGHPUT", "MEMORY", "DISCOVERY", "TARGETS"):
         assert heading in table
+    assert "pickle RPC (no engine)" in table
     assert result["targets"] == data["targets"]
 
     if not _has_matplotlib():
@@ -124,7 +126,7 @@ def test_bench_command_line_with_a_host_folder(tmp_path, capsys):
     rc = main(["bench", str(folder), "--tool", "tool_other_set", "--params", '{"value": "x"}',
                "--calls", "20", "--rounds", "1", "--cold", "1", "--discovery-files", "5",
                "--mem-calls", "10", "--no-progress", "--json", str(json_path),
-               "--skip", "ppe,subprocess,spawn,routing,throughput"])
+               "--skip", "pickle,ppe,subprocess,spawn,routing,throughput"])
     assert rc == 0
     data = json.loads(json_path.read_text())
     for rows in data["warm"].values():
@@ -133,6 +135,8 @@ def test_bench_command_line_with_a_host_folder(tmp_path, capsys):
     assert _number(data["cold"]["sandbox:tool_other_set"]["p50"])
     assert any(r["key"] == "user" and _number(r.get("uss_mb")) for r in data["memory"])
     assert data["skipped"]["ppe"] == "skipped by request"
+    assert data["skipped"]["pickle"] == "skipped by request"
+    assert all("pickle" not in rows for rows in data["warm"].values())
     assert data["skipped"]["routing"] == "skipped by request" and data["routing"] == {}
     assert "sandbox tool_other_set" in capsys.readouterr().out
 
