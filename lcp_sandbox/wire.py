@@ -171,11 +171,6 @@ class Connection:
             self._poll.register(self.fd, select.POLLIN)
         return bool(self._poll.poll(0))
 
-    def pending(self) -> bool:
-        """True if a whole frame is already buffered."""
-        buf = self._buf
-        return len(buf) >= 4 and len(buf) >= 4 + _HDR.unpack_from(buf)[0]
-
     def close(self) -> None:
         try:
             self.sock.close()
