@@ -113,23 +113,38 @@ def status_from_wait(wait_status: int) -> int:
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
+def children(pid: int) -> list[int]:
+    """The direct children of ``pid``, from /proc/<pid>/task/<tid>/children."""
+    if not _HAS_CHILDREN_FILES:
+        import psutil                 # kernels without CONFIG_PROC_CHILDREN: slower, same answer
+        try:
+            return [c.pid for c in psutil.Process(pid).children()]
+        except psutil.Error:
+            return []
+    out: list[int] = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                out.extend(int(x) for x in f.read().split())
+    except (OSError, ValueError):
+        pass
+    return out
+
+
 def process_tree(pid: int) -> list[int]:
-    """``pid`` and its live descendants, from /proc/<pid>/task/<tid>/children.
+    """``pid`` and its live descendants.
 
     Reads a few files per process of the tree; psutil's children() reads every
     process of the machine, which made a watchdog pass over 200 workers cost
     seconds."""
     out, i = [pid], 0
     while i < len(out):
-        p = out[i]
+        out.extend(children(out[i]))
         i += 1
-        try:
-            for tid in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{tid}/children", "rb") as f:
-                    out.extend(int(x) for x in f.read().split())
-        except (OSError, ValueError):
-            continue
     return out
+
+
+_HAS_CHILDREN_FILES = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
 
 
 def tree_rss(pid: int) -> int:

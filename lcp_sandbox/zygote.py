@@ -76,11 +76,8 @@ def _reap(ctl: socket.socket, workers: set) -> None:
 def _kill_orphans(workers: set) -> None:
     # Any child of ours that is not a worker is a tool's orphan (we are a subreaper);
     # it is spared while it is still in a live worker's session.
-    try:
-        with open(f"/proc/{os.getpid()}/task/{os.getpid()}/children") as f:
-            kids = [int(p) for p in f.read().split()]
-    except OSError:
-        return
+    from .limits import children
+    kids = children(os.getpid())
     for pid in kids:
         try:
             owner = os.getsid(pid)          # a worker leads its own session
