@@ -98,6 +98,7 @@ class FifoLock:
 @dataclass
 class _Process:
     forked: Future                         # the zygote's answer: the pid
+    zygote: Zygote                         # its parent: reaps it, kills it, signals it
     conn: wire.Connection
     started: float
     calls: int = 0
@@ -183,7 +184,7 @@ class Supervisor:
         self._watch_interval = watch_interval_s
         self._watcher: Optional[threading.Thread] = None
         self._wake = threading.Event()
-        self._retiring: list[tuple[int, float]] = []   # (pid, kill if still alive at)
+        self._retiring: list[tuple[_Process, float]] = []   # (worker, kill if still alive at)
         self._warned: set[str] = set()
         _live_supervisors.add(self)
 
@@ -268,7 +269,7 @@ class Supervisor:
             self.pool.release(slot.tenant)
             raise
         self._pump.add(log_r, slot.library.name, slot.limits.log_bytes_per_s)
-        proc = _Process(forked, conn, time.monotonic())
+        proc = _Process(forked, zyg, conn, time.monotonic())
         slot.proc = proc
         slot.starts += 1
 
@@ -324,7 +325,7 @@ class Supervisor:
         slot.last_exit = why
         self._detach(slot, proc)
         with self._lock:
-            self._retiring.append((proc.pid, time.monotonic() + 2.0))
+            self._retiring.append((proc, time.monotonic() + 2.0))
         self._event(kind, slot, pid=proc.pid, reason=why)
 
     def _evict_one(self, asking: Slot, tenant: Optional[str]) -> bool:
@@ -347,18 +348,17 @@ class Supervisor:
     def _kill(self, proc: _Process, reason: Optional[dict] = None) -> None:
         if reason is not None and proc.kill_reason is None:
             proc.kill_reason = reason
-        if self._zygote is not None:
-            self._zygote.kill(proc.pid)
+        proc.zygote.kill(proc.pid)
 
     def _bury(self, slot: Slot, proc: _Process, served_a_call: bool) -> str:
         """The worker is gone or going: reap it, record how, free the slot."""
         proc.conn.close()
         status = proc.exit_status
-        if status is None and self._zygote is not None:
-            status = self._zygote.wait_exit(proc.pid, 5.0)
+        if status is None and proc.zygote.alive:     # (a dead zygote's workers died with it)
+            status = proc.zygote.wait_exit(proc.pid, 5.0)
             if status is None:                       # still there? make sure.
-                self._zygote.kill(proc.pid)
-                status = self._zygote.wait_exit(proc.pid, 5.0)
+                proc.zygote.kill(proc.pid)
+                status = proc.zygote.wait_exit(proc.pid, 5.0)
         how = describe_exit(status)
         slot.last_exit = how if proc.kill_reason is None else proc.kill_reason["why"]
         self._detach(slot, proc)
@@ -449,7 +449,7 @@ class Supervisor:
                 except TimeoutError:
                     if not soft_sent:
                         soft_sent = True
-                        self._zygote.signal(proc.pid, SOFT_TIMEOUT_SIGNAL)
+                        proc.zygote.signal(proc.pid, SOFT_TIMEOUT_SIGNAL)
                         deadline = time.monotonic() + slot.limits.grace_s
                         continue
                     self._kill(proc, {"why": f"killed after its {timeout:g} s timeout", "counts": False})
@@ -556,11 +556,10 @@ class Supervisor:
     def _reap_retiring(self, now: float) -> None:
         # Workers asked to shut down get a grace period for their atexit work, then a kill.
         with self._lock:
-            due = [pid for pid, at in self._retiring if at <= now]
-            self._retiring = [(pid, at) for pid, at in self._retiring if at > now]
-        for pid in due:
-            if self._zygote is not None:
-                self._zygote.kill(pid)
+            due = [proc for proc, at in self._retiring if at <= now]
+            self._retiring = [(proc, at) for proc, at in self._retiring if at > now]
+        for proc in due:
+            proc.zygote.kill(proc.pid)
 
     # ------------------------------------------------------------ lifecycle
     def stop(self, tenant: str, library_key: str) -> bool:
@@ -574,9 +573,9 @@ class Supervisor:
                 proc = slot.proc
                 if proc is not None:
                     self._retire(slot, proc, "stop", "stopped by the host")
-                    if self._zygote is not None and self._zygote.wait_exit(proc.pid, 2.0) is None:
+                    if proc.zygote.wait_exit(proc.pid, 2.0) is None:
                         self._kill(proc)
-                        self._zygote.wait_exit(proc.pid, 2.0)
+                        proc.zygote.wait_exit(proc.pid, 2.0)
         return bool(keys)
 
     def stats(self, tenant: Optional[str] = None) -> list[dict]:
@@ -626,8 +625,9 @@ class Supervisor:
         if self._zygote is not None:
             deadline = time.monotonic() + 1.0
             for slot in list(self._slots.values()):
-                if slot.proc is not None and not slot.busy:
-                    self._zygote.wait_exit(slot.proc.pid, max(0.0, deadline - time.monotonic()))
+                proc = slot.proc
+                if proc is not None and not slot.busy and proc.known_pid is not None:
+                    proc.zygote.wait_exit(proc.pid, max(0.0, deadline - time.monotonic()))
             self._zygote.close()
         for slot in list(self._slots.values()):
             if slot.proc is not None:

@@ -334,3 +334,19 @@ def test_soak_with_injected_faults(make_binding):
     [t.join(300) for t in threads]
     assert errors == []
     assert stat(b, "faults")["restarts"] == sum(1 for p in plan if p[1] == "segfault")
+
+
+def test_zygote_killed_workers_follow_and_service_resumes(make_binding):
+    """Workers die with the zygote (parent-death signal); the next call starts a new zygote."""
+    b = make_binding()
+    pid = b.execute_tool("tool_token", {"token": "a"})["output"]["pid"]
+    other = b.execute_tool("tool_other_get", {})["output"]["pid"]
+    zygote = psutil.Process(pid).parent()
+    assert zygote.pid == psutil.Process(other).parent().pid != os.getpid()
+    zygote.kill()
+    gone, alive = psutil.wait_procs([zygote, psutil.Process(pid), psutil.Process(other)], timeout=10)
+    assert alive == []
+    r = b.execute_tool("tool_token", {"token": "b"})
+    assert r["success"] and r["output"]["token"] == "b" and r["output"]["pid"] != pid
+    assert psutil.Process(r["output"]["pid"]).parent().pid != zygote.pid
+    assert b.execute_tool("tool_other_get", {})["success"]
