@@ -164,7 +164,10 @@ def test_children_die_with_their_worker(b, new_session):
     child = b.execute_tool("tool_leave_child", {"new_session": new_session})["output"]
     assert psutil.pid_exists(child)
     b.execute_tool("tool_segfault", {})
-    proc = psutil.Process(child) if psutil.pid_exists(child) else None
+    try:
+        proc = psutil.Process(child)
+    except psutil.NoSuchProcess:
+        proc = None                              # already gone
     if proc is not None:
         gone, alive = psutil.wait_procs([proc], timeout=5)
         assert alive == []
