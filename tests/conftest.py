@@ -23,6 +23,14 @@ def descendants() -> set:
     return out
 
 
+def gone(pid: int) -> bool:
+    """The process no longer runs (it does not exist, or is a zombie)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 @pytest.fixture
 def new_processes():
     """Returns the descendants started since the test began (others' leftovers excluded)."""

@@ -8,6 +8,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from conftest import gone
 from lcp_sandbox import SandboxedBinding
 
 
@@ -262,7 +263,7 @@ def test_dynamic_tools_run_in_a_worker_not_the_host(make_binding):
     assert b.unregister_tools_by_prefix("fib") == 1
     assert b.execute_tool("tool_fib", {"n": 1})["status_code"] == 404
     assert not any(s["library"] == "fib" for s in b.stats())
-    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert gone(pid)
 
 
 def test_register_bad_code_returns_false(make_binding):

@@ -9,7 +9,7 @@ import time
 import psutil
 import pytest
 
-from conftest import HERE
+from conftest import HERE, gone
 from lcp_sandbox import CrashPolicy, SandboxedBinding, Supervisor
 
 
@@ -111,7 +111,7 @@ def test_hard_timeout_replaces_the_worker(b, tool):
     assert time.monotonic() - t0 < 15
     assert r["status_code"] == 504
     assert "did not stop" in r["error"] and "replaced" in r["error"] and "state was lost" in r["error"]
-    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert gone(pid)
     after_fault(b, state_kept=False)
 
 
