@@ -122,6 +122,13 @@ class OutputPump:
                 for _ in range(64):
                     if not self._read(key.fd, key.data):
                         break
+                if key.fd in self._sel.get_map():        # still open: not at EOF yet
+                    self._sel.unregister(key.fd)
+                    os.close(key.fd)
+                    key.data.close()
+        self._sel.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
 
     def close(self, timeout: Optional[float] = 2.0) -> None:
         with self._lock:
