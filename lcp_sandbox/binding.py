@@ -28,12 +28,12 @@ from . import catalog, discovery, normalize, wire
 from .limits import Limits
 from .proxies import HostObjects, Ref, is_plain
 from .supervisor import SandboxEvent, Supervisor
-from .worker import HANDLER_CONFIRM, HANDLER_UI, HOST_PARAMS
+from .discovery import HOST_PARAMS
+from .worker import HANDLER_CONFIRM, HANDLER_UI
 
 log = logging.getLogger("lcp_sandbox")
 
 PathLike = Union[str, Path]
-_INJECTED = ("tool_context", "lollms_client_instance", "discussion_instance")
 
 
 def _lollms_base() -> type:

@@ -26,14 +26,10 @@ def find_library_dir(dirs: Iterable[Path], name: str) -> Optional[Path]:
     return None
 
 
-def libraries_in(dirs: Iterable[Path]) -> Iterable[Library]:
-    return iter_libraries(list(dirs))
-
-
 def library_of(dirs: Iterable[Path], name: str) -> Optional[Library]:
     """The library called ``name`` (folder or loose file) in the search dirs."""
     clean = (name or "").strip()
-    for lib in libraries_in(dirs):
+    for lib in iter_libraries(dirs):
         if lib.name == clean or (clean.startswith("tool_") and lib.name == clean[5:]):
             return lib
     return None
@@ -51,7 +47,7 @@ def resolve_library_name(dirs: list[Path], raw: str, cache: FileCache) -> Option
         return direct.name
     wanted = normalize_library_name(clean)
     variants: dict[str, set[str]] = {}
-    for lib in libraries_in(dirs):
+    for lib in iter_libraries(dirs):
         names = variants.setdefault(lib.name, {normalize_library_name(lib.name)})
         for f in lib.files:
             parsed = cache.parse(Path(f))
@@ -78,7 +74,7 @@ def tools_of(lib: Library, cache: FileCache) -> set[str]:
 
 def library_for_tool(dirs: list[Path], tool_name: str, cache: FileCache) -> Optional[Library]:
     """The first library in the search dirs that defines ``tool_name``."""
-    for lib in libraries_in(dirs):
+    for lib in iter_libraries(dirs):
         for f in lib.files:
             parsed = cache.parse(Path(f))
             if parsed is not None and any(t.spec["name"] == tool_name for t in parsed.tools):

@@ -30,11 +30,11 @@ from typing import Any, Callable, Iterable, Optional
 
 log = logging.getLogger("lcp_sandbox.discovery")
 
-#: Parameters the host injects; never shown to the LLM.
-HIDDEN_PARAMS = frozenset(
-    {"args", "kwargs", "discussion_instance", "lollms_client_instance",
-     "tool_context", "user_interaction_handler"}
-)
+#: Parameters the host injects into a tool that declares them.
+HOST_PARAMS = frozenset({"tool_context", "lollms_client_instance", "discussion_instance",
+                         "user_interaction_handler"})
+#: Never shown to the LLM.
+HIDDEN_PARAMS = HOST_PARAMS | {"args", "kwargs"}
 #: Names in a docstring that are section headers, not parameters.
 _DOC_SECTION_WORDS = frozenset({"args", "parameters", "returns", "example"})
 
@@ -387,7 +387,7 @@ class Route:
 class Discovered:
     specs: list[dict] = field(default_factory=list)
     routes: dict[str, Route] = field(default_factory=dict)                 # tool name -> Route
-    libraries: dict[str, Library] = field(default_factory=dict)           # key -> Library
+    libraries: dict[str, Library] = field(default_factory=dict)           # key -> Library with tools
     prompt_providers: dict[str, tuple[Library, str, int]] = field(default_factory=dict)  # stem -> (lib, fn, file)
 
 

@@ -333,24 +333,6 @@ class Proxy:
     def __str__(self) -> str:
         return self._req(wire.OP_METHOD, "__str__")
 
-    def __eq__(self, other: Any) -> bool:
-        return self._req(wire.OP_OPERATOR, "eq", (other,))
-
-    def __ne__(self, other: Any) -> bool:
-        return self._req(wire.OP_OPERATOR, "ne", (other,))
-
-    def __lt__(self, other: Any) -> bool:
-        return self._req(wire.OP_OPERATOR, "lt", (other,))
-
-    def __le__(self, other: Any) -> bool:
-        return self._req(wire.OP_OPERATOR, "le", (other,))
-
-    def __gt__(self, other: Any) -> bool:
-        return self._req(wire.OP_OPERATOR, "gt", (other,))
-
-    def __ge__(self, other: Any) -> bool:
-        return self._req(wire.OP_OPERATOR, "ge", (other,))
-
     def __hash__(self) -> int:
         return self._req(wire.OP_OPERATOR, "hash")
 
@@ -362,4 +344,15 @@ class Proxy:
 
     def __reduce__(self):
         return (Ref, (self._ref,))
+
+
+def _comparison(op: str) -> Callable[[Proxy, Any], Any]:
+    def compare(self: Proxy, other: Any) -> Any:
+        return self._req(wire.OP_OPERATOR, op, (other,))
+    compare.__name__ = f"__{op}__"
+    return compare
+
+
+for _op in ("eq", "ne", "lt", "le", "gt", "ge"):      # run in the host, as OPERATORS
+    setattr(Proxy, f"__{_op}__", _comparison(_op))
 

@@ -27,13 +27,13 @@ from pathlib import Path
 from typing import Any, Optional
 
 from . import confine, limits, normalize, wire
+from .discovery import HOST_PARAMS
 from .proxies import Channel, Proxy, error_reply
 
 PERSISTENT_PREFIX = "lollms_client.tools_bindings.lcp.persistent_"
 SOFT_TIMEOUT_SIGNAL = signal.SIGUSR1
 HANDLER_CONFIRM = 1
 HANDLER_UI = 2
-HOST_PARAMS = ("tool_context", "lollms_client_instance", "discussion_instance", "user_interaction_handler")
 
 
 class ToolTimeout(BaseException):
@@ -54,7 +54,7 @@ class _Entry:
         self.var_kw = any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values())
         self.names = frozenset(n for n, p in sig.parameters.items()
                                if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL, p.POSITIONAL_ONLY))
-        self.injectable = frozenset(n for n in HOST_PARAMS if self.var_kw or n in self.names)
+        self.injectable = HOST_PARAMS if self.var_kw else HOST_PARAMS & self.names
 
 
 class Worker:

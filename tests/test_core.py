@@ -273,12 +273,14 @@ def test_register_bad_code_returns_false(make_binding):
 
 
 def test_close_leaves_no_process(libs, tmp_path, new_processes):
+    fds_before = len(os.listdir("/proc/self/fd"))
     b = SandboxedBinding(tools_folders=[libs], workspace=str(tmp_path))
     b.execute_tool("tool_increment", {})
     b.execute_tool("tool_other_get", {})
     assert len(new_processes()) >= 3          # zygote + 2 workers
     b.close()
     assert new_processes() == set()
+    assert len(os.listdir("/proc/self/fd")) == fds_before       # no socket, pipe or epoll left open
     r = b.execute_tool("tool_increment", {})
     assert r["status_code"] == 503 and "closed" in r["error"]
 
@@ -322,17 +324,20 @@ def test_proxies_forward_comparisons_and_paths(make_binding):
     class Context:
         event_mode = Mode.STREAM
         workspace_path = Path("/srv/ws")
+        other_path = Path("/srv/zz")
 
     code = ("from pathlib import Path\n"
             "def tool_ctx_probe(tool_context=None):\n"
             "    '''Probes a proxied context.'''\n"
             "    m = tool_context.event_mode\n"
             "    return {'success': True, 'output': [str(Path(tool_context.workspace_path)),\n"
-            "            m == tool_context.event_mode, m != tool_context.event_mode, hash(m) == hash(m)]}\n")
+            "            m == tool_context.event_mode, m != tool_context.event_mode, hash(m) == hash(m),\n"
+            "            tool_context.workspace_path < tool_context.other_path,\n"
+            "            tool_context.workspace_path >= tool_context.other_path]}\n")
     b = make_binding()
     b.register_tool_from_code("ctx", code)
     r = b.execute_tool("tool_ctx_probe", {}, tool_context=Context())
-    assert r["output"] == ["/srv/ws", True, False, True]
+    assert r["output"] == ["/srv/ws", True, False, True, True, False]
 
 
 def test_load_tool_file_and_discover_local_tools(make_binding, libs):
