@@ -24,12 +24,13 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
-from . import catalog, discovery, normalize, wire
+from . import catalog, discovery, normalize
+from . import protocol as P
 from .limits import Limits
-from .proxies import HostObjects, Ref, is_plain
+from .proxies import HostObjects, is_plain
 from .supervisor import SandboxEvent, Supervisor
-from .discovery import HOST_PARAMS
-from .worker import HANDLER_CONFIRM, HANDLER_UI
+from .protocol import HANDLER_CONFIRM, HANDLER_UI, HOST_PARAMS, Ref
+from .confine import allowed_environment
 
 log = logging.getLogger("lcp_sandbox")
 
@@ -124,6 +125,7 @@ class SandboxedBinding(_Base):
         self._routes: dict[str, discovery.Route] = {}
         self._lib_limits: dict[str, Limits] = {}
         self._prompt_providers: dict[str, tuple] = {}
+        self._resolvers: dict[str, Callable[[Any], Any]] = {}
         self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self.discovered_tools: list[dict] = []
         self._discover()
@@ -166,10 +168,10 @@ class SandboxedBinding(_Base):
     def _prompt(self, lib: discovery.Library, fn: str, index: int) -> Optional[str]:
         cwd = self.workspace or os.getcwd()
         root = self._root(lib, cwd)
-        msg = (wire.PROMPT, fn, index, cwd, self._handlers_mask())
+        msg = P.Prompt(fn, index, cwd, self._handlers_mask())
         try:
             return self.supervisor.run(self.tenant, lib, msg, init=lambda: self._init(lib, root),
-                                       limits=self._limits(lib), objects=HostObjects(self._named_object),
+                                       limits=self._limits(lib), objects=HostObjects(self._named_for(lib)),
                                        tool=fn, root=root)
         except SandboxEvent as ev:
             log.warning("prompt provider %s of %s failed: %s", fn, lib.name, ev)
@@ -271,11 +273,11 @@ class SandboxedBinding(_Base):
         """Run a module-level function of a library in its worker; returns its value."""
         index = next((i for i, f in enumerate(lib.files)
                       if fn in getattr(self._cache.parse(Path(f)), "function_names", ())), 0)
-        objects = HostObjects(self._named_object)
+        objects = HostObjects(self._named_for(lib))
         cwd = self.workspace or os.getcwd()
         root = self._root(lib, cwd)
-        msg = (wire.MODCALL, fn, index, tuple(objects.lend(a) for a in args),
-               {k: objects.lend(v) for k, v in kwargs.items()}, cwd, self._handlers_mask())
+        msg = P.ModCall(fn, index, tuple(objects.lend(a) for a in args),
+                        {k: objects.lend(v) for k, v in kwargs.items()}, cwd, self._handlers_mask())
         try:
             return self.supervisor.run(self.tenant, lib, msg, init=lambda: self._init(lib, root),
                                        limits=self._limits(lib), objects=objects, tool=fn, root=root)
@@ -305,19 +307,30 @@ class SandboxedBinding(_Base):
         return (HANDLER_CONFIRM if self.confirm_handler is not None else 0) | \
                (HANDLER_UI if self.user_interaction_handler is not None else 0)
 
-    def _named_object(self, ref: Any) -> Any:
-        if ref == "confirm":
-            return self.confirm_handler
-        if ref == "ui":
-            return self.user_interaction_handler
-        if isinstance(ref, tuple) and ref[0] == "cfg":
-            value = (self.host_tool_configs.get(ref[1]) or {}).get(ref[2])
-            if ref[2] == "confirm_handler" and value is None:
+    def _named_for(self, lib: discovery.Library) -> Callable[[Any], Any]:
+        """What a worker of ``lib`` may name: the handlers (None when not set) and
+        the values of its own stems' host_tool_configs, nothing else."""
+        resolver = self._resolvers.get(lib.key)
+        if resolver is not None:
+            return resolver
+        stems = frozenset(Path(f).stem for f in lib.files) or frozenset({lib.name})
+
+        def resolve(ref: Any) -> Any:
+            if ref == P.REF_CONFIRM:
                 return self.confirm_handler
-            if ref[2] == "user_interaction_handler" and value is None:
+            if ref == P.REF_UI:
                 return self.user_interaction_handler
-            return value
-        raise RuntimeError(f"unknown host object {ref!r}")
+            if type(ref) is list and len(ref) == 3 and ref[0] == "cfg" and ref[1] in stems:
+                value = (self.host_tool_configs.get(ref[1]) or {}).get(ref[2])
+                if ref[2] == "confirm_handler" and value is None:
+                    return self.confirm_handler
+                if ref[2] == "user_interaction_handler" and value is None:
+                    return self.user_interaction_handler
+                if value is not None and not _sendable(value):
+                    return value
+            raise PermissionError(f"{ref!r} is not a host object lent to library {lib.name!r}")
+        self._resolvers[lib.key] = resolve
+        return resolve
 
     def _limits(self, lib: discovery.Library) -> Limits:
         lim = self._lib_limits.get(lib.key)
@@ -342,16 +355,17 @@ class SandboxedBinding(_Base):
         for stem in stems:
             cfg = self.host_tool_configs.get(stem)
             if isinstance(cfg, dict):
-                configs[stem] = {k: v if _sendable(v) else Ref(("cfg", stem, k)) for k, v in cfg.items()}
+                configs[stem] = {k: v if _sendable(v) else Ref(["cfg", stem, k]) for k, v in cfg.items()}
         lim = self._limits(lib)
         confine = None
+        env = dict(os.environ)
         if root:
             confine = {"root": root, "read_paths": [str(p) for p in (lib.root, *lim.read_paths) if p]}
-        return {"library": lib.name, "files": [str(f) for f in lib.files], "source": lib.source,
-                "configs": configs, "handlers": self._handlers_mask(), "sys_path": list(sys.path),
-                "env": dict(os.environ), "confine": confine,
-                "disabled": [x.strip() for x in os.environ.get("LCP_SANDBOX_DISABLE", "").split(",") if x.strip()],
-                "limits": {k: getattr(lim, k) for k in lim.__dataclass_fields__}}
+            env = allowed_environment(env)        # a confined worker never receives the rest
+        return P.Init(lib.name, [str(f) for f in lib.files], lib.source, configs, self._handlers_mask(),
+                      list(sys.path), env, confine, None,
+                      [x.strip() for x in os.environ.get("LCP_SANDBOX_DISABLE", "").split(",") if x.strip()],
+                      {k: getattr(lim, k) for k in lim.__dataclass_fields__})
 
     def execute_tool(self, tool_name: str, params: Optional[dict] = None, discussion_instance: Any = None,
                      *, workspace: Optional[PathLike] = None, timeout_s: Optional[float] = None,
@@ -361,7 +375,7 @@ class SandboxedBinding(_Base):
             return normalize.not_found(tool_name)
         params = {**route.defaults, **params} if params else dict(route.defaults)
         injected = None
-        objects = HostObjects(self._named_object)       # one per call: released when it ends
+        objects = HostObjects(self._named_for(route.library))    # one per call: released when it ends
         if discussion_instance is not None or kwargs or not params.keys().isdisjoint(HOST_PARAMS):
             values = {"discussion_instance": discussion_instance,
                       "tool_context": kwargs.get("tool_context") or params.get("tool_context"),
@@ -378,7 +392,7 @@ class SandboxedBinding(_Base):
                 f"[{lib.name}] tool '{tool_name}' not run: the workspace {cwd!r} is outside the "
                 f"root {self.workspace_root!r} of tenant {self.tenant!r}.", normalize.FORBIDDEN)
         root = self._root(lib, cwd)
-        msg = (wire.CALL, tool_name, route.index, params, cwd, injected, self._handlers_mask())
+        msg = P.Call(tool_name, route.index, params, cwd, injected, self._handlers_mask())
         try:
             return self.supervisor.run(self.tenant, lib, msg, init=lambda: self._init(lib, root),
                                        limits=self._limits(lib), objects=objects, tool=tool_name,

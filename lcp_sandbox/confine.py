@@ -139,9 +139,14 @@ def isolate_network() -> str:
     return "on (own network namespace, loopback only)"
 
 
+def allowed_environment(env: dict) -> dict:
+    """The allowlisted part of an environment (what a confined worker may see)."""
+    return {k: v for k, v in env.items() if k in ENV_ALLOWLIST or k.startswith("LC_")}
+
+
 def clean_environment(extra: Optional[dict], host_env: dict) -> None:
     """Replace os.environ with the allowlist (values from the host) plus ``extra``."""
-    keep = {k: v for k, v in host_env.items() if k in ENV_ALLOWLIST or k.startswith("LC_")}
+    keep = allowed_environment(host_env)
     keep.update({str(k): str(v) for k, v in (extra or {}).items()})
     os.environ.clear()
     os.environ.update(keep)

@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
+from .protocol import HOST_PARAMS
+
 log = logging.getLogger("lcp_sandbox.discovery")
 
 #: Parameters the host injects into a tool that declares them.
-HOST_PARAMS = frozenset({"tool_context", "lollms_client_instance", "discussion_instance",
-                         "user_interaction_handler"})
 #: Never shown to the LLM.
 HIDDEN_PARAMS = HOST_PARAMS | {"args", "kwargs"}
 #: Names in a docstring that are section headers, not parameters.

@@ -4,18 +4,25 @@ Handlers (confirm, user interaction), callables in a library's host config,
 and host objects a tool declares (``lollms_client_instance``,
 ``discussion_instance``, non-plain parts of ``tool_context``) stay in the
 host.  The worker gets a :class:`Proxy`; using it sends a REQUEST over the
-pipe of the call in flight, the host thread waiting for that call runs the
-operation and sends the REPLY back.
+connection of the call in flight, the host thread waiting for that call runs
+the operation and sends the REPLY back.
 
     worker: proxy.generate_text("hi")                      host: HostObjects
-      └─ REQUEST(OP_METHOD, ref, "generate_text", args) ──►  resolve(ref).generate_text("hi")
+      └─ REQUEST(OP_METHOD, ref, "generate_text", args) ──►  lent[ref].generate_text("hi")
       ◄─ REPLY(ok, plain value | Ref(new id) | error) ─────┘
 
 Plain values (None, bool, numbers, str, bytes and lists / tuples / dicts of
-those) travel by value; anything else becomes a further proxy.  Per-call
-refs are integers released when the call ends; named refs ("confirm",
-"ui", ("cfg", stem, key)) stay valid for the life of the worker but can
-only be used while a call is in flight (nobody listens otherwise).
+those) travel by value; anything else becomes a further proxy.
+
+What a worker can reach (it is hostile; see protocol.py for what it can send):
+per-call integer refs to what the host lent for this call, released when the
+call ends; the confirm / user-interaction handler by name, only when one is
+set; callables of its own library's ``host_tool_configs``.  Through them,
+public attributes and methods only (no name starting with ``_``; operators go
+through a fixed table), and never a module, a class, a module function of C (``os.system``, ``eval``), or
+interpreter internals (frames, code, cells, descriptors).  Functions the host
+exposes as public attributes (a progress callback in ``tool_context``) can be
+called; their internals are dunder attributes, out of reach.
 """
 from __future__ import annotations
 
@@ -23,36 +30,24 @@ import builtins
 import operator
 import os
 import threading
+import types
 from typing import Any, Callable, Optional
 
-from . import wire
+from . import protocol as P
+from .protocol import Ref, WorkerRef
 
 _SCALARS = (type(None), bool, int, float, complex, str, bytes)
-# Protocols a proxy forwards to the host object (comparisons with enums, Path(proxy)...).
-OPERATORS = {"eq": operator.eq, "ne": operator.ne, "lt": operator.lt, "le": operator.le,
-             "gt": operator.gt, "ge": operator.ge, "hash": hash, "fspath": os.fspath}
-
-
-class Ref:
-    """A reference to a host object, as it travels on the wire."""
-    __slots__ = ("id",)
-
-    def __init__(self, id: Any) -> None:
-        self.id = id
-
-    def __reduce__(self):
-        return (Ref, (self.id,))
-
-    def __repr__(self) -> str:
-        return f"Ref({self.id!r})"
-
-
-class WorkerRef(Ref):
-    """A reference to a worker-side callable the tool passed to a host method
-    (a streaming callback, say): calling it in the host runs it in the tool."""
-
-    def __reduce__(self):
-        return (WorkerRef, (self.id,))
+# Operations a proxy forwards by name (never a getattr of a dunder).
+OPERATORS: dict[str, Callable] = {
+    "eq": operator.eq, "ne": operator.ne, "lt": operator.lt, "le": operator.le,
+    "gt": operator.gt, "ge": operator.ge, "hash": hash, "fspath": os.fspath, "len": len,
+    "getitem": operator.getitem, "setitem": operator.setitem, "contains": operator.contains,
+    "str": str, "repr": repr,
+}
+_INTERNALS = (types.ModuleType, type, types.FrameType, types.CodeType, types.TracebackType,
+              types.CellType, types.MappingProxyType, types.GetSetDescriptorType,
+              types.MemberDescriptorType, types.WrapperDescriptorType, types.MethodDescriptorType,
+              staticmethod, classmethod, property)
 
 
 def is_plain(value: Any, depth: int = 0) -> bool:
@@ -67,34 +62,34 @@ def is_plain(value: Any, depth: int = 0) -> bool:
     return False
 
 
-def error_reply(exc: BaseException) -> tuple:
-    """How an exception travels: its type name and its args (or its text)."""
+def map_containers(value: Any, leaf: Callable[[Any], Any]) -> Any:
+    """``value`` with every item of its (nested) dicts, lists and tuples passed
+    through ``leaf``; the containers are rebuilt as the same builtin types."""
+    t = type(value)
+    if t is dict:
+        return {k: map_containers(v, leaf) for k, v in value.items()}
+    if t is list or t is tuple:
+        return t(map_containers(v, leaf) for v in value)
+    return leaf(value)
+
+
+def error_value(exc: BaseException) -> list:
+    """How an exception travels: [type name, args] (its text when args are not plain)."""
     args = exc.args
     if isinstance(exc, OSError) and exc.filename is not None:
         args = (exc.errno, exc.strerror, exc.filename)      # the filename is not in args
     if not is_plain(args):
         args = (str(exc),)
-    return (wire.REPLY, False, (type(exc).__name__, args))
+    return [type(exc).__name__, list(args)]
 
 
-def _exchange(conn: wire.Connection, request: tuple, serve: Callable[[tuple], tuple]) -> Any:
-    """Send a REQUEST and wait for its REPLY, serving the peer's own REQUESTs
-    (callbacks) meanwhile.  Returns the value or raises the peer's error."""
-    conn.send(request)
-    while True:
-        msg = conn.recv()
-        if msg[0] == wire.REPLY:
-            _, ok, value = msg
-            if not ok:
-                raise rebuild_error(*value)
-            return value
-        if msg[0] == wire.REQUEST:
-            try:
-                conn.send(serve(msg))
-            except wire.PayloadError as exc:
-                conn.send(error_reply(TypeError(f"the answer cannot be sent: {exc}")))
-        else:
-            raise RuntimeError(f"unexpected message {msg[0]} while waiting for a reply")
+def _refused(value: Any) -> Optional[str]:
+    """Why ``value`` may not be handed to a worker, or None."""
+    if isinstance(value, _INTERNALS):
+        return type(value).__name__
+    if isinstance(value, types.BuiltinFunctionType) and isinstance(value.__self__, types.ModuleType):
+        return "module-level builtin function"      # os.system, eval, open...
+    return None
 
 
 # ---------------------------------------------------------------- host side
@@ -103,84 +98,117 @@ class HostObjects:
 
     One per call: ``release()`` at the end of the call drops every lent object."""
 
-    __slots__ = ("_named", "_objects", "conn")
+    __slots__ = ("_named", "_objects", "conn", "deadline")
 
     def __init__(self, named: Callable[[Any], Any]) -> None:
-        self._named = named            # resolves a named ref (handlers, config callables)
+        self._named = named            # resolves a named ref (handlers, the library's config callables)
         self._objects: dict[int, Any] = {}
-        self.conn: Optional[wire.Connection] = None   # set while the call runs (callbacks)
+        self.conn: Optional[P.Connection] = None   # set while the call runs (callbacks)
+        self.deadline: Optional[float] = None      # for a callback into the tool
 
     def lend(self, value: Any) -> Any:
-        """Plain values by value; dicts, lists and tuples as such with their other
-        items lent; any other object as a Ref the worker turns into a Proxy."""
+        """What the host chose to lend at the start of a call: plain values by
+        value; dicts, lists and tuples as such with their other items lent; any
+        other object as a Ref the worker turns into a Proxy."""
+        return value if is_plain(value) else map_containers(value, self._lend_one)
+
+    def _lend_one(self, value: Any) -> Any:
         if is_plain(value):
             return value
-        t = type(value)
-        if t is dict:
-            return {k: self.lend(v) for k, v in value.items()}
-        if t is list or t is tuple:
-            return t(self.lend(v) for v in value)
         oid = len(self._objects) + 1
         self._objects[oid] = value
         return Ref(oid)
 
+    def _give(self, value: Any) -> Any:
+        """What a worker's request produced: as lend, minus what it may not have."""
+        def one(v: Any) -> Any:
+            why = _refused(v)
+            if why is not None:
+                raise PermissionError(f"a {why} is not handed to a tool through a host proxy")
+            return self._lend_one(v)
+        return value if is_plain(value) else map_containers(value, one)
 
     def _resolve(self, ref: Any) -> Any:
-        if isinstance(ref, int):
+        if type(ref) is int:
             try:
                 return self._objects[ref]
             except KeyError:
                 raise RuntimeError("host object is no longer available") from None
         return self._named(ref)
 
-    def _unwrap(self, value: Any) -> Any:
-        t = type(value)
-        if t is Ref:
-            return self._resolve(value.id)
-        if t is WorkerRef:
-            return _ToolCallable(self, value.id)
-        if t is list or t is tuple:
-            return t(self._unwrap(v) for v in value)
-        if t is dict:
-            return {k: self._unwrap(v) for k, v in value.items()}
-        return value
+    def unwrap(self, value: Any) -> Any:
+        """A worker's value with its refs turned back into the host's objects."""
+        def one(v: Any) -> Any:
+            t = type(v)
+            if t is Ref:
+                return self._resolve(v.id)
+            if t is WorkerRef:
+                return _ToolCallable(self, v.id)
+            return v
+        return map_containers(value, one)
 
-    def handle(self, msg: tuple) -> tuple:
-        """Run one REQUEST from the worker; returns the REPLY message."""
-        _, op, ref, name, args, kwargs = msg
+    def handle(self, req: P.Request, saw_ref: bool) -> tuple:
+        """Run one REQUEST from the worker; returns the REPLY fields (ok, value)."""
+        op, name = req.op, req.name
         try:
-            target = self._resolve(ref)
-            args = self._unwrap(args)
-            kwargs = self._unwrap(kwargs)
-            if op == wire.OP_CALL:
+            target = self._resolve(req.ref)
+            args, kwargs = (self.unwrap(req.args), self.unwrap(req.kwargs)) if saw_ref else (req.args, req.kwargs)
+            if op in (P.OP_GETATTR, P.OP_METHOD, P.OP_SETATTR) and (not name or name.startswith("_")):
+                raise AttributeError(f"{name!r}: private attributes are not reachable through a host proxy")
+            if op == P.OP_CALL:
                 if target is None:
                     raise RuntimeError("no handler is configured in the host")
                 value = target(*args, **kwargs)
-            elif op == wire.OP_GETATTR:
+            elif target is None:
+                raise RuntimeError("no such host object")
+            elif op == P.OP_GETATTR:
                 value = getattr(target, name)
-            elif op == wire.OP_METHOD:
+            elif op == P.OP_METHOD:
                 value = getattr(target, name)(*args, **kwargs)
-            elif op == wire.OP_SETATTR:
+            elif op == P.OP_SETATTR:
                 setattr(target, name, args[0])
                 value = None
-            elif op == wire.OP_TRUTH:
+            elif op == P.OP_TRUTH:
                 value = bool(target)
-            elif op == wire.OP_LIST:
+            elif op == P.OP_LIST:
                 value = list(target)
-            elif op == wire.OP_OPERATOR:
-                value = OPERATORS[name](target, *args)
-            else:
-                raise RuntimeError(f"unknown request op {op}")
-            return (wire.REPLY, True, self.lend(value))
+            else:                                   # OP_OPERATOR
+                fn = OPERATORS.get(name)
+                if fn is None:
+                    raise AttributeError(f"{name!r} is not an operator a host proxy forwards")
+                value = fn(target, *args)
+            return True, self._give(value)
         except BaseException as exc:  # the host must survive anything a handler does
-            return error_reply(exc)
+            return False, error_value(exc)
 
     def call_tool_callable(self, wid: int, args: tuple, kwargs: dict) -> Any:
-        if self.conn is None:
+        """Run a callable the tool lent (it runs in the worker); the worker's
+        REQUESTs meanwhile are served here.  A worker that breaks the protocol
+        marks the connection broken: the supervisor kills it after this call."""
+        conn = self.conn
+        if conn is None:
             raise RuntimeError("the tool's callable can only be called while its call is running")
-        value = _exchange(self.conn, (wire.REQUEST, wire.OP_CALL, wid, None, self.lend(args),
-                                      self.lend(kwargs)), self.handle)
-        return self._unwrap(value)
+        conn.send(P.REQUEST, (P.OP_CALL, wid, None, self.lend(args), self.lend(kwargs)))
+        caps = {P.REPLY: P.REQUEST_CAP, P.REQUEST: P.REQUEST_CAP}
+        try:
+            while True:
+                kind, payload = conn.recv_frame(self.deadline, caps)
+                msg = P.parse_from_worker(kind, payload, conn.decoder)
+                saw_ref = conn.decoder.saw_ref
+                if kind == P.REPLY:
+                    if not msg.ok:
+                        raise rebuild_error(*msg.value)
+                    return self.unwrap(msg.value) if saw_ref else msg.value
+                conn.send(P.REPLY, self.handle(msg, saw_ref))
+        except P.ProtocolViolation as exc:
+            conn.broken = conn.broken or str(exc)
+            raise
+        except TimeoutError:
+            conn.broken = "a callable of the tool did not answer before the call's deadline"
+            raise P.ProtocolViolation(conn.broken) from None
+        except EOFError:
+            conn.broken = "the worker went away while the host called back into the tool"
+            raise P.ProtocolViolation(conn.broken) from None
 
     def release(self) -> None:
         self._objects.clear()
@@ -196,78 +224,6 @@ class _ToolCallable:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._objects.call_tool_callable(self._id, args, kwargs)
-
-
-# -------------------------------------------------------------- worker side
-class Channel:
-    """The worker's end: sends REQUESTs while a call is in flight.
-
-    Tools may use proxies from several threads: requests are serialized (an
-    RLock, since a callback the host runs in the tool may use proxies too)."""
-
-    def __init__(self, conn: wire.Connection) -> None:
-        self.conn = conn
-        self.call_seq = 0        # increases per call; per-call proxies remember theirs
-        self.in_call = False
-        self.waiting_host = False
-        self._lock = threading.RLock()
-        self._lent: dict[int, Any] = {}   # tool callables the host may call back
-
-    def request(self, op: int, ref: Any, name: Optional[str], args: tuple, kwargs: dict,
-                seq: Optional[int]) -> Any:
-        with self._lock:
-            if not self.in_call:
-                raise RuntimeError("host objects and handlers can only be used while a tool call "
-                                   "is running (the host is not listening now)")
-            if seq is not None and seq != self.call_seq:
-                raise RuntimeError("this host object belonged to an earlier tool call and was released")
-            self.waiting_host = True
-            try:
-                value = _exchange(self.conn, (wire.REQUEST, op, ref, name, self._out(args),
-                                              self._out(kwargs)), self._serve)
-            finally:
-                self.waiting_host = False
-            return self.wrap(value)
-
-    def _out(self, value: Any) -> Any:
-        """Arguments for the host: proxies back to their refs, tool callables lent."""
-        t = type(value)
-        if t is Proxy:
-            return Ref(value._ref)
-        if t is list or t is tuple:
-            return t(self._out(v) for v in value)
-        if t is dict:
-            return {k: self._out(v) for k, v in value.items()}
-        if callable(value) and not isinstance(value, type) and not is_plain(value):
-            wid = len(self._lent) + 1
-            self._lent[wid] = value
-            return WorkerRef(wid)
-        return value
-
-    def _serve(self, msg: tuple) -> tuple:
-        """The host calls back a callable the tool gave it."""
-        _, op, wid, _, args, kwargs = msg
-        try:
-            fn = self._lent[wid]
-            value = fn(*self.wrap(args), **self.wrap(kwargs))
-            return (wire.REPLY, True, self._out(value))
-        except BaseException as exc:
-            return error_reply(exc)
-
-    def end_call(self) -> None:
-        self.in_call = False
-        self._lent.clear()
-
-    def wrap(self, value: Any) -> Any:
-        t = type(value)
-        if t is Ref:
-            return Proxy(self, value.id, self.call_seq if isinstance(value.id, int) else None)
-        if t is list or t is tuple:
-            return t(self.wrap(v) for v in value)
-        if t is dict:
-            return {k: self.wrap(v) for k, v in value.items()}
-        return value
-
 
 
 _error_classes: dict[str, type] = {}
@@ -288,6 +244,81 @@ def rebuild_error(type_name: str, args: Any) -> BaseException:
     return cls(*args)
 
 
+# -------------------------------------------------------------- worker side
+class Channel:
+    """The worker's end: sends REQUESTs while a call is in flight.
+
+    Tools may use proxies from several threads: requests are serialized (an
+    RLock, since a callback the host runs in the tool may use proxies too)."""
+
+    def __init__(self, conn: Optional[P.Connection], describe: Callable[[Any], Any]) -> None:
+        self.conn = conn
+        self.call_seq = 0        # increases per call; per-call proxies remember theirs
+        self.in_call = False
+        self.waiting_host = False
+        self._lock = threading.RLock()
+        self._lent: dict[int, Any] = {}   # tool callables the host may call back
+        self._describe = describe         # what to send for an object the protocol cannot carry
+        self.encoder = P.Encoder(self._convert)
+
+    def _convert(self, value: Any) -> Any:
+        if type(value) is Proxy:
+            return Ref(value._ref)
+        if callable(value) and not isinstance(value, type):
+            wid = len(self._lent) + 1
+            self._lent[wid] = value
+            return WorkerRef(wid)
+        return self._describe(value)
+
+    def request(self, op: int, ref: Any, name: Optional[str], args: tuple, kwargs: dict,
+                seq: Optional[int]) -> Any:
+        with self._lock:
+            if not self.in_call:
+                raise RuntimeError("host objects and handlers can only be used while a tool call "
+                                   "is running (the host is not listening now)")
+            if seq is not None and seq != self.call_seq:
+                raise RuntimeError("this host object belonged to an earlier tool call and was released")
+            self.waiting_host = True
+            try:
+                try:
+                    frame = self.encoder.encode(P.REQUEST, [op, ref, name, list(args), kwargs])
+                except P.Unsendable as exc:
+                    raise TypeError(f"the arguments cannot be sent to the host: {exc}") from None
+                self.conn.send_encoded(frame)
+                while True:
+                    kind, payload = self.conn.recv_frame()
+                    msg = P.loads_from_host(kind, payload)
+                    if kind == P.REPLY:
+                        break
+                    self._serve(msg)           # the host calls a callable the tool lent
+            finally:
+                self.waiting_host = False
+            if not msg.ok:
+                raise rebuild_error(*msg.value)
+            return self.wrap(msg.value)
+
+    def _serve(self, msg: P.Request) -> None:
+        try:
+            fn = self._lent[msg.ref]
+            fields = [True, fn(*self.wrap(msg.args), **self.wrap(msg.kwargs))]
+            frame = self.encoder.encode(P.REPLY, fields)
+        except BaseException as exc:
+            frame = self.encoder.encode(P.REPLY, [False, error_value(exc)])
+        self.conn.send_encoded(frame)
+
+    def end_call(self) -> None:
+        self.in_call = False
+        self._lent.clear()
+
+    def wrap(self, value: Any) -> Any:
+        """Values from the host with their refs turned into proxies."""
+        def one(v: Any) -> Any:
+            if type(v) is Ref:
+                return Proxy(self, v.id, self.call_seq if type(v.id) is int else None)
+            return v
+        return map_containers(value, one)
+
+
 class Proxy:
     """Stands for a host object inside a worker; every use is a round trip to the host."""
     __slots__ = ("_ch", "_ref", "_seq")
@@ -300,47 +331,50 @@ class Proxy:
     def _req(self, op: int, name: Optional[str] = None, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
         return self._ch.request(op, self._ref, name, args, kwargs or {}, self._seq)
 
+    def _op(self, name: str, *args: Any) -> Any:
+        return self._req(P.OP_OPERATOR, name, args)
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._req(wire.OP_CALL, None, args, kwargs)
+        return self._req(P.OP_CALL, None, args, kwargs)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") and name.endswith("__"):
             raise AttributeError(name)
-        return self._req(wire.OP_GETATTR, name)
+        return self._req(P.OP_GETATTR, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        self._req(wire.OP_SETATTR, name, (value,))
+        self._req(P.OP_SETATTR, name, (value,))
 
     def __getitem__(self, key: Any) -> Any:
-        return self._req(wire.OP_METHOD, "__getitem__", (key,))
+        return self._op("getitem", key)
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        self._req(wire.OP_METHOD, "__setitem__", (key, value))
+        self._op("setitem", key, value)
 
     def __contains__(self, key: Any) -> bool:
-        return self._req(wire.OP_METHOD, "__contains__", (key,))
+        return self._op("contains", key)
 
     def __len__(self) -> int:
-        return self._req(wire.OP_METHOD, "__len__")
+        return self._op("len")
 
     def __bool__(self) -> bool:
-        return self._req(wire.OP_TRUTH)
+        return self._req(P.OP_TRUTH)
 
     def __iter__(self):
         # One round trip: the host lists the object; items come back by value or as proxies.
-        return iter(self._req(wire.OP_LIST))
+        return iter(self._req(P.OP_LIST))
 
     def __str__(self) -> str:
-        return self._req(wire.OP_METHOD, "__str__")
+        return self._op("str")
 
     def __hash__(self) -> int:
-        return self._req(wire.OP_OPERATOR, "hash")
+        return self._op("hash")
 
     def __fspath__(self) -> Any:
-        return self._req(wire.OP_OPERATOR, "fspath")
+        return self._op("fspath")
 
     def __repr__(self) -> str:
-        return f"<host proxy {self._req(wire.OP_METHOD, '__repr__')}>"
+        return f"<host proxy {self._op('repr')}>"
 
     def __reduce__(self):
         return (Ref, (self._ref,))
@@ -348,11 +382,10 @@ class Proxy:
 
 def _comparison(op: str) -> Callable[[Proxy, Any], Any]:
     def compare(self: Proxy, other: Any) -> Any:
-        return self._req(wire.OP_OPERATOR, op, (other,))
+        return self._op(op, other)
     compare.__name__ = f"__{op}__"
     return compare
 
 
 for _op in ("eq", "ne", "lt", "le", "gt", "ge"):      # run in the host, as OPERATORS
     setattr(Proxy, f"__{_op}__", _comparison(_op))
-

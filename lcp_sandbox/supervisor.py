@@ -27,6 +27,7 @@ import collections
 import logging
 import os
 import shutil
+import tempfile
 import threading
 import time
 import weakref
@@ -34,13 +35,13 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from . import normalize, wire
+from . import normalize
+from . import protocol as P
 from .discovery import Library
 from .limits import Limits, describe_exit, tree_rss
 from .output import OutputPump
 from .pool import Pool
 from .proxies import HostObjects, rebuild_error
-from .worker import SOFT_TIMEOUT_SIGNAL
 from .zygote import Zygote, ZygoteGone
 
 log = logging.getLogger("lcp_sandbox")
@@ -99,12 +100,14 @@ class FifoLock:
 class _Process:
     forked: Future                         # the zygote's answer: the pid
     zygote: Zygote                         # its parent: reaps it, kills it, signals it
-    conn: wire.Connection
+    conn: P.Connection
     started: float
+    tmpdir: Optional[str] = None           # made by the host, removed by the host
     calls: int = 0
     exit_status: Optional[int] = None      # set when the zygote reports it
     kill_reason: Optional[dict] = None     # set by whoever killed it on purpose
-    report: dict = field(default_factory=dict)   # READY: protections in force, tmpdir
+    ready: bool = False                    # its READY arrived (exactly once, first)
+    report: dict = field(default_factory=dict)   # READY: protections in force
 
     @property
     def pid(self) -> int:
@@ -149,6 +152,31 @@ class CrashPolicy:
     window_s: float = 60.0         # ... within T seconds
     backoff_s: float = 5.0         # first quarantine; doubles up to backoff_max_s
     backoff_max_s: float = 300.0
+
+
+_KIND = {P.Call: P.CALL, P.Prompt: P.PROMPT, P.ModCall: P.MODCALL, P.Load: P.LOAD}
+_READY_CAPS = {P.READY: P.READY_CAP}
+
+
+def _is_error(v: Any) -> bool:
+    return type(v) is list and len(v) == 2 and type(v[0]) is str and type(v[1]) is list
+
+
+def _invalid_value(msg: tuple, value: Any) -> Optional[str]:
+    """Why a RESULT's value cannot be the answer to ``msg`` (None when it can)."""
+    t = type(msg)
+    if t is P.Call:
+        if (type(value) is not dict or type(value.get("status_code")) is not int
+                or not (value.get("success") is None or type(value.get("success")) is bool)):
+            return "a tool result that is not an LCP result dict"
+    elif t is P.Prompt:
+        if value is not None and type(value) is not str:
+            return "a prompt that is not text"
+    elif t is P.Load:
+        if value is not None and not (type(value) is list and len(value) == 2
+                                      and all(type(x) is str for x in value)):
+            return "a malformed load answer"
+    return None
 
 
 _live_supervisors: "weakref.WeakSet[Supervisor]" = weakref.WeakSet()
@@ -236,7 +264,7 @@ class Supervisor:
         return s
 
     # ------------------------------------------------------------ workers
-    def _spawn(self, slot: Slot, init: dict, deadline: Optional[float], tool: str) -> _Process:
+    def _spawn(self, slot: Slot, init: P.Init, deadline: Optional[float], tool: str) -> _Process:
         if self.pool.limited:
             try:
                 self.pool.reserve(slot.tenant, deadline, lambda tenant: self._evict_one(slot, tenant))
@@ -247,29 +275,38 @@ class Supervisor:
                     f"all busy).", normalize.UNAVAILABLE)) from None
         else:
             self.pool.reserve(slot.tenant, None, lambda tenant: False)
+        tmpdir = None
         try:
             zyg = self._zyg()
-            host_sock, worker_sock = wire.pair()
+            if init.confine is not None:
+                # The worker's private temp dir is the host's to make and to remove:
+                # no path a worker names is ever deleted.
+                tmpdir = tempfile.mkdtemp(prefix="lcp-sandbox-")
+                init = init._replace(tmpdir=tmpdir)
+            host_sock, worker_sock = P.pair()
             log_r, log_w = os.pipe()
-            conn = wire.Connection(host_sock)
+            conn = P.Connection(host_sock)
             try:
                 # INIT waits in the socket; the worker reads it as soon as it runs.
                 # The call itself follows at once: nobody waits for the fork.
-                conn.send((wire.INIT, init))
+                conn.send(P.INIT, init)
                 forked = zyg.fork(worker_sock.fileno(), log_w)
             except (ZygoteGone, OSError) as exc:
                 conn.close()
                 os.close(log_r)
                 raise SandboxEvent(normalize.failure(
-                    f"[{slot.library.name}] could not start a worker: {exc}", normalize.UNAVAILABLE))
+                    f"[{slot.library.name}] tool '{tool}' not run: could not start a worker: {exc}",
+                    normalize.UNAVAILABLE))
             finally:
                 worker_sock.close()
                 os.close(log_w)
         except BaseException:
             self.pool.release(slot.tenant)
+            if tmpdir:
+                shutil.rmtree(tmpdir, ignore_errors=True)
             raise
         self._pump.add(log_r, slot.library.name, slot.limits.log_bytes_per_s)
-        proc = _Process(forked, zyg, conn, time.monotonic())
+        proc = _Process(forked, zyg, conn, time.monotonic(), tmpdir)
         slot.proc = proc
         slot.starts += 1
 
@@ -280,16 +317,17 @@ class Supervisor:
         forked.add_done_callback(known)
         return proc
 
-    def _ready(self, slot: Slot, proc: _Process, init: dict, report: dict) -> None:
+    def _ready(self, slot: Slot, proc: _Process, init: Optional[P.Init], report: dict) -> None:
         """The worker's READY: what protections are in force."""
+        proc.ready = True
         proc.report = report
         self._event("start", slot, pid=proc.pid, protections=self._protections(proc))
         self._warn_missing(slot, proc, init)
 
-    def _warn_missing(self, slot: Slot, proc: _Process, init: dict) -> None:
+    def _warn_missing(self, slot: Slot, proc: _Process, init: Optional[P.Init]) -> None:
         """One clear warning per kind when a requested protection is not in force."""
         wanted = []
-        if init.get("confine") is not None:
+        if init is not None and init.confine is not None:
             wanted.append("filesystem")
         if not slot.limits.network:
             wanted.append("network")
@@ -310,15 +348,14 @@ class Supervisor:
         if slot.proc is proc:
             slot.proc = None
             self.pool.release(slot.tenant)
-            tmp = proc.report.get("tmpdir")
-            if tmp:
-                shutil.rmtree(tmp, ignore_errors=True)
+            if proc.tmpdir:
+                shutil.rmtree(proc.tmpdir, ignore_errors=True)
 
     def _retire(self, slot: Slot, proc: _Process, kind: str, why: str) -> None:
         """Stop an idle worker on purpose (eviction, idle timeout, host request)."""
         proc.kill_reason = {"why": why, "counts": False}
         try:
-            proc.conn.send((wire.SHUTDOWN,))
+            proc.conn.send(P.SHUTDOWN)
         except OSError:
             pass
         proc.conn.close()
@@ -382,10 +419,11 @@ class Supervisor:
             self._event("quarantine", slot, seconds=slot.backoff_s)
 
     # ------------------------------------------------------------ calling
-    def run(self, tenant: str, library: Library, msg: tuple, *, init: Callable[[], dict],
+    def run(self, tenant: str, library: Library, msg: tuple, *, init: Callable[[], P.Init],
             limits: Limits, objects: HostObjects, tool: str, timeout_s: Optional[float] = None,
             root: str = "") -> Any:
-        """Send ``msg`` to the (tenant, library, root) worker and return its RESULT value.
+        """Send ``msg`` (a protocol.Call, Prompt, ModCall or Load) to the (tenant,
+        library, root) worker and return the value of its RESULT.
 
         Waiting for the worker (its queue, or room in the pool) counts against the
         call's timeout from the moment the call was made."""
@@ -406,11 +444,12 @@ class Supervisor:
                 self._retire(slot, proc, "evict", "stopped to give its room to a waiting tenant")
             slot.lock.release()
 
-    def _run_locked(self, slot: Slot, msg: tuple, init: Callable[[], dict], objects: HostObjects,
+    def _run_locked(self, slot: Slot, msg: tuple, init: Callable[[], P.Init], objects: HostObjects,
                     tool: str, timeout: Optional[float], queue_deadline: Optional[float]) -> Any:
         name = slot.library.name
         if self._closed:
-            raise SandboxEvent(normalize.failure("The sandbox supervisor is closed.", normalize.UNAVAILABLE))
+            raise SandboxEvent(normalize.failure(
+                f"[{name}] tool '{tool}' not run: the sandbox supervisor is closed.", normalize.UNAVAILABLE))
         now = time.monotonic()
         if slot.quarantined_until > now:
             raise SandboxEvent(normalize.failure(
@@ -418,39 +457,76 @@ class Supervisor:
                 f"repeatedly ({slot.last_exit}); it will be retried in {slot.quarantined_until - now:.0f} s.",
                 normalize.UNAVAILABLE))
         proc = slot.proc
-        # Did it die while idle?  The zygote says so within a moment; a worker that
-        # sat idle for over a millisecond is also asked (poll) in case the zygote's
-        # word is still on its way.  Back-to-back calls skip that syscall.
+        # Did it die (or speak out of turn) while idle?  The zygote says so within a
+        # moment; a worker that sat idle for over a millisecond is also asked (poll)
+        # in case the zygote's word is still on its way.  Back-to-back calls skip that.
         if proc is not None and (proc.exit_status is not None or
                                  (now - slot.last_used > 0.001 and proc.conn.readable_now())):
-            self._bury(slot, proc, served_a_call=proc.calls > 0)
-            proc = None
+            self._idle_check(slot, proc)
+            proc = None if slot.proc is not proc else proc
         init_msg = None
         if proc is None:
             init_msg = init()
             proc = self._spawn(slot, init_msg, queue_deadline, tool)
         slot.busy = True
+        try:
+            result = self._exchange(slot, proc, msg, init_msg, objects, tool, timeout)
+        except SandboxEvent:
+            raise
+        except BaseException as exc:
+            # Whatever went wrong here, the stream may be out of step: never reuse it.
+            self._kill(proc, {"why": f"stopped after an error in the host ({type(exc).__name__})",
+                              "counts": False})
+            self._bury(slot, proc, served_a_call=True)
+            if not isinstance(exc, Exception):
+                raise
+            log.exception("internal error while %s ran %s", name, tool)
+            raise SandboxEvent(normalize.failure(
+                f"[{name}] tool '{tool}': the host failed while handling the call "
+                f"({type(exc).__name__}: {exc}); the worker was stopped and will be replaced on "
+                f"the next call.")) from None
+        return self._outcome(slot, proc, msg, result, tool, timeout)
+
+    def _idle_check(self, slot: Slot, proc: _Process) -> None:
+        """An idle worker is readable: it is gone, or it sent what nobody asked for."""
+        if proc.exit_status is None and proc.conn.sent_while_idle():
+            what = "it sent a message while no call was running"
+            self._kill(proc, {"why": f"broke the protocol ({what})", "counts": True})
+            self._event("violation", slot, pid=proc.known_pid, reason=what)
+        self._bury(slot, proc, served_a_call=proc.calls > 0)
+
+    def _exchange(self, slot: Slot, proc: _Process, msg: tuple, init_msg: Optional[P.Init],
+                  objects: HostObjects, tool: str, timeout: Optional[float]) -> P.Result:
+        """Send the call and serve the worker until its RESULT: READY first (once),
+        REQUESTs answered meanwhile; anything else, or a frame over its cap, is a
+        protocol violation.  Every read ends by the call's hard deadline."""
+        name = slot.library.name
         conn = proc.conn
         try:
-            conn.send(msg)
-        except wire.PayloadError as exc:
+            conn.send(_KIND[type(msg)], msg)
+        except P.PayloadError as exc:
             raise SandboxEvent(normalize.failure(
-                f"[{name}] tool '{tool}' not run: its parameters could not be sent to the worker ({exc})."))
+                f"[{name}] tool '{tool}' not run: its parameters could not be sent to the worker "
+                f"({exc}); the worker was kept.")) from None
         except OSError:
-            pass                                  # the worker is gone: the recv below tells how
+            pass                                  # the worker is gone: the read below tells how
 
+        call_caps = {P.REQUEST: P.REQUEST_CAP,
+                     P.RESULT: int(slot.limits.max_result_mb * 1048576) + P.RESULT_OVERHEAD}
+        grace = slot.limits.grace_s
         deadline = time.monotonic() + timeout if timeout else None
         soft_sent = False
         objects.conn = conn
         try:
             while True:
                 try:
-                    reply = conn.recv(None if deadline is None else deadline - time.monotonic())
+                    kind, payload = conn.recv_frame(deadline, call_caps if proc.ready else _READY_CAPS)
+                    reply = P.parse_from_worker(kind, payload, conn.decoder)
                 except TimeoutError:
                     if not soft_sent:
                         soft_sent = True
-                        proc.zygote.signal(proc.pid, SOFT_TIMEOUT_SIGNAL)
-                        deadline = time.monotonic() + slot.limits.grace_s
+                        proc.zygote.signal(proc.pid, P.SOFT_TIMEOUT_SIGNAL)
+                        deadline = time.monotonic() + grace
                         continue
                     self._kill(proc, {"why": f"killed after its {timeout:g} s timeout", "counts": False})
                     self._bury(slot, proc, served_a_call=True)
@@ -458,55 +534,93 @@ class Supervisor:
                     raise SandboxEvent(normalize.failure(
                         f"[{name}] tool '{tool}' timed out after {timeout:g} s and did not stop when "
                         f"interrupted; its worker was killed and will be replaced on the next call "
-                        f"(module state was lost).", normalize.TIMED_OUT))
+                        f"(module state was lost).", normalize.TIMED_OUT)) from None
                 except (EOFError, OSError):
                     self._died(slot, proc, tool)
-                kind = reply[0]
-                if kind == wire.RESULT:
-                    break
-                if kind == wire.READY:
-                    self._ready(slot, proc, init_msg or {}, reply[1])
+                except P.ProtocolViolation as exc:
+                    self._violation(slot, proc, tool, str(exc))
+                if kind == P.RESULT:
+                    if reply.outcome == P.TIMED_OUT and not soft_sent:
+                        self._violation(slot, proc, tool, "it reported a timeout nobody signalled")
+                    return reply
+                if kind == P.READY:
+                    self._ready(slot, proc, init_msg, reply.report)
                     continue
-                if kind == wire.REQUEST:
-                    t0 = time.monotonic()
-                    answer = objects.handle(reply)
-                    try:
-                        conn.send(answer)
-                    except wire.PayloadError as exc:
-                        conn.send((wire.REPLY, False, ("TypeError", f"the host's answer cannot be sent: {exc}")))
-                    if deadline is not None:       # time waiting for the host does not count
-                        deadline += time.monotonic() - t0
+                t0 = time.monotonic()             # a REQUEST
+                objects.deadline = None if deadline is None else deadline + (0 if soft_sent else grace)
+                answer = objects.handle(reply, conn.decoder.saw_ref)
+                if conn.broken:                   # during a callback into the tool
+                    self._violation(slot, proc, tool, conn.broken)
+                try:
+                    conn.send(P.REPLY, answer)
+                except P.PayloadError as exc:
+                    conn.send(P.REPLY, (False, ["TypeError", [f"the host's answer cannot be sent: {exc}"]]))
+                except OSError:
+                    pass
+                if deadline is not None:          # time waiting for the host does not count
+                    deadline += time.monotonic() - t0
         finally:
             objects.release()
 
+    def _outcome(self, slot: Slot, proc: _Process, msg: tuple, result: P.Result, tool: str,
+                 timeout: Optional[float]) -> Any:
+        name = slot.library.name
         proc.calls += 1
         slot.calls += 1
         slot.fresh_deaths = 0
         slot.backoff_s = 0.0
-        _, value, info = reply
-        if info is None:
+        outcome, value = result.outcome, result.value
+        if outcome == P.OK:
+            why = _invalid_value(msg, value)
+            if why:
+                self._violation(slot, proc, tool, why)
             return value
-        event = info.get("event")
-        if event == "timeout":
+        if outcome == P.TIMED_OUT:
             self._event("timeout", slot, pid=proc.pid, tool=tool, stage="soft", seconds=timeout)
             raise SandboxEvent(normalize.failure(
                 f"[{name}] tool '{tool}' timed out after {timeout:g} s; it was interrupted and its "
                 f"worker (with its module state) was kept.", normalize.TIMED_OUT))
-        if event == "memory":
+        if outcome == P.OUT_OF_MEMORY:
+            limit = slot.limits.memory_mb
+            detail = result.detail[:500]
             raise SandboxEvent(normalize.failure(
-                f"[{name}] tool '{tool}' ran out of memory ({info.get('detail')}; limit "
-                f"{slot.limits.memory_mb} MB); the worker was kept.", normalize.OUT_OF_MEMORY))
-        if info.get("retire"):                     # library failed to load: start fresh next time
+                f"[{name}] tool '{tool}' ran out of memory: an allocation failed"
+                + (f" ({detail})" if detail else "")
+                + (f" against the {limit:g} MB limit" if limit else "")
+                + "; the tool did not catch the MemoryError and the worker was kept.", normalize.OUT_OF_MEMORY))
+        if outcome == P.LOAD_FAILED:              # the worker exits: start fresh next time
             proc.kill_reason = {"why": "library failed to load", "counts": False}
             self._bury(slot, proc, served_a_call=True)
-        if "raised" in info:
-            raise rebuild_error(*info["raised"])
-        return value
+            if type(msg) is P.Call:
+                if _invalid_value(msg, value):
+                    self._violation(slot, proc, tool, "malformed load failure")
+                return value
+            if type(msg) is P.Load:
+                return value
+            raise rebuild_error(*value) if _is_error(value) else RuntimeError(f"library {name} failed to load")
+        # RAISED: a module function called by the host raised
+        if type(msg) is not P.ModCall:
+            self._violation(slot, proc, tool, "an exception result for a call that cannot raise")
+        raise rebuild_error(*value)
+
+    def _violation(self, slot: Slot, proc: _Process, tool: str, what: str) -> None:
+        """The worker broke the protocol: kill its tree, never believe it."""
+        self._kill(proc, {"why": f"broke the protocol ({what})", "counts": True})
+        self._bury(slot, proc, served_a_call=proc.calls > 0)
+        self._event("violation", slot, pid=proc.known_pid, tool=tool, reason=what)
+        raise SandboxEvent(normalize.failure(
+            f"[{slot.library.name}] protocol violation by the worker running tool '{tool}': {what}. "
+            f"Its process tree was killed and a fresh worker will be started on the next call "
+            f"(module state was lost).", normalize.TOOL_FAILED))
 
     def _died(self, slot: Slot, proc: _Process, tool: str) -> None:
         how = self._bury(slot, proc, served_a_call=proc.calls > 0)
         name = slot.library.name
         reason = proc.kill_reason
+        if self._closed:
+            raise SandboxEvent(normalize.failure(
+                f"[{name}] tool '{tool}' was stopped: the sandbox supervisor was closed while it ran.",
+                normalize.UNAVAILABLE))
         if reason and reason.get("code") == normalize.OUT_OF_MEMORY:
             self._event("memory", slot, pid=proc.pid, tool=tool, reason=reason["why"])
             raise SandboxEvent(normalize.failure(
@@ -619,7 +733,7 @@ class Supervisor:
             proc = slot.proc
             if proc is not None and not slot.busy:
                 try:
-                    proc.conn.send((wire.SHUTDOWN,))
+                    proc.conn.send(P.SHUTDOWN)
                 except OSError:
                     pass
         if self._zygote is not None:

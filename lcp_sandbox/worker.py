@@ -1,39 +1,42 @@
 """The worker: one process serving one tool library, one call at a time.
 
-    serve(sock) ── INIT ──► Worker(init): sys.path, limits, handler relays
+    serve(sock) ── INIT ──► prepare(): environment, confinement, limits
+                 ◄── READY (what is in force)
         loop:  CALL ──► chdir(workspace) ─► lazy load file (import, hooks,
                         init_tools_library) ─► filter params, inject host
                         objects ─► tool(**kwargs) ─► normalize ─► RESULT
-               PROMPT ─► prompt provider ─► RESULT
+               PROMPT / MODCALL / LOAD ─► the same, for a prompt provider,
+                        a module function, or the import alone ─► RESULT
                SHUTDOWN / EOF ─► exit
 
 Everything a tool does to the host (confirm, ask the user, use a host
 object) goes through proxies over the same connection while the call is in
 flight (see proxies.py).  The soft timeout arrives as SIGUSR1 and is turned
-into ``ToolTimeout`` inside the tool's Python code.
+into ``ToolTimeout`` inside the tool's Python code.  What the worker sends is
+encoded into the protocol's plain types (protocol.Encoder): an object it
+cannot carry reaches the host as a plain equivalent or its repr.
 """
 from __future__ import annotations
 
 import atexit
+import dataclasses
+import enum
 import importlib.util
 import inspect
 import os
 import signal
 import sys
-import tempfile
 import traceback
 import types
 from pathlib import Path
 from typing import Any, Optional
 
-from . import confine, limits, normalize, wire
-from .discovery import HOST_PARAMS
-from .proxies import Channel, Proxy, error_reply
+from . import confine, limits, normalize
+from . import protocol as P
+from .proxies import Channel, Proxy, error_value
 
 PERSISTENT_PREFIX = "lollms_client.tools_bindings.lcp.persistent_"
-SOFT_TIMEOUT_SIGNAL = signal.SIGUSR1
-HANDLER_CONFIRM = 1
-HANDLER_UI = 2
+HOST_PARAMS = P.HOST_PARAMS
 
 
 class ToolTimeout(BaseException):
@@ -57,23 +60,46 @@ class _Entry:
         self.injectable = HOST_PARAMS if self.var_kw else HOST_PARAMS & self.names
 
 
+def describe(value: Any) -> Any:
+    """A plain stand-in for an object the protocol cannot carry.
+
+    Arrays and numpy scalars become lists / numbers, dataclasses dicts, enums
+    their value; anything else its repr (and a line on the worker's log)."""
+    if type(value) is Proxy:
+        return "<host object>"
+    try:
+        if hasattr(value, "tolist") and callable(value.tolist):
+            return value.tolist()
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return dataclasses.asdict(value)
+        if isinstance(value, enum.Enum):
+            return value.value
+        text = repr(value)
+    except Exception as exc:
+        text = f"<{type(value).__name__} object (repr failed: {exc})>"
+    print(f"lcp_sandbox: a {type(value).__module__}.{type(value).__qualname__} object cannot be sent "
+          f"to the host; it was sent as its repr", file=sys.stderr)
+    return text
+
+
 class Worker:
-    def __init__(self, conn: wire.Connection, init: dict) -> None:
+    def __init__(self, conn: Optional[P.Connection], init: P.Init) -> None:
         self.conn = conn
-        self.ch = Channel(conn)
-        self.library: str = init["library"]
-        self.files: list[str] = init["files"]
-        self.source: Optional[str] = init.get("source")
-        self.configs: dict = init.get("configs") or {}
-        self.max_result = int(init["limits"].get("max_result_mb", 64) * 1024 * 1024)
+        self.ch = Channel(conn, describe)
+        self.encoder = P.Encoder(describe)        # results: callables are described, not lent
+        self.library = init.library
+        self.files: list[str] = init.files
+        self.source = init.source
+        self.configs: dict = init.configs or {}
+        self.max_result = int(init.limits.get("max_result_mb", 64) * 1024 * 1024)
         self.modules: list[Optional[types.ModuleType]] = [None] * max(1, len(self.files))
         self.entries: dict[str, _Entry] = {}
-        self.handlers = init.get("handlers", 0)
+        self.handlers = init.handlers
         self.in_tool = False
-        if init.get("sys_path"):
-            sys.path[:] = init["sys_path"]
-        self.relays = {HANDLER_CONFIRM: Proxy(self.ch, "confirm", None),
-                       HANDLER_UI: Proxy(self.ch, "ui", None)}
+        if init.sys_path:
+            sys.path[:] = init.sys_path
+        self.relays = {P.HANDLER_CONFIRM: Proxy(self.ch, P.REF_CONFIRM, None),
+                       P.HANDLER_UI: Proxy(self.ch, P.REF_UI, None)}
 
     # ------------------------------------------------------------ loading
     def _stem(self, index: int) -> str:
@@ -85,10 +111,25 @@ class Worker:
     def _config(self, stem: str) -> dict:
         """host_tool_configs[stem] with host callables as relays and handlers injected."""
         cfg = dict(self.ch.wrap(self.configs.get(stem) or {}))
-        for key, bit in (("confirm_handler", HANDLER_CONFIRM), ("user_interaction_handler", HANDLER_UI)):
+        for key, bit in (("confirm_handler", P.HANDLER_CONFIRM), ("user_interaction_handler", P.HANDLER_UI)):
             if self.handlers & bit and key not in cfg:
                 cfg[key] = self.relays[bit]
         return cfg
+
+    def _hooks(self, mod: types.ModuleType, cfg: Optional[dict]) -> None:
+        """Give a module the host's handlers through its set_*_handler hooks, as
+        in-process: at load (from its config) and whenever the handlers change."""
+        for hook, key, attr, bit in (("set_confirm_handler", "confirm_handler", "_CONFIRM_HANDLER", P.HANDLER_CONFIRM),
+                                     ("set_user_interaction_handler", "user_interaction_handler", None, P.HANDLER_UI)):
+            relay = cfg.get(key, self._relay(bit)) if cfg is not None else self._relay(bit)
+            fn = getattr(mod, hook, None)
+            try:
+                if callable(fn):
+                    fn(relay)
+                if cfg is None and attr and hasattr(mod, attr):
+                    setattr(mod, attr, relay)
+            except Exception:
+                pass        # as in-process: a failing hook does not stop the load
 
     def _load(self, index: int) -> types.ModuleType:
         stem = self._stem(index)
@@ -106,14 +147,7 @@ class Worker:
                 sys.modules[name] = mod
                 exec(compile(self.source, f"<dynamic tool {self.library}>", "exec"), mod.__dict__)
             cfg = self._config(stem)
-            for hook, key, bit in (("set_confirm_handler", "confirm_handler", HANDLER_CONFIRM),
-                                   ("set_user_interaction_handler", "user_interaction_handler", HANDLER_UI)):
-                fn = getattr(mod, hook, None)
-                if callable(fn):
-                    try:
-                        fn(cfg.get(key, self._relay(bit)))
-                    except Exception:
-                        pass        # as in-process: a failing hook does not stop the load
+            self._hooks(mod, cfg)
             init_fn = getattr(mod, "init_tools_library", None)
             if callable(init_fn):
                 params = inspect.signature(init_fn).parameters.values()
@@ -132,78 +166,71 @@ class Worker:
         self.modules[index] = mod
         return mod
 
+    def _module(self, index: int) -> types.ModuleType:
+        return self.modules[index] or self._load(index)
+
     def _entry(self, tool: str, index: int) -> Optional[_Entry]:
         entry = self.entries.get(tool)
         if entry is None:
-            mod = self.modules[index] or self._load(index)
-            fn = getattr(mod, tool, None)
+            fn = getattr(self._module(index), tool, None)
             if not callable(fn):
                 return None
             entry = self.entries[tool] = _Entry(fn)
         return entry
 
-    def set_handlers(self, mask: int) -> None:
-        """The host's handlers changed: patch loaded modules as in-process set_*_handler does."""
-        self.handlers = mask
-        for mod in self.modules:
-            if mod is None:
-                continue
-            for hook, attr, bit in (("set_confirm_handler", "_CONFIRM_HANDLER", HANDLER_CONFIRM),
-                                    ("set_user_interaction_handler", None, HANDLER_UI)):
-                relay = self._relay(bit)
-                fn = getattr(mod, hook, None)
-                try:
-                    if callable(fn):
-                        fn(relay)
-                    if attr and hasattr(mod, attr):
-                        setattr(mod, attr, relay)
-                except Exception:
-                    pass
+    def _enter(self, cwd: str, handlers: int) -> None:
+        if handlers != self.handlers:
+            self.handlers = handlers
+            for mod in self.modules:
+                if mod is not None:
+                    self._hooks(mod, None)
+        os.chdir(cwd)
 
     # ------------------------------------------------------------ calling
-    def call(self, tool: str, index: int, params: dict, cwd: str, injected: Optional[dict],
-             handlers: int) -> tuple[Any, Optional[dict]]:
-        if handlers != self.handlers:
-            self.set_handlers(handlers)
+    # Each returns the RESULT fields: [value, outcome, detail].
+    def call(self, msg: P.Call) -> list:
+        tool = msg.tool
         try:
-            os.chdir(cwd)
+            self._enter(msg.cwd, msg.handlers)
         except OSError as exc:
-            return normalize.failure(f"[{self.library}] {tool}: cannot enter the workspace {cwd!r}: {exc}"), None
+            return [normalize.failure(f"[{self.library}] tool '{tool}' not run: cannot enter the "
+                                      f"workspace {msg.cwd!r} ({exc.strerror})."), P.OK, ""]
         try:
-            entry = self._entry(tool, index)
+            entry = self._entry(tool, msg.file_index)
         except LoadFailed as exc:
-            return self._load_failure(tool, exc), {"retire": True}
+            return [self._load_failure(tool, exc), P.LOAD_FAILED, ""]
         if entry is None:
-            return normalize.failure(f"[{self.library}] Function '{tool}' not found in module."), None
+            return [normalize.failure(f"[{self.library}] Function '{tool}' not found in module."), P.OK, ""]
 
+        params = msg.params
         if entry.var_kw:
             kwargs = {k: v for k, v in params.items() if k not in HOST_PARAMS}
         else:
             names = entry.names
             kwargs = {k: v for k, v in params.items() if k in names and k not in HOST_PARAMS}
         if entry.injectable:
-            if injected:
-                for k, v in injected.items():
+            if msg.injected:
+                for k, v in msg.injected.items():
                     if k in entry.injectable:
                         kwargs[k] = self.ch.wrap(v)
-            if self.handlers & HANDLER_UI and "user_interaction_handler" in entry.injectable:
-                kwargs["user_interaction_handler"] = self.relays[HANDLER_UI]
+            if self.handlers & P.HANDLER_UI and "user_interaction_handler" in entry.injectable:
+                kwargs["user_interaction_handler"] = self.relays[P.HANDLER_UI]
 
         self.in_tool = True
         try:
             out = entry.fn(**kwargs)
         except ToolTimeout:
-            return None, {"event": "timeout"}
+            return [None, P.TIMED_OUT, ""]
         except MemoryError as exc:
-            return None, {"event": "memory", "detail": f"MemoryError: {exc}"}
+            return [None, P.OUT_OF_MEMORY, str(exc)]
         except BaseException as exc:
-            return normalize.crashed(tool, exc, traceback.format_exc()), None
+            return [normalize.crashed(tool, exc, traceback.format_exc()), P.OK, ""]
         finally:
             self.in_tool = False
         try:
-            return normalize.normalize(out, cwd), None
+            return [normalize.normalize(out, msg.cwd), P.OK, ""]
         except Exception as exc:
-            return normalize.crashed(tool, exc, traceback.format_exc()), None
+            return [normalize.crashed(tool, exc, traceback.format_exc()), P.OK, ""]
 
     def _load_failure(self, tool: str, exc: LoadFailed) -> dict:
         msg, _, tb = str(exc).partition("\n")
@@ -212,47 +239,54 @@ class Worker:
             f"The tool '{tool}' did not run; the library will be loaded again on the next call.",
             traceback=tb)
 
-    def modcall(self, fn_name: str, index: int, args: tuple, kwargs: dict, cwd: str,
-                handlers: int) -> tuple[Any, Optional[dict]]:
+    def modcall(self, msg: P.ModCall) -> list:
         """A module-level function called by the host (e.g. init_tools_library again)."""
-        if handlers != self.handlers:
-            self.set_handlers(handlers)
         try:
-            os.chdir(cwd)
-            mod = self.modules[index] or self._load(index)
-            fn = getattr(mod, fn_name)
-            value = fn(*(self.ch.wrap(a) for a in args), **{k: self.ch.wrap(v) for k, v in kwargs.items()})
-            return value, None
+            self._enter(msg.cwd, msg.handlers)
+            fn = getattr(self._module(msg.file_index), msg.fn)
+            return [fn(*self.ch.wrap(list(msg.args)), **self.ch.wrap(msg.kwargs)), P.OK, ""]
         except LoadFailed as exc:
-            return None, {"raised": ("RuntimeError", (f"library {self.library} failed to load: {exc}",)),
-                          "retire": True}
+            return [["RuntimeError", [f"library {self.library} failed to load: {exc}"]], P.LOAD_FAILED, ""]
         except BaseException as exc:
-            return None, {"raised": error_reply(exc)[2]}
+            return [error_value(exc), P.RAISED, ""]
 
-    def prompt(self, fn_name: str, index: int, cwd: str, handlers: int) -> tuple[Optional[str], None]:
+    def prompt(self, msg: P.Prompt) -> list:
         """A dynamic prompt provider; None when it is missing or fails (as in-process)."""
-        if handlers != self.handlers:
-            self.set_handlers(handlers)
         try:
-            os.chdir(cwd)
-            mod = self.modules[index] or self._load(index)
-            fn = getattr(mod, fn_name, None)
-            return (str(fn()) if callable(fn) else None), None
+            self._enter(msg.cwd, msg.handlers)
+            fn = getattr(self._module(msg.file_index), msg.fn, None)
+            return [str(fn()) if callable(fn) else None, P.OK, ""]
         except Exception:
-            return None, None
+            return [None, P.OK, ""]
 
-    def reply(self, result: Any, info: Optional[dict]) -> None:
+    def load(self, msg: P.Load) -> list:
+        """Import every file of the library; the tool names each one defines."""
         try:
-            data = wire.dumps((wire.RESULT, result, info))
-        except wire.PayloadError as exc:
-            data = wire.dumps((wire.RESULT, normalize.failure(
-                f"[{self.library}] the result could not be sent back to the host: {exc}. "
-                "The worker was kept."), info))
-        if len(data) > self.max_result:
-            data = wire.dumps((wire.RESULT, normalize.failure(
-                f"[{self.library}] the result is {len(data) / 1048576:.1f} MB, over the "
-                f"{self.max_result / 1048576:.0f} MB cap; it was dropped and the worker was kept."), info))
-        self.conn.send_bytes(data)
+            self._enter(msg.cwd, msg.handlers)
+            for i in range(len(self.modules)):
+                self._module(i)
+        except LoadFailed as exc:
+            text, _, tb = str(exc).partition("\n")
+            return [[text, tb], P.LOAD_FAILED, ""]
+        except OSError as exc:
+            return [[f"cannot enter the workspace {msg.cwd!r} ({exc.strerror})", ""], P.LOAD_FAILED, ""]
+        return [None, P.OK, ""]
+
+    def reply(self, kind: str, name: str, fields: list) -> None:
+        """Send the RESULT; a result the protocol cannot carry, or one over the
+        cap, becomes a failure that says so (the worker is kept)."""
+        try:
+            frame = self.encoder.encode(P.RESULT, fields)
+        except P.Unsendable as exc:
+            frame = self.encoder.encode(P.RESULT, [normalize.failure(
+                f"[{self.library}] {kind} '{name}': its result could not be sent to the host ({exc}). "
+                "The worker was kept."), P.OK, ""])
+        if len(frame) > self.max_result:
+            frame = self.encoder.encode(P.RESULT, [normalize.failure(
+                f"[{self.library}] {kind} '{name}': its result is {len(frame) / 1048576:.1f} MB, over the "
+                f"{self.max_result / 1048576:g} MB cap (max_result_mb); it was dropped and the worker "
+                "was kept."), P.OK, ""])
+        self.conn.send_encoded(frame)
 
 
 def rehearse() -> None:
@@ -262,16 +296,15 @@ def rehearse() -> None:
     every object it touches (reference counts): the first call of a fresh worker
     paid for hundreds of page copies.  Walking the same paths on a throwaway
     library while waiting moves most of them off the critical path."""
-    init = {"library": "_rehearsal", "files": [], "source": _REHEARSAL, "configs": {}, "handlers": 0,
-            "sys_path": None, "env": dict(os.environ), "confine": None,
-            "limits": {"max_result_mb": 64}}
-    init = wire.pickle.loads(wire.dumps((wire.INIT, init)))[1]
+    init = P.Init("_rehearsal", [], _REHEARSAL, {}, 0, None, None, None, None, [], {"max_result_mb": 64})
+    init = P.loads_from_host(P.INIT, P.dumps(init))
     worker = Worker(None, init)
-    msg = wire.pickle.loads(wire.dumps((wire.CALL, "tool_rehearse", 0, {"a": 1, "b": "x"}, os.getcwd(), None, 0)))
+    msg = P.loads_from_host(P.CALL, P.dumps(P.Call("tool_rehearse", 0, {"a": 1, "b": "x"}, os.getcwd(), None, 0)))
     worker.ch.in_call = True
+    decoder = P.Decoder()
     for _ in range(2):
-        value, info = worker.call(*msg[1:])
-        wire.pickle.loads(wire.dumps((wire.RESULT, value, info)))
+        frame = worker.encoder.encode(P.RESULT, worker.call(msg))
+        P.parse_from_worker(P.RESULT, frame[5:], decoder)
     worker.ch.end_call()
     normalize.normalize({"success": False, "error": "e", "data": 1}, os.getcwd())
     sys.modules.pop("lcp_dynamic__rehearsal", None)
@@ -284,36 +317,40 @@ def tool_rehearse(a: int, b: str = "", tool_context=None) -> dict:
 '''
 
 
-def prepare(init: dict) -> dict:
+def prepare(init: P.Init) -> dict:
     """Environment, confinement and limits of this worker, before any tool code runs.
 
     Returns what is in force, for the host's stats()."""
-    lim = init["limits"]
-    report: dict = {"env": "host environment"}
-    conf = init.get("confine")
+    lim = init.limits
+    conf = init.confine
+    report: dict = {}
     if conf is not None:
-        confine.clean_environment(lim.get("env"), init.get("env") or {})
+        confine.clean_environment(lim.get("env"), init.env or {})
         report["env"] = "clean (allowlist" + (" + library env)" if lim.get("env") else ")")
-    elif init.get("env") is not None:
-        os.environ.clear()
-        os.environ.update(init["env"])
-        os.environ.update({str(k): str(v) for k, v in (lim.get("env") or {}).items()})
-    disabled = set(init.get("disabled") or ())     # LCP_SANDBOX_DISABLE in the host, for tests
+    else:
+        report["env"] = "host environment"
+        if init.env is not None:
+            os.environ.clear()
+            os.environ.update(init.env)
+            os.environ.update({str(k): str(v) for k, v in (lim.get("env") or {}).items()})
+    disabled = set(init.disabled or ())        # LCP_SANDBOX_DISABLE in the host, for tests
     if lim.get("network", True):
         report["network"] = "host network"
     else:
         report["network"] = ("unavailable (disabled by LCP_SANDBOX_DISABLE)" if "netns" in disabled
                              else confine.isolate_network())
     if conf is not None:
-        tmp = tempfile.mkdtemp(prefix="lcp-sandbox-")
-        os.environ["TMPDIR"] = tempfile.tempdir = tmp
-        report["tmpdir"] = tmp
+        import tempfile
+        tmp = init.tmpdir
+        if tmp:
+            os.environ["TMPDIR"] = tempfile.tempdir = tmp
         ro = [*conf.get("read_paths", ()), *confine.python_paths(), *confine.SYSTEM_READ_PATHS,
               os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
         if "landlock" in disabled:
             report["filesystem"] = "unavailable (disabled by LCP_SANDBOX_DISABLE)"
         else:
-            report["filesystem"] = confine.apply_landlock([conf["root"], tmp], ro, confine.DEVICES)
+            report["filesystem"] = confine.apply_landlock([conf["root"], *([tmp] if tmp else [])], ro,
+                                                          confine.DEVICES)
     else:
         report["filesystem"] = "unrestricted"
     limits.apply_in_worker(lim)
@@ -322,38 +359,41 @@ def prepare(init: dict) -> dict:
 
 def serve(sock) -> None:
     """Run the worker loop on a connected socket; never returns."""
-    conn = wire.Connection(sock)
+    conn = P.Connection(sock)
     code = 0
     try:
-        kind, init = conn.recv()
+        kind, payload = conn.recv_frame()
+        init = P.loads_from_host(kind, payload)
         report = prepare(init)
         worker = Worker(conn, init)
-        conn.send((wire.READY, report))
+        conn.send_encoded(worker.ch.encoder.encode(P.READY, [report]))
         ch = worker.ch
 
         def on_soft_timeout(signum: int, frame: Any) -> None:
             if worker.in_tool and not ch.waiting_host:
                 raise ToolTimeout()
-        signal.signal(SOFT_TIMEOUT_SIGNAL, on_soft_timeout)
+        signal.signal(P.SOFT_TIMEOUT_SIGNAL, on_soft_timeout)
 
-        recv = conn.recv
-        ops = {wire.CALL: worker.call, wire.MODCALL: worker.modcall, wire.PROMPT: worker.prompt}
+        recv, loads = conn.recv_frame, P.loads_from_host
+        ops = {P.CALL: (worker.call, "tool"), P.MODCALL: (worker.modcall, "function"),
+               P.PROMPT: (worker.prompt, "prompt provider"), P.LOAD: (worker.load, "load")}
         while True:
             try:
-                msg = recv()
+                kind, payload = recv()
             except EOFError:
                 break
-            op = ops.get(msg[0])
+            op = ops.get(kind)
             if op is None:                       # SHUTDOWN
                 break
+            msg = loads(kind, payload)
             ch.call_seq += 1
             ch.in_call = True
             try:
-                value, info = op(*msg[1:])
+                fields = op[0](msg)
             finally:
                 ch.end_call()
-            worker.reply(value, info)
-            if info and info.get("retire"):      # the library failed to load: start afresh
+            worker.reply(op[1], msg[0] if kind != P.LOAD else worker.library, fields)
+            if fields[1] == P.LOAD_FAILED:       # the library failed to load: start afresh
                 break
     except BaseException:
         code = 70

@@ -16,7 +16,12 @@ them, reports how they ended, and kills process trees.
       EOF (host gone or closing) ────►  kill every worker, exit
 
 The control channel is an AF_UNIX SOCK_SEQPACKET pair: one message per
-datagram, file descriptors travel with SCM_RIGHTS.  The zygote is a
+datagram, file descriptors travel with SCM_RIGHTS.  This is a second, tiny
+protocol of fixed-size records (a kind byte and three integers), never
+pickled: workers are forked from the zygote but never hold its channel.
+
+The zygote is started as ``python -I``: no CWD, no PYTHONPATH, no user
+site-packages on its ``sys.path``, and only an allowlisted environment.  The zygote is a
 subreaper, so processes a tool started and orphaned come back to it and are
 killed when their worker is gone.
 """
@@ -24,9 +29,9 @@ from __future__ import annotations
 
 import gc
 import os
-import pickle
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -34,8 +39,17 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Callable, Optional
 
-FORK, KILL, SIGNAL, FORKED, EXITED, READY = "fork", "kill", "signal", "forked", "exited", "ready"
-_MAXMSG = 1 << 16
+FORK, KILL, SIGNAL, FORKED, EXITED, READY = 1, 2, 3, 4, 5, 6
+_REC = struct.Struct("!Bqqq")      # kind, then up to three integers
+_MAXMSG = 64
+
+
+def _pack(kind: int, a: int = 0, b: int = 0, c: int = 0) -> bytes:
+    return _REC.pack(kind, a, b, c)
+
+
+def _unpack(data: bytes) -> tuple:
+    return _REC.unpack(data)
 
 
 # ---------------------------------------------------------------- zygote side
@@ -67,7 +81,7 @@ def _reap(ctl: socket.socket, workers: set) -> None:
             code = status_from_wait(status)
             _kill_tree(pid)                  # its group may outlive it
             try:
-                ctl.send(pickle.dumps((EXITED, pid, code)))
+                ctl.send(_pack(EXITED, pid, code))
             except OSError:
                 pass
         _kill_orphans(workers)
@@ -154,7 +168,8 @@ def main(fd: int) -> None:
     ctl = socket.socket(fileno=fd)
     # What every worker needs, imported once here and shared copy-on-write.
     import ctypes, inspect, importlib.util, json, pathlib, re, sqlite3, threading, traceback, typing  # noqa
-    from . import confine, worker, normalize, proxies, wire  # noqa
+    import msgpack  # noqa
+    from . import confine, worker, normalize, proxies, protocol  # noqa
     import tempfile, fcntl, struct  # noqa
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
@@ -166,7 +181,7 @@ def main(fd: int) -> None:
     gc.freeze()
     spare_pid, spare_inbox = _spare(ctl, wake_r, wake_w, me)
     workers.add(spare_pid)
-    ctl.send(pickle.dumps((READY, me)))
+    ctl.send(_pack(READY, me))
 
     import select
     poller = select.poll()
@@ -194,7 +209,10 @@ def main(fd: int) -> None:
                     _kill_tree(pid)
                 _kill_orphans(set())
                 os._exit(0)
-            msg = pickle.loads(data)
+            try:
+                msg = _unpack(data)
+            except struct.error:
+                msg = (0, 0, 0, 0)
             if msg[0] == FORK:
                 # Hand the fds to the spare; if it died, fork one on the spot.
                 try:
@@ -210,7 +228,7 @@ def main(fd: int) -> None:
                     spare_inbox.close()
                 for f in fds:
                     os.close(f)
-                ctl.send(pickle.dumps((FORKED, msg[1], pid)))
+                ctl.send(_pack(FORKED, msg[1], pid))
                 spare_pid, spare_inbox = _spare(ctl, wake_r, wake_w, me)   # for the next one
                 workers.add(spare_pid)
             elif msg[0] == KILL:
@@ -227,6 +245,11 @@ def main(fd: int) -> None:
 
 
 # ------------------------------------------------------------------ host side
+_BOOT = ("import sys, importlib.util\n"
+         "if importlib.util.find_spec('lcp_sandbox') is None: sys.path.append(sys.argv[2])\n"
+         "from lcp_sandbox.zygote import main; main(int(sys.argv[1]))")
+
+
 class ZygoteGone(Exception):
     pass
 
@@ -238,14 +261,14 @@ class Zygote:
         host_end, zyg_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         # The zygote (and so the memory every worker starts from) never holds the
         # host's environment: workers get theirs in INIT, whole or filtered.
-        from .confine import ENV_ALLOWLIST
-        env = {k: v for k, v in os.environ.items()
-               if k in ENV_ALLOWLIST or k.startswith("LC_") or k in ("LD_LIBRARY_PATH", "PYTHONHOME", "PYTHONPATH")}
+        from .confine import allowed_environment
+        env = allowed_environment(dict(os.environ))
+        env.update({k: os.environ[k] for k in ("LD_LIBRARY_PATH", "PYTHONHOME") if k in os.environ})
+        # -I: neither the host's CWD nor PYTHONPATH nor user site-packages on sys.path.  The
+        # package's own folder is appended only when the installation does not provide it.
         pkg_parent = str(Path(__file__).resolve().parent.parent)
-        env["PYTHONPATH"] = os.pathsep.join([pkg_parent] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", "import sys; from lcp_sandbox.zygote import main; main(int(sys.argv[1]))",
-             str(zyg_end.fileno())],
+            [sys.executable, "-I", "-c", _BOOT, str(zyg_end.fileno()), pkg_parent],
             pass_fds=(zyg_end.fileno(),), stdin=subprocess.DEVNULL, env=env, start_new_session=True)
         zyg_end.close()
         self.pid = self.proc.pid
@@ -272,7 +295,10 @@ class Zygote:
                 data = b""
             if not data:
                 break
-            msg = pickle.loads(data)
+            try:
+                msg = _unpack(data)
+            except struct.error:
+                continue
             if msg[0] == READY:
                 self._ready.set()
             elif msg[0] == FORKED:
@@ -308,7 +334,7 @@ class Zygote:
             req = self._next
             self._pending[req] = fut
             try:
-                socket.send_fds(self._ctl, [pickle.dumps((FORK, req))], [sock_fd, log_fd])
+                socket.send_fds(self._ctl, [_pack(FORK, req)], [sock_fd, log_fd])
             except OSError as exc:
                 self._pending.pop(req, None)
                 raise ZygoteGone(f"the zygote process is gone ({exc})") from None
@@ -317,7 +343,7 @@ class Zygote:
     def _send(self, msg: tuple) -> None:
         with self._send_lock:
             try:
-                self._ctl.send(pickle.dumps(msg))
+                self._ctl.send(_pack(*msg))
             except OSError:
                 pass
 

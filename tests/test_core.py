@@ -220,18 +220,27 @@ def test_tool_exception_500_with_traceback_and_worker_kept(make_binding):
     assert b.execute_tool("tool_whoami", {})["output"]["pid"] == pid
 
 
-def test_unpicklable_result_500_worker_kept(make_binding):
+def test_object_the_protocol_cannot_carry_arrives_as_its_repr(make_binding):
     b = make_binding()
     b.execute_tool("tool_increment", {"step": 5})
     r = b.execute_tool("tool_unpicklable", {})
-    assert r["status_code"] == 500
-    assert "could not be sent back" in r["error"] and "[stateful]" in r["error"]
+    assert r["status_code"] == 200 and r["output"].startswith("<unlocked _thread.lock object")
     assert b.execute_tool("tool_increment", {})["output"] == 6
 
 
-def test_cloudpickle_fallback_for_lambdas(make_binding):
+def test_unsendable_result_500_names_library_and_tool_worker_kept(make_binding):
+    b = make_binding()
+    b.execute_tool("tool_increment", {"step": 5})
+    r = b.execute_tool("tool_too_deep", {})
+    assert r["status_code"] == 500 and r["success"] is False
+    assert "could not be sent to the host" in r["error"] and "nested deeper" in r["error"]
+    assert "[stateful]" in r["error"] and "tool_too_deep" in r["error"]
+    assert b.execute_tool("tool_increment", {})["output"] == 6
+
+
+def test_functions_never_cross_to_the_host(make_binding):
     r = make_binding().execute_tool("tool_lambda_output", {})
-    assert r["success"] and r["output"]["fn"](1) == 2
+    assert r["success"] and r["output"]["fn"].startswith("<function tool_lambda_output.<locals>.<lambda>")
 
 
 def test_segfault_500_then_fresh_worker(make_binding):

@@ -466,10 +466,11 @@ NO_LOLLMS_SCRIPT = textwrap.dedent("""
 
 def test_without_lollms_client_nothing_imports_it(tmp_path):
     import cloudpickle
+    import msgpack
     import psutil
     links = tmp_path / "site"
     links.mkdir()
-    for module in (psutil, cloudpickle):
+    for module in (psutil, cloudpickle, msgpack):
         package = Path(module.__file__).resolve().parent
         (links / package.name).symlink_to(package, target_is_directory=True)
     ws = tmp_path / "ws"

@@ -159,11 +159,19 @@ def tool_raise(message: str = "boom") -> dict:
 
 
 def tool_unpicklable() -> dict:
-    """Returns something pickle and cloudpickle both refuse."""
+    """Returns an object the protocol cannot carry (it arrives as its repr)."""
     import threading
     return {"success": True, "output": threading.Lock()}
 
 
+def tool_too_deep() -> dict:
+    """Returns lists nested 300 deep: more than the protocol carries."""
+    v = []
+    for _ in range(300):
+        v = [v]
+    return {"success": True, "output": v}
+
+
 def tool_lambda_output() -> dict:
-    """Returns a lambda, which plain pickle refuses and cloudpickle accepts."""
+    """Returns a lambda: a function never crosses to the host, its repr does."""
     return {"success": True, "output": {"fn": lambda x: x + 1}}
