@@ -434,9 +434,22 @@ class SandboxedBinding(_Base):
             return False
         if not parsed.tools:
             return False
-        old = self._dynamic.pop(tool_name_prefix, None)
-        if old is not None:
-            self.supervisor.stop(self.tenant, old[0].key)
+        # Import it (in its own worker, never here) before answering: code that fails at
+        # import is refused, as in-process, and a previous registration stays as it was.
+        self.supervisor.stop(self.tenant, lib.key)
+        cwd = self.workspace or os.getcwd()
+        root = self._root(lib, cwd)
+        try:
+            failed = self.supervisor.run(self.tenant, lib, P.Load(cwd, self._handlers_mask()),
+                                         init=lambda: self._init(lib, root), limits=self._limits(lib),
+                                         objects=HostObjects(self._named_for(lib)),
+                                         tool=f"register_tool_from_code({tool_name_prefix!r})", root=root)
+        except SandboxEvent as ev:
+            failed = [str(ev.result.get("error")), ""]
+        if failed is not None:
+            self.supervisor.stop(self.tenant, lib.key)
+            log.error("register_tool_from_code(%r) refused: the code %s", tool_name_prefix, failed[0])
+            return False
         self._dynamic[tool_name_prefix] = (lib, parsed)
         self._discover()
         return True

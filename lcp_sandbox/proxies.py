@@ -164,7 +164,11 @@ class HostObjects:
             elif op == P.OP_GETATTR:
                 value = getattr(target, name)
             elif op == P.OP_METHOD:
-                value = getattr(target, name)(*args, **kwargs)
+                method = getattr(target, name)
+                why = _refused(method)
+                if why is not None:
+                    raise PermissionError(f"a {why} is not called for a tool through a host proxy")
+                value = method(*args, **kwargs)
             elif op == P.OP_SETATTR:
                 setattr(target, name, args[0])
                 value = None

@@ -179,6 +179,20 @@ def _invalid_value(msg: tuple, value: Any) -> Optional[str]:
     return None
 
 
+def _check_root(slot: Slot, root: str, tool: str) -> None:
+    """A confinement root must not hold the engine or the Python installation: a
+    confined tool could rewrite code that later runs unconfined (the zygote)."""
+    from .confine import python_paths
+    engine = os.path.dirname(os.path.abspath(__file__))
+    for path in (engine, *python_paths()):
+        real = os.path.realpath(path)
+        if real == root or real.startswith(root.rstrip(os.sep) + os.sep):
+            raise SandboxEvent(normalize.failure(
+                f"[{slot.library.name}] tool '{tool}' not run: its confinement root {root!r} contains "
+                f"{real!r} (the sandbox engine or the Python installation), which a confined tool must "
+                f"not be able to write. Use a workspace outside it.", normalize.FORBIDDEN))
+
+
 _live_supervisors: "weakref.WeakSet[Supervisor]" = weakref.WeakSet()
 
 
@@ -279,6 +293,7 @@ class Supervisor:
         try:
             zyg = self._zyg()
             if init.confine is not None:
+                _check_root(slot, init.confine["root"], tool)
                 # The worker's private temp dir is the host's to make and to remove:
                 # no path a worker names is ever deleted.
                 tmpdir = tempfile.mkdtemp(prefix="lcp-sandbox-")

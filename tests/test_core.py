@@ -281,6 +281,28 @@ def test_register_bad_code_returns_false(make_binding):
     assert b.register_tool_from_code("none", "x = 1\n") is False
 
 
+@pytest.mark.parametrize("top", ["raise RuntimeError('no')", "import no_such_module_anywhere",
+                                 "import sys\nsys.exit(3)"])
+def test_register_code_failing_at_import_is_refused_like_upstream(make_binding, top):
+    from lollms_client.tools_bindings.lcp import LCPBinding
+    code = f"{top}\n\ndef tool_never() -> dict:\n    return {{'success': True, 'output': 1}}\n"
+    b = make_binding()
+    upstream = LCPBinding(tools_folders=[])
+    if "sys.exit" not in top:                      # upstream lets SystemExit escape to its caller
+        assert upstream.register_tool_from_code("bad", code) is False
+    assert b.register_tool_from_code("bad", code) is False
+    assert "tool_never" not in {t["name"] for t in b.discover_tools()}
+    assert b.execute_tool("tool_never", {})["status_code"] == 404
+    assert not any(s["library"] == "bad" and s["pid"] for s in b.stats())      # its worker was stopped
+
+
+def test_register_refused_code_keeps_the_previous_registration(make_binding):
+    b = make_binding()
+    assert b.register_tool_from_code("v", "def tool_v() -> dict:\n    return {'success': True, 'output': 1}\n")
+    assert b.register_tool_from_code("v", "raise ValueError('broken')\ndef tool_v():\n    pass\n") is False
+    assert b.execute_tool("tool_v", {})["output"] == 1
+
+
 def test_close_leaves_no_process(libs, tmp_path, new_processes):
     fds_before = len(os.listdir("/proc/self/fd"))
     b = SandboxedBinding(tools_folders=[libs], workspace=str(tmp_path))

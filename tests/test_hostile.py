@@ -1,0 +1,303 @@
+"""A hostile worker attacks the host: every attack must fail.
+
+Each test runs a tool of tests/hostile_libs/hostile in a real (by default
+confined) worker and asserts: no code ran in the host (the marker file the
+attack would write is absent), the call returned with the right code, and the
+next call of that library (a fresh worker) and of another library is correct.
+"""
+import os
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+from lcp_sandbox import SandboxedBinding, Supervisor
+from lcp_sandbox import protocol as P
+
+HOSTILE = Path(__file__).resolve().parent / "hostile_libs"
+
+
+@pytest.fixture(scope="module")
+def confined_sup():
+    sup = Supervisor(confine=True)
+    yield sup
+    sup.close()
+
+
+@pytest.fixture
+def hostile(confined_sup, tmp_path):
+    made = []
+
+    def make(tenant: str = "mallory", **kw):
+        root = tmp_path / tenant
+        root.mkdir(exist_ok=True)
+        kw.setdefault("supervisor", confined_sup)
+        b = SandboxedBinding(tools_folders=[HOSTILE], tenant=tenant + uuid.uuid4().hex[:6],
+                             workspace_root=str(root), workspace=str(root), timeout_s=20, **kw)
+        made.append(b)
+        return b
+
+    yield make
+    for b in made:
+        b.close()
+
+
+def marker_path(tmp_path) -> str:
+    # Outside every confinement root: only the host (or an unconfined process) could write it.
+    d = Path(os.environ.get("TMPDIR", "/tmp")) / f"lcp-hostile-{uuid.uuid4().hex}"
+    return str(d)
+
+
+def assert_recovered(b: SandboxedBinding, old_pid) -> None:
+    r = b.execute_tool("tool_ok", {"x": 7})
+    assert r["status_code"] == 200 and r["output"]["x"] == 7
+    assert r["output"]["pid"] != old_pid                       # a fresh worker
+    c = b.execute_tool("tool_count", {})
+    assert c["status_code"] == 200 and c["output"]["calls"] >= 1
+
+
+def violation(r: dict, tool: str) -> None:
+    assert r["status_code"] == 500 and r["success"] is False
+    assert "protocol violation" in r["error"] and "[hostile]" in r["error"] and tool in r["error"]
+    assert "killed" in r["error"]
+
+
+def frame_hex(payload: bytes) -> str:
+    return payload.hex()
+
+
+# ----------------------------------------------------------------- 1. code in the host
+def test_pickle_bomb_as_result_runs_nothing_in_the_host(hostile, tmp_path):
+    b = hostile()
+    marker = marker_path(tmp_path)
+    pid = b.execute_tool("tool_ok", {})["output"]["pid"]
+    r = b.execute_tool("tool_pickle_bomb", {"marker": marker, "kind": P.RESULT})
+    violation(r, "tool_pickle_bomb")
+    assert not os.path.exists(marker)
+    assert_recovered(b, pid)
+
+
+@pytest.mark.parametrize("kind", [P.REQUEST, P.REPLY, P.READY])
+def test_pickle_bomb_as_any_other_frame_runs_nothing(hostile, tmp_path, kind):
+    b = hostile()
+    marker = marker_path(tmp_path)
+    r = b.execute_tool("tool_pickle_bomb", {"marker": marker, "kind": kind})
+    violation(r, "tool_pickle_bomb")
+    assert not os.path.exists(marker)
+    assert_recovered(b, None)
+
+
+def test_object_with_a_reducer_arrives_as_text(hostile, tmp_path):
+    b = hostile()
+    marker = marker_path(tmp_path)
+    r = b.execute_tool("tool_evil_result", {"marker": marker})
+    assert r["status_code"] == 200 and isinstance(r["output"], str) and "Evil object" in r["output"]
+    assert not os.path.exists(marker)
+
+
+# ----------------------------------------------------------------- 2. walking host objects
+class Lent:
+    """What a host might lend: a callback, and (carelessly) a module, a class, a C function."""
+
+    def __init__(self) -> None:
+        import sys
+        self.mod = os
+        self.cls = SandboxedBinding
+        self.fn = os.system
+        self.frame = sys._getframe()
+        self.items = [1, os]
+        self.name = "ctx"
+
+    def callback(self, x):
+        return f"called {x}"
+
+
+def test_host_objects_give_no_way_out(tmp_path):
+    marker = marker_path(tmp_path)
+    evil_cmd = f"echo x > {marker}"
+    attempts = [
+        [P.OP_GETATTR, "ctx", "__class__", []],
+        [P.OP_METHOD, "ctx", "__reduce_ex__", [2]],
+        [P.OP_GETATTR, "ctx", "_private", []],
+        [P.OP_GETATTR, "ctx", "mod", []],
+        [P.OP_GETATTR, "ctx", "cls", []],
+        [P.OP_GETATTR, "ctx", "fn", []],
+        [P.OP_METHOD, "ctx", "fn", [evil_cmd]],
+        [P.OP_GETATTR, "ctx", "frame", []],
+        [P.OP_GETATTR, "ctx", "items", []],
+        [P.OP_OPERATOR, "ctx", "getattr", ["__class__"]],
+        [P.OP_CALL, "confirm", None, ["x"]],
+        [P.OP_GETATTR, "confirm", "__globals__", []],
+        [P.OP_CALL, ["cfg", "bystander", "secret"], None, []],
+        [P.OP_CALL, ["cfg", "hostile", "not_set"], None, []],
+        [P.OP_CALL, 999, None, []],
+        [P.OP_METHOD, "ctx", "callback", [5]],                 # the legitimate use still works
+    ]
+    seen = []
+    configs = {"bystander": {"secret": lambda: seen.append("bystander's secret ran") or "secret"}}
+    with SandboxedBinding(tools_folders=[HOSTILE], workspace=str(tmp_path), host_tool_configs=configs,
+                          confine=True, timeout_s=20) as b:
+        r = b.execute_tool("tool_walk", {"attempts": attempts}, tool_context=Lent())
+    assert r["status_code"] == 200, r
+    out = r["output"]
+    assert [kind for kind, _ in out[:15]] == [
+        "AttributeError", "AttributeError", "AttributeError", "PermissionError", "PermissionError",
+        "PermissionError", "PermissionError", "PermissionError", "PermissionError", "AttributeError",
+        "RuntimeError", "AttributeError", "PermissionError", "PermissionError", "RuntimeError"], out
+    assert "no handler is configured" in out[10][1]
+    assert "not a host object lent to library 'hostile'" in out[12][1]
+    assert out[15] == ["ok", "'called 5'"]
+    assert not os.path.exists(marker) and seen == []
+
+
+# ----------------------------------------------------------------- 3. host paths
+def test_second_ready_naming_another_tenants_folder_deletes_nothing(hostile, tmp_path):
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious.txt").write_text("keep me")
+    import msgpack
+    ready = msgpack.packb([{"tmpdir": str(victim), "env": "clean"}])
+    b = hostile()
+    r = b.execute_tool("tool_raw", {"frames": [[P.READY, frame_hex(ready)]]})
+    violation(r, "tool_raw")
+    b.close()
+    assert (victim / "precious.txt").read_text() == "keep me"
+
+
+# ----------------------------------------------------------------- 4. sizes
+def test_huge_announced_frame_is_refused_before_allocation(hostile):
+    b = hostile()
+    me = psutil.Process()
+    before = me.memory_info().rss
+    header = (600 * 1024 * 1024).to_bytes(4, "big") + bytes([P.RESULT])
+    r = b.execute_tool("tool_raw", {"frames": [["bytes", header.hex()]]})
+    violation(r, "tool_raw")
+    assert "over the" in r["error"] and "cap" in r["error"]
+    assert me.memory_info().rss - before < 100 * 1024 * 1024
+    assert_recovered(b, None)
+
+
+def test_huge_request_frame_is_refused(hostile):
+    b = hostile()
+    header = (P.REQUEST_CAP + 1).to_bytes(4, "big") + bytes([P.REQUEST])
+    r = b.execute_tool("tool_raw", {"frames": [["bytes", header.hex()]]})
+    violation(r, "tool_raw")
+    assert_recovered(b, None)
+
+
+# ----------------------------------------------------------------- 5. time
+def test_trickling_worker_cannot_hold_the_call_past_its_deadline(hostile):
+    b = hostile(host_tool_configs={"hostile": {"sandbox": {"grace_s": 0.5}}})
+    t0 = time.monotonic()
+    r = b.execute_tool("tool_trickle", {"total": 300, "delay": 0.1}, timeout_s=1.0)
+    elapsed = time.monotonic() - t0
+    assert r["status_code"] == 504 and "did not stop" in r["error"]
+    assert elapsed < 15            # the trickle alone would take 30 s
+    assert_recovered(b, None)
+
+
+# ----------------------------------------------------------------- 6. desync
+def test_garbage_frame_kills_the_worker_and_the_next_call_gets_its_own_result(hostile):
+    b = hostile()
+    r = b.execute_tool("tool_raw", {"frames": [[P.RESULT, "c1c1c1c1"]], "output": "first"})
+    violation(r, "tool_raw")
+    r2 = b.execute_tool("tool_raw", {"frames": [], "output": "second"})
+    assert r2 == {"output": "second", "status_code": 200, "success": True}
+
+
+@pytest.mark.parametrize("frames", [
+    [[P.RESULT, "93"]],                                 # RESULT with a truncated array
+    [[P.RESULT, "93c0cd0500a0"]],                       # unknown outcome 1280
+    [[P.RESULT, "93c0ffa0"]],                           # negative outcome
+    [[P.RESULT, "9301"]],                               # wrong arity
+    [[P.REQUEST, "9507a7636f6e6669726dc09090"]],        # unknown op 7
+    [[P.REQUEST, "9500c0c09090"]],                      # a ref that is None
+    [[P.REPLY, "92c3c0"]],                              # a REPLY nobody asked for
+    [[99, ""]],                                         # an unknown kind
+    [[P.RESULT, "93c70301000000c0a0"]],                 # an unknown extension type... inside garbage
+    [["bytes", "000000"]],                              # a header cut short, then the real result
+])
+def test_malformed_messages_are_violations(hostile, frames):
+    b = hostile()
+    r = b.execute_tool("tool_raw", {"frames": frames})
+    violation(r, "tool_raw")
+    assert_recovered(b, None)
+
+
+def test_well_formed_result_that_is_not_an_lcp_result_is_a_violation(hostile):
+    import msgpack
+    b = hostile()
+    r = b.execute_tool("tool_raw", {"frames": [[P.RESULT, msgpack.packb(["just text", 0, ""]).hex()]]})
+    violation(r, "tool_raw")
+    assert "not an LCP result" in r["error"]
+
+
+def test_timeout_outcome_nobody_signalled_is_a_violation(hostile):
+    import msgpack
+    b = hostile()
+    r = b.execute_tool("tool_raw", {"frames": [[P.RESULT, msgpack.packb([None, P.TIMED_OUT, ""]).hex()]]})
+    violation(r, "tool_raw")
+
+
+def test_worker_speaking_while_idle_is_replaced_before_the_next_call(hostile):
+    b = hostile()
+    code = ("import os, socket, stat, struct, threading, time\n"
+            "def _later():\n"
+            "    time.sleep(0.2)\n"
+            "    for fd in range(3, 64):\n"
+            "        try:\n"
+            "            if stat.S_ISSOCK(os.fstat(fd).st_mode):\n"
+            "                os.write(fd, struct.pack('!IB', 1, 10) + b'x'); break\n"
+            "        except OSError: pass\n"
+            "def tool_later() -> dict:\n"
+            "    threading.Thread(target=_later).start()\n"
+            "    return {'success': True, 'output': os.getpid()}\n")
+    assert b.register_tool_from_code("later", code)
+    pid = b.execute_tool("tool_later", {})["output"]
+    deadline = time.monotonic() + 10
+    proc = psutil.Process(pid)
+    while time.monotonic() < deadline and proc.is_running():   # wait for its thread to have written
+        try:
+            if proc.num_threads() == 1:
+                break
+        except psutil.Error:
+            break
+        time.sleep(0.02)
+    r = b.execute_tool("tool_later", {})
+    assert r["status_code"] == 200 and r["output"] != pid
+
+
+# ----------------------------------------------------------------- 7. the host's environment
+def test_confined_worker_never_receives_the_host_environment(monkeypatch, tmp_path):
+    head, tail = "LCPSECRET-" + uuid.uuid4().hex[:8], uuid.uuid4().hex
+    monkeypatch.setenv("LCP_TEST_SECRET", head + tail)
+    found = {}
+    for confine in (True, False):
+        with SandboxedBinding(tools_folders=[HOSTILE], workspace=str(tmp_path), confine=confine,
+                              timeout_s=60) as b:
+            r = b.execute_tool("tool_scan_memory", {"head": head, "tail": tail})
+            assert r["status_code"] == 200, r
+            found[confine] = r["output"]
+    assert found[True] == {"found": 0, "environ": False}
+    assert found[False]["found"] >= 1 and found[False]["environ"] is True    # the scan can find it
+
+
+# ----------------------------------------------------------------- 8. the next zygote
+def test_planted_package_in_a_confined_root_never_runs_in_the_next_zygote(monkeypatch, tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    monkeypatch.chdir(root)                         # the host's CWD is inside the confinement root
+    marker = marker_path(tmp_path)
+    with Supervisor(confine=True) as sup:
+        with SandboxedBinding(tools_folders=[HOSTILE], supervisor=sup, workspace=str(root),
+                              timeout_s=20) as b:
+            r = b.execute_tool("tool_plant", {"marker": marker})
+            assert r["status_code"] == 200 and (root / "lcp_sandbox" / "__init__.py").exists()
+    with Supervisor(confine=True) as sup:            # a new zygote, started from the same CWD
+        sup.start()
+        with SandboxedBinding(tools_folders=[HOSTILE], supervisor=sup, workspace=str(root),
+                              timeout_s=20) as b:
+            assert b.execute_tool("tool_ok", {})["status_code"] == 200
+    assert not os.path.exists(marker)
