@@ -625,6 +625,10 @@ class Connection:
         """True if the peer sent something or hung up (an idle worker never does)."""
         return bool(self._buf) or self._big is not None or bool(self._poller().poll(0))
 
+    def pending(self) -> bool:
+        """Bytes already read that belong to no message yet."""
+        return bool(self._buf) or self._big is not None
+
     def sent_while_idle(self) -> bool:
         """True if the peer sent bytes (not just hung up) when it had nothing to say."""
         if self._buf or self._big is not None:

@@ -557,6 +557,8 @@ class Supervisor:
                 if kind == P.RESULT:
                     if reply.outcome == P.TIMED_OUT and not soft_sent:
                         self._violation(slot, proc, tool, "it reported a timeout nobody signalled")
+                    if conn.pending():
+                        self._violation(slot, proc, tool, "it sent more after its RESULT")
                     return reply
                 if kind == P.READY:
                     self._ready(slot, proc, init_msg, reply.report)

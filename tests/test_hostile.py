@@ -229,7 +229,8 @@ def test_malformed_messages_are_violations(hostile, frames):
 def test_well_formed_result_that_is_not_an_lcp_result_is_a_violation(hostile):
     import msgpack
     b = hostile()
-    r = b.execute_tool("tool_raw", {"frames": [[P.RESULT, msgpack.packb(["just text", 0, ""]).hex()]]})
+    r = b.execute_tool("tool_raw", {"frames": [[P.RESULT, msgpack.packb(["just text", 0, ""]).hex()]],
+                                    "hang": True})
     violation(r, "tool_raw")
     assert "not an LCP result" in r["error"]
 
@@ -237,8 +238,20 @@ def test_well_formed_result_that_is_not_an_lcp_result_is_a_violation(hostile):
 def test_timeout_outcome_nobody_signalled_is_a_violation(hostile):
     import msgpack
     b = hostile()
-    r = b.execute_tool("tool_raw", {"frames": [[P.RESULT, msgpack.packb([None, P.TIMED_OUT, ""]).hex()]]})
+    r = b.execute_tool("tool_raw", {"frames": [[P.RESULT, msgpack.packb([None, P.TIMED_OUT, ""]).hex()]],
+                                    "hang": True})
     violation(r, "tool_raw")
+    assert "timeout nobody signalled" in r["error"]
+
+
+def test_bytes_after_the_result_are_a_violation(hostile):
+    import msgpack
+    good = msgpack.packb([{"output": 1, "status_code": 200, "success": True}, 0, ""])
+    b = hostile()
+    data = len(good).to_bytes(4, "big") + bytes([P.RESULT]) + good + b"\x00"     # in one write
+    r = b.execute_tool("tool_raw", {"frames": [["bytes", data.hex()]], "hang": True})
+    violation(r, "tool_raw")
+    assert "more after its RESULT" in r["error"]
 
 
 def test_worker_speaking_while_idle_is_replaced_before_the_next_call(hostile):

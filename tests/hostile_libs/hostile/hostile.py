@@ -47,12 +47,16 @@ def tool_ok(x: int = 1) -> dict:
     return {"success": True, "output": {"pid": os.getpid(), "x": x}}
 
 
-def tool_raw(frames: list, output: str = "after") -> dict:
-    """Writes raw frames ([kind, payload hex] or ["bytes", hex]) on the channel, then returns."""
+def tool_raw(frames: list, output: str = "after", hang: bool = False) -> dict:
+    """Writes raw frames ([kind, payload hex] or ["bytes", hex]) on the channel, then
+    returns (or, with `hang`, waits to be killed, so nothing follows the frames)."""
     s = _channel_socket()
     for kind, payload in frames:
         data = bytes.fromhex(payload)
         s.sendall(data if kind == "bytes" else _frame(kind, data))
+    if hang:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+        time.sleep(120)
     return {"success": True, "output": output}
 
 
