@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from . import normalize, wire
+from .confine import DEFAULT_RUN_AS, hand_over, in_force, run_as_ids
 from .discovery import Library
 from .limits import Limits, describe_exit, tree_rss
 from .output import OutputPump
@@ -166,12 +167,16 @@ class Supervisor:
     def __init__(self, max_workers: Optional[int] = None, max_workers_per_tenant: Optional[int] = None,
                  idle_timeout_s: Optional[float] = None, confine: bool = False,
                  on_event: Optional[Callable[[dict], None]] = None,
-                 crash_policy: Optional[CrashPolicy] = None, watch_interval_s: float = 0.05) -> None:
+                 crash_policy: Optional[CrashPolicy] = None, watch_interval_s: float = 0.05,
+                 run_as: tuple = DEFAULT_RUN_AS) -> None:
         """``confine`` is the default for bindings that do not say (see confine.py);
-        ``on_event`` gets a dict per lifecycle event (start, stop, evict, idle,
-        crash, timeout, memory, quarantine), also logged on ``lcp_sandbox.events``."""
+        ``run_as`` is the (uid, gid) a confined worker of a root host runs as (per
+        library: ``"sandbox": {"run_as": ...}``); ``on_event`` gets a dict per
+        lifecycle event (start, stop, evict, idle, crash, timeout, memory,
+        quarantine), also logged on ``lcp_sandbox.events``."""
         self.crash_policy = crash_policy or CrashPolicy()
         self.confine = confine
+        self.run_as = run_as_ids(run_as)
         self.idle_timeout_s = idle_timeout_s
         self.on_event = on_event
         self.pool = Pool(max_workers, max_workers_per_tenant)
@@ -253,6 +258,9 @@ class Supervisor:
             log_r, log_w = os.pipe()
             conn = wire.Connection(host_sock)
             try:
+                if init.get("confine") is not None:   # it will drop to run_as: give it its root
+                    init["confine"]["run_as"] = slot.limits.run_as or self.run_as
+                    hand_over(init["confine"]["root"], *init["confine"]["run_as"])
                 # INIT waits in the socket; the worker reads it as soon as it runs.
                 # The call itself follows at once: nobody waits for the fork.
                 conn.send((wire.INIT, init))
@@ -290,12 +298,12 @@ class Supervisor:
         """One clear warning per kind when a requested protection is not in force."""
         wanted = []
         if init.get("confine") is not None:
-            wanted.append("filesystem")
+            wanted += ["filesystem", "privileges"]
         if not slot.limits.network:
             wanted.append("network")
         for kind in wanted:
             state = str(proc.report.get(kind, "unknown"))
-            if not state.startswith("on") and kind not in self._warned:
+            if not in_force(kind, state) and kind not in self._warned:
                 self._warned.add(kind)
                 log.warning("%s confinement requested for %s (tenant %s) is not in force: %s. "
                             "The worker runs without it; stats() shows what is active.",
@@ -303,7 +311,8 @@ class Supervisor:
 
     @staticmethod
     def _protections(proc: _Process) -> dict:
-        return {k: v for k, v in proc.report.items() if k in ("env", "network", "filesystem")}
+        return {k: v for k, v in proc.report.items()
+                if k in ("env", "network", "filesystem", "privileges")}
 
     def _detach(self, slot: Slot, proc: _Process) -> None:
         """``proc`` no longer serves ``slot``: give its room back to the pool."""

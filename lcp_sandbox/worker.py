@@ -305,17 +305,25 @@ def prepare(init: dict) -> dict:
         report["network"] = ("unavailable (disabled by LCP_SANDBOX_DISABLE)" if "netns" in disabled
                              else confine.isolate_network())
     if conf is not None:
-        tmp = tempfile.mkdtemp(prefix="lcp-sandbox-")
+        # The namespace above, this temp dir and Landlock's rule paths need the host's
+        # privileges (as root: CAP_SYS_ADMIN, creating in and opening anything); the
+        # privileges are dropped after them.  See confine.py.
+        tmp = confine.private_tmpdir(conf.get("run_as"))
         os.environ["TMPDIR"] = tempfile.tempdir = tmp
         report["tmpdir"] = tmp
         ro = [*conf.get("read_paths", ()), *confine.python_paths(), *confine.SYSTEM_READ_PATHS,
               os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
+        covered = confine.make_reachable([conf["root"], tmp, *ro], conf.get("run_as"))
         if "landlock" in disabled:
             report["filesystem"] = "unavailable (disabled by LCP_SANDBOX_DISABLE)"
         else:
             report["filesystem"] = confine.apply_landlock([conf["root"], tmp], ro, confine.DEVICES)
+        if covered:
+            report["filesystem"] += "; " + covered
+        report["privileges"] = confine.drop_privileges(conf.get("run_as"))
     else:
         report["filesystem"] = "unrestricted"
+        report["privileges"] = f"the host's (uid {os.geteuid()}, not confined)"
     limits.apply_in_worker(lim)
     return report
 
