@@ -298,7 +298,7 @@ class Supervisor:
         """One clear warning per kind when a requested protection is not in force."""
         wanted = []
         if init.get("confine") is not None:
-            wanted += ["filesystem", "privileges"]
+            wanted += ["filesystem", "privileges"] + ([] if slot.limits.network else ["unix_sockets"])
         if not slot.limits.network:
             wanted.append("network")
         for kind in wanted:
@@ -312,7 +312,7 @@ class Supervisor:
     @staticmethod
     def _protections(proc: _Process) -> dict:
         return {k: v for k, v in proc.report.items()
-                if k in ("env", "network", "filesystem", "privileges")}
+                if k in ("env", "network", "filesystem", "privileges", "unix_sockets")}
 
     def _detach(self, slot: Slot, proc: _Process) -> None:
         """``proc`` no longer serves ``slot``: give its room back to the pool."""

@@ -307,7 +307,7 @@ def prepare(init: dict) -> dict:
     if conf is not None:
         # The namespace above, this temp dir and Landlock's rule paths need the host's
         # privileges (as root: CAP_SYS_ADMIN, creating in and opening anything); the
-        # privileges are dropped after them.  See confine.py.
+        # privileges are dropped after them, seccomp last.  See confine.py.
         tmp = confine.private_tmpdir(conf.get("run_as"))
         os.environ["TMPDIR"] = tempfile.tempdir = tmp
         report["tmpdir"] = tmp
@@ -321,9 +321,12 @@ def prepare(init: dict) -> dict:
         if covered:
             report["filesystem"] += "; " + covered
         report["privileges"] = confine.drop_privileges(conf.get("run_as"))
+        report["unix_sockets"] = ("not blocked (network on)" if lim.get("network", True)
+                                  else confine.block_unix_sockets())
     else:
         report["filesystem"] = "unrestricted"
         report["privileges"] = f"the host's (uid {os.geteuid()}, not confined)"
+        report["unix_sockets"] = "not blocked (not confined)"
     limits.apply_in_worker(lim)
     return report
 
