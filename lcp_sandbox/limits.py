@@ -54,6 +54,13 @@ class Limits:
     network: bool = True                    # False: own network namespace, loopback only
     env: Optional[dict] = None              # extra environment variables for the worker
     read_paths: tuple = ()                  # extra read-only paths for a confined worker
+    run_as: Optional[tuple] = None          # (uid, gid) of a confined worker of a root host;
+                                            # None: the supervisor's run_as (65534, 65534)
+
+    def __post_init__(self) -> None:
+        if self.run_as is not None:
+            from .confine import run_as_ids
+            self.run_as = run_as_ids(self.run_as)
 
     @classmethod
     def merged(cls, base: "Limits", override: Optional[dict]) -> "Limits":

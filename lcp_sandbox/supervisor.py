@@ -27,7 +27,6 @@ import collections
 import logging
 import os
 import shutil
-import tempfile
 import threading
 import time
 import weakref
@@ -37,6 +36,7 @@ from typing import Any, Callable, Optional
 
 from . import normalize
 from . import protocol as P
+from .confine import DEFAULT_RUN_AS, hand_over, in_force, may_hand_over, private_tmpdir, run_as_ids
 from .discovery import Library
 from .limits import Limits, describe_exit, tree_rss
 from .output import OutputPump
@@ -182,15 +182,11 @@ def _invalid_value(msg: tuple, value: Any) -> Optional[str]:
 def _check_root(slot: Slot, root: str, tool: str) -> None:
     """A confinement root must not hold the engine or the Python installation: a
     confined tool could rewrite code that later runs unconfined (the zygote)."""
-    from .confine import python_paths
-    engine = os.path.dirname(os.path.abspath(__file__))
-    for path in (engine, *python_paths()):
-        real = os.path.realpath(path)
-        if real == root or real.startswith(root.rstrip(os.sep) + os.sep):
-            raise SandboxEvent(normalize.failure(
-                f"[{slot.library.name}] tool '{tool}' not run: its confinement root {root!r} contains "
-                f"{real!r} (the sandbox engine or the Python installation), which a confined tool must "
-                f"not be able to write. Use a workspace outside it.", normalize.FORBIDDEN))
+    if not may_hand_over(os.path.realpath(root)):
+        raise SandboxEvent(normalize.failure(
+            f"[{slot.library.name}] tool '{tool}' not run: its confinement root {root!r} is or holds a "
+            f"system directory, the sandbox engine or the Python installation, which a confined tool "
+            f"must not be able to write. Use a workspace of its own.", normalize.FORBIDDEN))
 
 
 _live_supervisors: "weakref.WeakSet[Supervisor]" = weakref.WeakSet()
@@ -208,12 +204,16 @@ class Supervisor:
     def __init__(self, max_workers: Optional[int] = None, max_workers_per_tenant: Optional[int] = None,
                  idle_timeout_s: Optional[float] = None, confine: bool = False,
                  on_event: Optional[Callable[[dict], None]] = None,
-                 crash_policy: Optional[CrashPolicy] = None, watch_interval_s: float = 0.05) -> None:
+                 crash_policy: Optional[CrashPolicy] = None, watch_interval_s: float = 0.05,
+                 run_as: tuple = DEFAULT_RUN_AS) -> None:
         """``confine`` is the default for bindings that do not say (see confine.py);
-        ``on_event`` gets a dict per lifecycle event (start, stop, evict, idle,
-        crash, timeout, memory, quarantine), also logged on ``lcp_sandbox.events``."""
+        ``run_as`` is the (uid, gid) a confined worker of a root host runs as (per
+        library: ``"sandbox": {"run_as": ...}``); ``on_event`` gets a dict per
+        lifecycle event (start, stop, evict, idle, crash, timeout, memory,
+        quarantine), also logged on ``lcp_sandbox.events``."""
         self.crash_policy = crash_policy or CrashPolicy()
         self.confine = confine
+        self.run_as = run_as_ids(run_as)
         self.idle_timeout_s = idle_timeout_s
         self.on_event = on_event
         self.pool = Pool(max_workers, max_workers_per_tenant)
@@ -293,11 +293,19 @@ class Supervisor:
         try:
             zyg = self._zyg()
             if init.confine is not None:
-                _check_root(slot, init.confine["root"], tool)
-                # The worker's private temp dir is the host's to make and to remove:
-                # no path a worker names is ever deleted.
-                tmpdir = tempfile.mkdtemp(prefix="lcp-sandbox-")
-                init = init._replace(tmpdir=tmpdir)
+                root = init.confine["root"]
+                _check_root(slot, root, tool)
+                run_as = slot.limits.run_as or self.run_as
+                # It will drop to run_as: give it its root.  Its private temp dir is the
+                # host's to make and to remove: no path a worker names is ever deleted.
+                try:
+                    hand_over(root, *run_as)
+                except OSError as exc:
+                    raise SandboxEvent(normalize.failure(
+                        f"[{slot.library.name}] tool '{tool}' not run: could not start a worker: {exc}",
+                        normalize.UNAVAILABLE)) from None
+                tmpdir = private_tmpdir(run_as)
+                init = init._replace(confine={**init.confine, "run_as": run_as}, tmpdir=tmpdir)
             host_sock, worker_sock = P.pair()
             log_r, log_w = os.pipe()
             conn = P.Connection(host_sock)
@@ -343,12 +351,12 @@ class Supervisor:
         """One clear warning per kind when a requested protection is not in force."""
         wanted = []
         if init is not None and init.confine is not None:
-            wanted.append("filesystem")
+            wanted += ["filesystem", "privileges"] + ([] if slot.limits.network else ["unix_sockets"])
         if not slot.limits.network:
             wanted.append("network")
         for kind in wanted:
             state = str(proc.report.get(kind, "unknown"))
-            if not state.startswith("on") and kind not in self._warned:
+            if not in_force(kind, state) and kind not in self._warned:
                 self._warned.add(kind)
                 log.warning("%s confinement requested for %s (tenant %s) is not in force: %s. "
                             "The worker runs without it; stats() shows what is active.",
@@ -356,7 +364,8 @@ class Supervisor:
 
     @staticmethod
     def _protections(proc: _Process) -> dict:
-        return {k: v for k, v in proc.report.items() if k in ("env", "network", "filesystem")}
+        return {k: v for k, v in proc.report.items()
+                if k in ("env", "network", "filesystem", "privileges", "unix_sockets")}
 
     def _detach(self, slot: Slot, proc: _Process) -> None:
         """``proc`` no longer serves ``slot``: give its room back to the pool."""

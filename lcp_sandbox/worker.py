@@ -26,6 +26,7 @@ import inspect
 import os
 import signal
 import sys
+import tempfile
 import traceback
 import types
 from pathlib import Path
@@ -340,19 +341,27 @@ def prepare(init: P.Init) -> dict:
         report["network"] = ("unavailable (disabled by LCP_SANDBOX_DISABLE)" if "netns" in disabled
                              else confine.isolate_network())
     if conf is not None:
-        import tempfile
+        # The namespace above and Landlock's rule paths need the host's privileges
+        # (as root: CAP_SYS_ADMIN, opening anything); the privileges are dropped after
+        # them, seccomp last.  See confine.py.  The temp dir was made by the host.
         tmp = init.tmpdir
-        if tmp:
-            os.environ["TMPDIR"] = tempfile.tempdir = tmp
+        os.environ["TMPDIR"] = tempfile.tempdir = tmp
         ro = [*conf.get("read_paths", ()), *confine.python_paths(), *confine.SYSTEM_READ_PATHS,
               os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
+        covered = confine.make_reachable([conf["root"], tmp, *ro], conf.get("run_as"))
         if "landlock" in disabled:
             report["filesystem"] = "unavailable (disabled by LCP_SANDBOX_DISABLE)"
         else:
-            report["filesystem"] = confine.apply_landlock([conf["root"], *([tmp] if tmp else [])], ro,
-                                                          confine.DEVICES)
+            report["filesystem"] = confine.apply_landlock([conf["root"], tmp], ro, confine.DEVICES)
+        if covered:
+            report["filesystem"] += "; " + covered
+        report["privileges"] = confine.drop_privileges(conf.get("run_as"))
+        report["unix_sockets"] = ("not blocked (network on)" if lim.get("network", True)
+                                  else confine.block_unix_sockets())
     else:
         report["filesystem"] = "unrestricted"
+        report["privileges"] = f"the host's (uid {os.geteuid()}, not confined)"
+        report["unix_sockets"] = "not blocked (not confined)"
     limits.apply_in_worker(lim)
     return report
 

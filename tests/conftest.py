@@ -1,5 +1,7 @@
+import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import psutil
@@ -53,6 +55,18 @@ def _forget_inprocess_modules():
     yield
     for name in [n for n in sys.modules if n.startswith("lollms_client.tools_bindings.lcp.persistent_")]:
         del sys.modules[name]
+
+
+@pytest.fixture
+def open_tmp():
+    """A fresh temp dir that any user may traverse (not list), removed after the test.
+
+    pytest's tmp_path lies under 0700 folders; a confined worker of a root host runs as
+    an unprivileged uid (65534 by default) and could not reach a workspace there."""
+    path = Path(os.path.realpath(tempfile.mkdtemp(prefix="lcp-test-")))
+    path.chmod(0o711)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

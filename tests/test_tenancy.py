@@ -14,8 +14,8 @@ LIBS = HERE / "tenant_libs"
 
 
 @pytest.fixture
-def roots(tmp_path):
-    a, b = tmp_path / "tenant_a", tmp_path / "tenant_b"
+def roots(open_tmp):
+    a, b = open_tmp / "tenant_a", open_tmp / "tenant_b"
     a.mkdir(), b.mkdir()
     (b / "secret.txt").write_text("b's secret")
     return a, b

@@ -104,6 +104,8 @@ def tool_trickle(total: int = 200, delay: float = 0.2) -> dict:
 def tool_scan_memory(head: str, tail: str) -> dict:
     """Counts places in this process's memory where `head` is followed by `tail`
     (the two halves travel apart, so the whole needle is only there if leaked)."""
+    import ctypes
+    ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)      # PR_SET_DUMPABLE: a worker that dropped its uid is not
     a, b = head.encode(), tail.encode()
     found = 0
     with open("/proc/self/maps") as maps, open("/proc/self/mem", "rb", buffering=0) as mem:

@@ -1,0 +1,326 @@
+"""A confined worker holds no privilege: no capabilities, not root, no pathname unix sockets.
+
+Real workers, real sockets.  The host runs as root on the machines this is written
+for (and in CI); the tests that need a root host skip elsewhere, saying why.
+"""
+import ctypes
+import errno
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from conftest import HERE
+from lcp_sandbox import SandboxedBinding, Supervisor
+from lcp_sandbox import confine
+from lcp_sandbox.limits import Limits
+
+LIBS = HERE / "priv_libs"
+ROOT = os.geteuid() == 0
+needs_root = pytest.mark.skipif(not ROOT, reason="the host is not root: no uid to drop to, nothing to chown")
+ZERO = "0000000000000000"
+BLOCKED = "blocked (seccomp: only AF_INET, AF_INET6 and AF_NETLINK sockets can be created)"
+
+
+def host_status() -> dict:
+    with open("/proc/self/status") as f:
+        return {k: " ".join(v.split()) for k, _, v in (line.partition(":") for line in f)}
+
+
+@pytest.fixture
+def roots(open_tmp):
+    a, b = open_tmp / "tenant_a", open_tmp / "tenant_b"
+    a.mkdir(), b.mkdir()
+    return a, b
+
+
+@pytest.fixture
+def sup():
+    s = Supervisor(confine=True)
+    yield s
+    s.close()
+
+
+def binding(sup, root, tenant="a", **kw):
+    return SandboxedBinding(tools_folders=[LIBS], supervisor=sup, tenant=tenant, workspace=str(root),
+                            workspace_root=str(root), **kw)
+
+
+def test_confined_worker_holds_no_capabilities(sup, roots):
+    a, _ = roots
+    st = binding(sup, a).execute_tool("tool_status", {})["output"]
+    for key in ("CapEff", "CapPrm", "CapInh", "CapAmb"):
+        assert st[key] == ZERO, (key, st)
+    if ROOT:                                  # a non-root host may lack CAP_SETPCAP to clear it
+        assert st["CapBnd"] == ZERO
+    assert st["NoNewPrivs"] == "1"
+    assert sup.stats()[0]["protections"]["privileges"].startswith("uid ")
+
+
+@needs_root
+def test_confined_worker_of_a_root_host_runs_as_nobody(sup, roots):
+    a, _ = roots
+    (a / "from_host.txt").write_text("host wrote this;")          # root's, until handed over
+    t = binding(sup, a)
+    st = t.execute_tool("tool_status", {})["output"]
+    assert st["Uid"] == "65534 65534 65534 65534" and st["Gid"] == "65534 65534 65534 65534"
+    assert st["Groups"] == ""
+    r = t.execute_tool("tool_write", {"name": "from_host.txt", "text": "the worker too"})
+    assert r["success"], r
+    assert (a / "from_host.txt").read_text() == "host wrote this;the worker too"
+    assert r["output"]["tmp_owner"] == 65534
+    assert os.stat(a).st_uid == os.stat(a / "from_host.txt").st_uid == 65534
+    assert t.execute_tool("tool_write", {"name": "new.txt", "text": "x"})["success"]
+    assert os.stat(a / "new.txt").st_uid == 65534
+    prot = sup.stats()[0]["protections"]
+    assert prot["privileges"] == "uid 65534 gid 65534, no capabilities"
+    assert prot["unix_sockets"] == "not blocked (network on)"
+
+
+@needs_root
+def test_run_as_is_configurable(roots):
+    a, b = roots
+    with Supervisor(confine=True, run_as=(4242, 4343)) as sup:
+        ta = binding(sup, a)
+        tb = binding(sup, b, tenant="b", host_tool_configs={"privprobe": {"sandbox": {"run_as": [5151, 5252]}}})
+        assert ta.execute_tool("tool_status", {})["output"]["Uid"] == "4242 4242 4242 4242"
+        assert ta.execute_tool("tool_status", {})["output"]["Gid"] == "4343 4343 4343 4343"
+        assert tb.execute_tool("tool_status", {})["output"]["Uid"] == "5151 5151 5151 5151"
+        assert tb.execute_tool("tool_write", {"name": "f.txt", "text": "x"})["success"]
+        assert (os.stat(b / "f.txt").st_uid, os.stat(b / "f.txt").st_gid) == (5151, 5252)
+        assert {s["tenant"]: s["protections"]["privileges"] for s in sup.stats()} == {
+            "a": "uid 4242 gid 4343, no capabilities", "b": "uid 5151 gid 5252, no capabilities"}
+
+
+@needs_root
+def test_paths_below_a_root_only_folder_stay_reachable(tmp_path):
+    """pytest's tmp_path lies below 0700 folders of root (as Python does on machines
+    where it lives in /root/.pyenv): the worker's library and workspace there are
+    reachable by its uid, and nothing else of those folders is."""
+    lib, ws = tmp_path / "libs", tmp_path / "ws"
+    shutil.copytree(LIBS, lib, ignore=shutil.ignore_patterns("__pycache__"))
+    ws.mkdir()
+    (tmp_path / "beside.txt").write_text("not for the worker")
+    with Supervisor(confine=True) as sup:
+        t = SandboxedBinding(tools_folders=[lib], supervisor=sup, workspace=str(ws), workspace_root=str(ws))
+        assert t.execute_tool("tool_status", {})["output"]["Uid"] == "65534 65534 65534 65534"
+        assert t.execute_tool("tool_write", {"name": "f.txt", "text": "x"})["success"]
+        assert t.execute_tool("tool_import", {"name": "wave"})["success"]       # stdlib, not preloaded
+        assert t.execute_tool("tool_read", {"path": str(tmp_path / "beside.txt")})["output"] in (
+            "FileNotFoundError", "PermissionError")
+        fs = sup.stats()[0]["protections"]["filesystem"]
+        assert fs.startswith("on (") and "covered (own mount namespace" in fs
+    assert not any(str(tmp_path) in line for line in open("/proc/self/mountinfo"))    # host unchanged
+
+
+def test_run_as_never_root():
+    with pytest.raises(ValueError):
+        Supervisor(run_as=(0, 0))
+    with pytest.raises(ValueError):
+        Limits(run_as=(1000, 0))
+    with pytest.raises(ValueError):
+        Limits.merged(Limits(), {"run_as": "nobody"})
+    assert Limits.merged(Limits(), {"run_as": [1001, 1002]}).run_as == (1001, 1002)
+
+
+def test_tool_cannot_take_privileges_back(sup, roots):
+    a, _ = roots
+    (a / "mine.txt").write_text("x")
+    attempts = [("setuid0", ""), ("setgid0", ""), ("raw_socket", ""), ("chown_root", str(a / "mine.txt"))]
+    t = binding(sup, a)
+    for what, path in attempts:
+        out = t.execute_tool("tool_try", {"what": what, "path": path})["output"]
+        assert out["ok"] is False and out["error"] == "PermissionError", (what, out)
+    if ROOT:       # the same attempts work in an unconfined worker of this host: the test can fail
+        with Supervisor() as plain:
+            u = SandboxedBinding(tools_folders=[LIBS], supervisor=plain, workspace=str(a))
+            for what, path in attempts:
+                assert u.execute_tool("tool_try", {"what": what, "path": path})["output"] == {"ok": True}, what
+
+
+def test_unconfined_worker_is_unchanged(roots):
+    a, _ = roots
+    with Supervisor() as plain:
+        u = SandboxedBinding(tools_folders=[LIBS], supervisor=plain, workspace=str(a))
+        st = u.execute_tool("tool_status", {})["output"]
+        host = host_status()
+        for key in ("Uid", "Gid", "CapEff", "CapPrm", "CapBnd"):
+            assert st[key] == host[key], key
+        assert st["Seccomp"] == "0"
+        prot = plain.stats()[0]["protections"]
+        assert prot["privileges"] == f"the host's (uid {os.geteuid()}, not confined)"
+        assert prot["unix_sockets"] == "not blocked (not confined)"
+
+
+def test_hand_over_refuses_system_folders(open_tmp):
+    for path in ("/", "/usr", "/etc", "/tmp", "/home", os.path.dirname(sys.prefix), sys.prefix):
+        assert not confine.may_hand_over(os.path.realpath(path)), path
+    assert confine.may_hand_over(str(open_tmp / "ws"))
+
+
+@needs_root
+def test_refused_root_fails_the_call_and_changes_nothing(roots, monkeypatch):
+    a, _ = roots
+    monkeypatch.setattr(confine, "may_hand_over", lambda path: False)      # as for "/" or /usr
+    with Supervisor(confine=True) as sup:
+        r = binding(sup, a).execute_tool("tool_status", {})
+    assert r["status_code"] == 503 and "refusing to hand" in r["error"], r
+    assert os.stat(a).st_uid == 0
+
+
+@needs_root
+def test_hand_over_never_follows_links(open_tmp):
+    root, outside = open_tmp / "ws", open_tmp / "outside"
+    (root / "sub" / "deeper").mkdir(parents=True)
+    outside.mkdir()
+    (root / "sub" / "deeper" / "f.txt").write_text("x")
+    (outside / "secret.txt").write_text("s")
+    (outside / "linked.txt").write_text("l")
+    (root / "to_secret").symlink_to(outside / "secret.txt")
+    (root / "sub" / "to_outside").symlink_to(outside, target_is_directory=True)
+    os.link(outside / "linked.txt", root / "hardlink.txt")
+    os.mkfifo(root / "fifo")
+    confine.hand_over(str(root), 4242, 4343)
+    for p in (root, root / "sub", root / "sub" / "deeper", root / "sub" / "deeper" / "f.txt"):
+        assert (os.stat(p).st_uid, os.stat(p).st_gid) == (4242, 4343), p
+    for p in (outside, outside / "secret.txt", outside / "linked.txt", root / "fifo"):
+        assert os.stat(p).st_uid == 0, p
+    assert os.lstat(root / "to_secret").st_uid == 0
+    confine.hand_over(str(open_tmp / "missing"), 4242, 4343)          # nothing there: nothing done
+
+
+@needs_root
+def test_hand_over_skips_mount_points(open_tmp):
+    """A folder of the same file system bind-mounted into the root is not handed over
+    (in a child process with its own mount namespace: the host's mounts stay as they are)."""
+    root, outside = open_tmp / "ws", open_tmp / "outside"
+    (root / "mnt").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "f.txt").write_text("x")
+    code = f"""if True:
+        import ctypes, os
+        from lcp_sandbox import confine
+        libc = ctypes.CDLL(None, use_errno=True)
+        assert libc.unshare(0x20000) == 0
+        assert libc.mount(b"none", b"/", None, 16384 | (1 << 18), None) == 0       # MS_REC | MS_PRIVATE
+        assert libc.mount({str(outside).encode()!r}, {str(root / "mnt").encode()!r}, None, 4096, None) == 0
+        confine.hand_over({str(root)!r}, 4242, 4343)
+        print(os.stat({str(root / "mnt" / "f.txt")!r}).st_uid, os.stat({str(root)!r}).st_uid)
+    """
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["0", "4242"]
+    assert os.stat(outside / "f.txt").st_uid == 0
+
+
+# ------------------------------------------------------------------ unix sockets
+@pytest.fixture
+def services(roots, open_tmp):
+    """Pathname unix sockets served by the host: one in tenant b's workspace, one
+    standing for a host service (a docker socket would be one).  Both are mode 0666
+    in searchable folders, so only the sandbox can keep a worker out."""
+    a, b = roots
+    (open_tmp / "run").mkdir(mode=0o755)
+    paths = [str(b / "tenant_b.sock"), str(open_tmp / "run" / "service.sock")]
+    servers = []
+    for path in paths:
+        srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        srv.bind(path)
+        os.chmod(path, 0o666)
+        srv.listen(8)
+        srv.settimeout(30)
+        servers.append(srv)
+
+        def serve(srv=srv, name=os.path.basename(path)):
+            while True:
+                try:
+                    conn, _ = srv.accept()
+                except OSError:
+                    return
+                with conn:
+                    conn.sendall(f"hello from {name}\n".encode())
+
+        threading.Thread(target=serve, daemon=True).start()
+    yield paths
+    for srv in servers:
+        srv.close()
+
+
+def test_unix_sockets_blocked_when_network_off(sup, roots, services):
+    a, _ = roots
+    off = binding(sup, a, host_tool_configs={"privprobe": {"sandbox": {"network": False}}})
+    for path in services:
+        r = off.execute_tool("tool_unix_connect", {"path": path})
+        assert r["success"] is False and r["error"].startswith("PermissionError"), r
+    pairs = off.execute_tool("tool_pairs", {})["output"]   # the channel still works, so do pairs
+    assert pairs == {"stream": "ping", "seqpacket": "ping", "dgram": "PermissionError", "asyncio": "ran"}
+    # Its only socket is its channel to the host: connected, stream.
+    assert off.execute_tool("tool_sockets", {})["output"] == [[socket.AF_UNIX, socket.SOCK_STREAM, True]]
+    assert sup.stats()[0]["protections"]["unix_sockets"] == BLOCKED
+
+    # The same tool reaches both sockets without the protection: the test can fail.
+    on = binding(sup, a, tenant="a-network-on")
+    with Supervisor() as plain:
+        unconfined = SandboxedBinding(tools_folders=[LIBS], supervisor=plain, workspace=str(a),
+                                      host_tool_configs={"privprobe": {"sandbox": {"network": False}}})
+        for path in services:
+            name = os.path.basename(path)
+            assert on.execute_tool("tool_unix_connect", {"path": path})["output"] == f"hello from {name}\n"
+            assert unconfined.execute_tool("tool_unix_connect", {"path": path})["output"] == f"hello from {name}\n"
+        assert plain.stats()[0]["protections"]["unix_sockets"] == "not blocked (not confined)"
+    assert {s["tenant"]: s["protections"]["unix_sockets"] for s in sup.stats()} == {
+        "a": BLOCKED, "a-network-on": "not blocked (network on)"}
+
+
+def works_here(family: int) -> bool:
+    try:
+        socket.socket(family, socket.SOCK_STREAM).close()
+        return True
+    except OSError:
+        return False
+
+
+def io_uring_here() -> list:
+    """io_uring_setup(1, params) in this (host) process: [worked, errno]."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    rc = libc.syscall(ctypes.c_long(425), ctypes.c_long(1), ctypes.create_string_buffer(120))
+    if rc >= 0:
+        os.close(rc)
+        return [1, 0]
+    return [0, ctypes.get_errno()]
+
+
+@pytest.mark.skipif(os.uname().machine not in ("x86_64", "aarch64"), reason="no filter for this architecture")
+def test_side_doors_to_sockets_are_closed(sup, roots):
+    """Other socket families (AF_VSOCK is in no network namespace), io_uring (it can
+    create sockets) and x32 system call numbers are refused with the network off;
+    without the filter the same calls get the answer the host gets."""
+    a, _ = roots
+    off = binding(sup, a, host_tool_configs={"privprobe": {"sandbox": {"network": False}}})
+    on = binding(sup, a, tenant="a-network-on")
+    for family in (socket.AF_UNIX, getattr(socket, "AF_VSOCK", 40), 38):         # 38: AF_ALG
+        assert off.execute_tool("tool_socket", {"family": family})["output"] == "PermissionError", family
+        if works_here(family):
+            assert on.execute_tool("tool_socket", {"family": family})["output"] == "ok", family
+    assert off.execute_tool("tool_socket", {"family": socket.AF_INET})["output"] == "ok"
+    assert off.execute_tool("tool_syscall", {"name": "io_uring_setup"})["output"] == [0, errno.EPERM]
+    if io_uring_here() == [1, 0]:
+        assert on.execute_tool("tool_syscall", {"name": "io_uring_setup"})["output"] == [1, 0]
+    if os.uname().machine == "x86_64":
+        # x32 numbers are refused whatever the call; without the filter this kernel answers
+        # otherwise (a socket, or ENOSYS when x32 is not built in).
+        assert off.execute_tool("tool_syscall", {"name": "x32_socket"})["output"] == [0, errno.EPERM]
+        assert on.execute_tool("tool_syscall", {"name": "x32_socket"})["output"] != [0, errno.EPERM]
+
+
+def test_filter_programs_assemble():
+    for machine in ("x86_64", "aarch64"):
+        rows = confine.unix_socket_filter(machine)
+        assert rows[0] == (0x20, 0, 0, 4)                          # load the architecture first
+        assert rows[1][3] == confine._AUDIT_ARCH[machine]
+        assert rows[-1][3] == 0x7FFF0000 and len(rows) < 32
