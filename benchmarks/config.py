@@ -47,3 +47,6 @@ TARGETS = {
     "uss_mb": 8.0, "discovery_first_s": 1.0, "discovery_again_s": 0.05,
 }
 
+# The sandbox's 2 x 2 scaling may exceed the machine's ceiling measured in the same rounds
+# (the same CPU work in 2 processes vs 1, no IPC) by this much before it counts as noise.
+CEILING_TOLERANCE = 0.05

@@ -7,6 +7,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 
+PATHS = {"ceiling": "ceiling (no IPC)"}
+
+
 def write_json(result: dict, path: str) -> None:
     """Every number and every sample."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -151,13 +154,24 @@ def render_table(result: dict) -> str:
     if tp:
         lines.append(f"THROUGHPUT  calls per second, K libraries (one worker each) driven by T host threads; "
                      f"median of {cfg.get('throughput_rounds')} rounds of {cfg.get('duration_s')} s; unpinned")
-        hdr = ["path", "tool", "K", "T", "calls/s", "x (K=1, T=1)", "runq: host", "workers"]
-        rows = [[r["path"], r["tool"] + (f" {cfg.get('cpu_ms'):g} ms" if r["tool"] == "tool_cpu" else ""),
-                 r["libraries"], r["threads"], fmt(r["calls_per_s"]), x(r.get("x_one")),
+        hdr = ["path", "tool", "K", "T", "calls/s", "x (K=1, T=1)", "paired", "runq: host", "workers"]
+        rows = [[PATHS.get(r["path"], r["path"]),
+                 r["tool"] + (f" {cfg.get('cpu_ms'):g} ms" if r["tool"] == "tool_cpu" else ""),
+                 r["libraries"], r["threads"], fmt(r["calls_per_s"]), x(r.get("x_one")), x(r.get("x_one_paired")),
                  fmt(r.get("runq_wait_us_per_call", {}).get("host_threads")),
                  fmt(r.get("runq_wait_us_per_call", {}).get("workers"))] for r in tp]
-        lines += table(hdr, rows, "llrrrrrr")
-        lines.append("  runq: run-queue wait per call (us) of the driving threads and of the workers")
+        lines += table(hdr, rows, "llrrrrrrr")
+        lines.append("  paired: median over rounds of the per-round ratio (the rows of one block run back to back)")
+        lines.append("  ceiling: the same tool_cpu work called in a loop in K processes, no IPC, in the same rounds: "
+                     "what this machine gives; runq: run-queue wait per call (us) of the driving threads and of the "
+                     "workers")
+        par = next((t for t in result.get("targets", []) if t["name"] == "parallel"), None)
+        if par and par.get("value") is not None:
+            lines.append(f"  2 x 2 over 1 x 1: sandbox {x(par['value'])}, machine ceiling {x(par.get('ceiling'))}, "
+                         f"physical limit {x(par.get('physical_limit'))}; the sandbox's 2 x 2 makes "
+                         f"{fmt(100 * par['calls_of_ceiling'] if par.get('calls_of_ceiling') else None)}% of the "
+                         f"ceiling's calls/s" + ("; above what the machine gave: NOISE, not judged"
+                                                 if par.get("noise") else ""))
         lines.append("")
 
     mem = result.get("memory", [])
@@ -194,7 +208,8 @@ def render_table(result: dict) -> str:
             val = ("-" if t["value"] is None else x(t["value"]) if unit == "x"
                    else f"{fmt(t['value'])} {unit}")
             lim = f"{t['op']} {t['limit']:g}{'x' if unit == 'x' else ' ' + unit}"
-            state = "n/a" if t["met"] is None else "met" if t["met"] else "MISSED"
+            state = ("NOISE" if t.get("noise") else "n/a" if t["met"] is None else "met" if t["met"]
+                     else "MISSED")
             rows.append([t["what"], val, lim, state + (f" ({t['note']})" if t.get("note") else "")])
         lines += table(["target", "measured", "limit", ""], rows, "lrrl")
         lines.append("")

@@ -140,7 +140,7 @@ class Context:
         if "routing" not in cfg.skip:
             n += 2 * max(1, cfg.routing_rounds) + 2
         if "throughput" not in cfg.skip:
-            n += (7 + (2 if self.lcp_cls else 0) + (2 if self.user else 0)) * max(1, cfg.throughput_rounds)
+            n += (9 + (2 if self.lcp_cls else 0) + (2 if self.user else 0)) * max(1, cfg.throughput_rounds)
         if "memory" not in cfg.skip:
             n += 1
         if "discovery" not in cfg.skip:

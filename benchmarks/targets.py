@@ -3,9 +3,46 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from .config import TARGETS
+from .config import CEILING_TOLERANCE, TARGETS
 from .harness import ratio
 from .report import x
+
+
+def throughput_row(rows: list, path: str, k: int, t: int) -> dict:
+    return next((r for r in rows if r["path"] == path and r["tool"] == "tool_cpu"
+                 and r["libraries"] == k and r["threads"] == t), {})
+
+
+def parallel(ctx: Any) -> dict:
+    """The sandbox's 2 libraries x 2 threads over 1 x 1, read against the machine.
+
+    Two workers cannot do more than twice the work of one, nor more than the CPUs there
+    are allow, nor (beyond noise) more than the same work in 2 processes with no IPC at
+    all gave over 1 in the same rounds (the machine's ceiling in this run).  A figure
+    above that is a disturbed 1 x 1 baseline (other load on a shared machine): it is
+    flagged as noise and never counted as met."""
+    rows = ctx.result["throughput"]
+    sb, ceil = throughput_row(rows, "sandbox", 2, 2), throughput_row(rows, "ceiling", 2, 2)
+    value = sb.get("x_one_paired", sb.get("x_one"))
+    ceiling = ceil.get("x_one_paired", ceil.get("x_one"))
+    cpus = len(ctx.all_cpus) if ctx.all_cpus else 1
+    limit = float(min(2, cpus))
+    bound = min(limit, ceiling * (1 + CEILING_TOLERANCE)) if ceiling else limit
+    notes = [f"paired by round; pooled {x(sb.get('x_one'))}"] if value is not None else []
+    if ceiling is not None:
+        notes.append(f"machine ceiling in this run {x(ceiling)}"
+                     + (f", the sandbox reaches {value / ceiling:.0%} of it" if value is not None else ""))
+    noise = value is not None and value > bound
+    if noise:
+        why = (f"above the physical limit of {x(limit)} ({cpus} CPUs)" if value > limit else
+               f"above what the same work gave without IPC in the same rounds (+{CEILING_TOLERANCE:.0%})")
+        notes.insert(0, f"{why}: the 1 x 1 baseline was disturbed by other load; not counted as met, run again "
+                        f"on a quieter machine")
+    elif value is not None and ceiling is not None and ceiling < TARGETS["parallel"] <= limit:
+        notes.append("the machine itself could not reach the target in this run")
+    return {"value": value, "ceiling": ceiling, "physical_limit": limit, "noise": noise,
+            "of_ceiling": ratio(value, ceiling),
+            "calls_of_ceiling": ratio(sb.get("calls_per_s"), ceil.get("calls_per_s")), "note": "; ".join(notes)}
 
 
 def run(ctx: Any) -> None:
@@ -17,11 +54,13 @@ def run(ctx: Any) -> None:
     sb, fl = warm.get("sandbox", {}), warm.get("floor", {})
 
     def add(name: str, what: str, value: Optional[float], limit: float, op: str, unit: str = "x",
-            note: str = "") -> None:
+            note: str = "", **extra: Any) -> None:
         met = None if value is None else (value <= limit if op == "<=" else
                                           value < limit if op == "<" else value >= limit)
+        if extra.get("noise"):
+            met = False
         tg.append({"name": name, "what": what, "value": value, "limit": limit, "op": op,
-                   "unit": unit, "met": met, "note": note})
+                   "unit": unit, "met": met, "note": note, **extra})
 
     def paired(q: int) -> str:
         v = sb.get(f"x_floor_p{q}_paired")
@@ -33,13 +72,9 @@ def run(ctx: Any) -> None:
     cold = res["cold"]
     add("cold_vs_spawn", "cold first call p50 / spawn p50",
         ratio(cold.get("sandbox", {}).get("p50"), cold.get("spawn", {}).get("p50")), T["cold_vs_spawn"], "<=")
-    tp = res["throughput"]
-
-    def cps(k: int, t: int) -> Optional[float]:
-        return next((r["calls_per_s"] for r in tp if r["path"] == "sandbox" and r["tool"] == "tool_cpu"
-                     and r["libraries"] == k and r["threads"] == t), None)
-    add("parallel", f"2 libraries x 2 threads / 1 x 1 (tool_cpu {ctx.cfg.cpu_ms:g} ms)",
-        ratio(cps(2, 2), cps(1, 1)), T["parallel"], ">=")
+    par = parallel(ctx)
+    add("parallel", f"2 libraries x 2 threads / 1 x 1 (tool_cpu {ctx.cfg.cpu_ms:g} ms)", par.pop("value"),
+        T["parallel"], ">=", note=par.pop("note"), **par)
     mem = {r["key"]: r for r in res["memory"]}
     first = mem.get("small_first", {}).get("uss_mb")
     after = mem.get("small_after", {})
