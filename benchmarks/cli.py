@@ -75,7 +75,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``bench`` on the ``lcp-sandbox`` command line."""
-    p = subparsers.add_parser("bench", help="cold / warm / throughput / memory / discovery figures, with "
+    p = subparsers.add_parser("bench", help="warm / routing / cold / throughput / memory / discovery figures, with "
                                             "baselines and the targets' ratios")
     add_arguments(p)
     p.set_defaults(fn=cmd_bench)
