@@ -19,8 +19,8 @@ def parallel(ctx: Any) -> dict:
     Two workers cannot do more than twice the work of one, nor more than the CPUs there
     are allow, nor (beyond noise) more than the same work in 2 processes with no IPC at
     all gave over 1 in the same rounds (the machine's ceiling in this run).  A figure
-    above that is a disturbed 1 x 1 baseline (other load on a shared machine): it is
-    flagged as noise and never counted as met."""
+    above that says the 1 x 1 baseline was slowed by other load on a shared machine, not
+    that the sandbox scales: it never counts as met (``noise`` where it would have)."""
     rows = ctx.result["throughput"]
     sb, ceil = throughput_row(rows, "sandbox", 2, 2), throughput_row(rows, "ceiling", 2, 2)
     value = sb.get("x_one_paired", sb.get("x_one"))
@@ -32,15 +32,16 @@ def parallel(ctx: Any) -> dict:
     if ceiling is not None:
         notes.append(f"machine ceiling in this run {x(ceiling)}"
                      + (f", the sandbox reaches {value / ceiling:.0%} of it" if value is not None else ""))
-    noise = value is not None and value > bound
-    if noise:
+    above = value is not None and value > bound
+    noise = above and value >= TARGETS["parallel"]
+    if above:
         why = (f"above the physical limit of {x(limit)} ({cpus} CPUs)" if value > limit else
                f"above what the same work gave without IPC in the same rounds (+{CEILING_TOLERANCE:.0%})")
-        notes.insert(0, f"{why}: the 1 x 1 baseline was disturbed by other load; not counted as met, run again "
-                        f"on a quieter machine")
-    elif value is not None and ceiling is not None and ceiling < TARGETS["parallel"] <= limit:
+        notes.insert(0, f"{why}: the 1 x 1 baseline was slowed by other load"
+                        + ("; not counted as met, run again on a quieter machine" if noise else ""))
+    if value is not None and ceiling is not None and ceiling < TARGETS["parallel"] <= limit:
         notes.append("the machine itself could not reach the target in this run")
-    return {"value": value, "ceiling": ceiling, "physical_limit": limit, "noise": noise,
+    return {"value": value, "ceiling": ceiling, "physical_limit": limit, "above_ceiling": above, "noise": noise,
             "of_ceiling": ratio(value, ceiling),
             "calls_of_ceiling": ratio(sb.get("calls_per_s"), ceil.get("calls_per_s")), "note": "; ".join(notes)}
 
