@@ -1,7 +1,5 @@
-"""``python -m benchmarks.run``: the ``lcp-sandbox bench`` command (same options)."""
-import sys
-
-from lcp_sandbox.bench import main
+"""``python -m benchmarks.run``: an alias of ``python -m benchmarks``."""
+import runpy
 
 if __name__ == "__main__":
-    sys.exit(main())
+    runpy.run_module("benchmarks", run_name="__main__", alter_sys=True)

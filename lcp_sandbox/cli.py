@@ -139,11 +139,18 @@ def main(argv: Optional[list] = None) -> int:
     p.add_argument("--calls", type=int, default=200)
     p.set_defaults(fn=cmd_demo)
 
+    root = Path(__file__).resolve().parent.parent       # bench: benchmarks/ of a source checkout
+    if (root / "benchmarks" / "__main__.py").is_file() and str(root) not in sys.path:
+        sys.path.append(str(root))
     try:
-        from .bench import add_parser as add_bench
+        from benchmarks.cli import add_parser as add_bench
         add_bench(sub)
-    except ImportError:
-        pass
+    except ImportError as exc:                            # an installed package: no benchmarks
+        p = sub.add_parser("bench", help="benchmarks (source checkout only)", prefix_chars="\0", add_help=False)
+        p.add_argument("args", nargs="*")
+        why = (f"lcp-sandbox bench: the benchmarks are not installed ({exc}); run it from a source checkout "
+               "(pip install -e . there, or python -m benchmarks)")
+        p.set_defaults(fn=lambda args: print(why, file=sys.stderr) or 2)
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.ERROR,

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from lcp_sandbox import bench
-from lcp_sandbox.bench import percentile, render_table, run_bench
+from benchmarks import harness as bench
+from benchmarks import render_table, run_bench
+from benchmarks.harness import percentile
 
 HERE = Path(__file__).resolve().parent
 

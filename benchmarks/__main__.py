@@ -1,0 +1,7 @@
+"""``python -m benchmarks``: the ``lcp-sandbox bench`` command (same options)."""
+import sys
+
+from benchmarks.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

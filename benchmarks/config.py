@@ -1,0 +1,52 @@
+"""What a benchmark run measures and how much of it: ``BenchConfig``, the targets."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+
+@dataclass
+class BenchConfig:
+    folder: Optional[str] = None          # a host's own tools folder (adds rows for --tool)
+    tool: Optional[str] = None
+    params: dict = field(default_factory=dict)
+    calls: int = 10000                    # warm calls per path and placement
+    rounds: int = 40                      # warm rounds (paths interleaved in each)
+    subprocess_calls: int = 20            # warm calls of the `python -c` path per placement
+    cold_reps: int = 30                   # fresh starts per cold path
+    zygote_reps: int = 5                  # fresh supervisors (zygote start, new-host first call)
+    duration_s: float = 0.6               # throughput: seconds per measurement
+    throughput_rounds: int = 5
+    cpu_ms: float = 1.0                   # throughput: CPU work per call of tool_cpu
+    mem_calls: int = 25000                # memory: calls before the second reading
+    discovery_files: int = 1000
+    discovery_reps: int = 3
+    routing_workers: int = 200            # routing: live workers in the "many" condition (4 per tenant)
+    routing_calls: int = 5000             # routing: calls per condition (1 live / many live)
+    routing_rounds: int = 8               # routing: rounds, the two conditions alternating
+    routing_window_s: float = 1.0         # routing: each batch's calls spread over this long
+    cpus: Optional[tuple] = None          # (host CPU, worker CPU); default: the first two allowed
+    skip: tuple = ()                      # any of SKIPPABLE
+    seed: int = 1
+    binding_kwargs: dict = field(default_factory=dict)   # extra SandboxedBinding keywords for --folder
+
+    @classmethod
+    def quick(cls, **kw: Any) -> "BenchConfig":
+        base = dict(calls=2000, rounds=10, subprocess_calls=6, cold_reps=10, zygote_reps=2,
+                    duration_s=0.4, throughput_rounds=3, mem_calls=5000, discovery_reps=2,
+                    routing_workers=40, routing_calls=1200, routing_rounds=4, routing_window_s=0.5)
+        base.update(kw)
+        return cls(**base)
+
+
+SKIPPABLE = ("floor", "pickle", "inprocess", "ppe", "subprocess", "spawn", "routing", "throughput",
+             "memory", "discovery")
+
+TARGETS = {
+    "warm_p50": 1.05, "warm_p99": 1.25, "cold_vs_spawn": 0.06, "parallel": 1.9,
+    "uss_mb": 8.0, "discovery_first_s": 1.0, "discovery_again_s": 0.05,
+}
+
+# The sandbox's 2 x 2 scaling may exceed the machine's ceiling measured in the same rounds
+# (the same CPU work in 2 processes vs 1, no IPC) by this much before it counts as noise.
+CEILING_TOLERANCE = 0.05

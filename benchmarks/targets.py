@@ -1,0 +1,92 @@
+"""TARGETS: the issue's ratios, each with its limit and met / missed."""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from .config import CEILING_TOLERANCE, TARGETS
+from .harness import ratio
+from .report import x
+
+
+def throughput_row(rows: list, path: str, k: int, t: int) -> dict:
+    return next((r for r in rows if r["path"] == path and r["tool"] == "tool_cpu"
+                 and r["libraries"] == k and r["threads"] == t), {})
+
+
+def parallel(ctx: Any) -> dict:
+    """The sandbox's 2 libraries x 2 threads over 1 x 1, read against the machine.
+
+    Two workers cannot do more than twice the work of one, nor more than the CPUs there
+    are allow, nor (beyond noise) more than the same work in 2 processes with no IPC at
+    all gave over 1 in the same rounds (the machine's ceiling in this run).  A figure
+    above that says the 1 x 1 baseline was slowed by other load on a shared machine, not
+    that the sandbox scales: it never counts as met (``noise`` where it would have)."""
+    rows = ctx.result["throughput"]
+    sb, ceil = throughput_row(rows, "sandbox", 2, 2), throughput_row(rows, "ceiling", 2, 2)
+    value = sb.get("x_one_paired", sb.get("x_one"))
+    ceiling = ceil.get("x_one_paired", ceil.get("x_one"))
+    cpus = len(ctx.all_cpus) if ctx.all_cpus else 1
+    limit = float(min(2, cpus))
+    bound = min(limit, ceiling * (1 + CEILING_TOLERANCE)) if ceiling else limit
+    notes = [f"paired by round; pooled {x(sb.get('x_one'))}"] if value is not None else []
+    if ceiling is not None:
+        notes.append(f"machine ceiling in this run {x(ceiling)}"
+                     + (f", the sandbox reaches {value / ceiling:.0%} of it" if value is not None else ""))
+    above = value is not None and value > bound
+    noise = above and value >= TARGETS["parallel"]
+    if above:
+        why = (f"above the physical limit of {x(limit)} ({cpus} CPUs)" if value > limit else
+               f"above what the same work gave without IPC in the same rounds (+{CEILING_TOLERANCE:.0%})")
+        notes.insert(0, f"{why}: the 1 x 1 baseline was slowed by other load"
+                        + ("; not counted as met, run again on a quieter machine" if noise else ""))
+    if value is not None and ceiling is not None and ceiling < TARGETS["parallel"] <= limit:
+        notes.append("the machine itself could not reach the target in this run")
+    return {"value": value, "ceiling": ceiling, "physical_limit": limit, "above_ceiling": above, "noise": noise,
+            "of_ceiling": ratio(value, ceiling),
+            "calls_of_ceiling": ratio(sb.get("calls_per_s"), ceil.get("calls_per_s")), "note": "; ".join(notes)}
+
+
+def run(ctx: Any) -> None:
+    T = TARGETS
+    res = ctx.result
+    tg = res["targets"]
+    pl = ctx.headline
+    warm = res["warm"].get(pl, {})
+    sb, fl = warm.get("sandbox", {}), warm.get("floor", {})
+
+    def add(name: str, what: str, value: Optional[float], limit: float, op: str, unit: str = "x",
+            note: str = "", **extra: Any) -> None:
+        met = None if value is None else (value <= limit if op == "<=" else
+                                          value < limit if op == "<" else value >= limit)
+        if extra.get("noise"):
+            met = False
+        tg.append({"name": name, "what": what, "value": value, "limit": limit, "op": op,
+                   "unit": unit, "met": met, "note": note, **extra})
+
+    def paired(q: int) -> str:
+        v = sb.get(f"x_floor_p{q}_paired")
+        return "" if v is None else f"paired by round: {x(v)}"
+    add("warm_p50", f"warm call p50 / floor p50 ({pl})", ratio(sb.get("p50"), fl.get("p50")), T["warm_p50"], "<=",
+        note=paired(50))
+    add("warm_p99", f"warm call p99 / floor p99 ({pl})", ratio(sb.get("p99"), fl.get("p99")), T["warm_p99"], "<=",
+        note=paired(99))
+    cold = res["cold"]
+    add("cold_vs_spawn", "cold first call p50 / spawn p50",
+        ratio(cold.get("sandbox", {}).get("p50"), cold.get("spawn", {}).get("p50")), T["cold_vs_spawn"], "<=")
+    par = parallel(ctx)
+    add("parallel", f"2 libraries x 2 threads / 1 x 1 (tool_cpu {ctx.cfg.cpu_ms:g} ms)", par.pop("value"),
+        T["parallel"], ">=", note=par.pop("note"), **par)
+    mem = {r["key"]: r for r in res["memory"]}
+    first = mem.get("small_first", {}).get("uss_mb")
+    after = mem.get("small_after", {})
+    add("uss_first", "worker USS, small library, after its first call", first, T["uss_mb"], "<=", "MB")
+    add("uss_after", f"worker USS, small library, after {after.get('calls', 0):,} calls",
+        after.get("uss_mb"), T["uss_mb"], "<=", "MB",
+        "" if after.get("calls", 0) >= 25000 else "target is after 25,000 calls")
+    d = res["discovery"].get("sandbox")
+    nfiles = res["discovery"].get("files", 0)
+    note = "" if nfiles == 1000 else "target is for 1,000 files"
+    add("discovery_first", f"discovery of {nfiles:,} tool files, first time (p50)",
+        d and d["first"]["p50"], T["discovery_first_s"], "<", "s", note)
+    add("discovery_again", f"re-discovery of {nfiles:,} unchanged files (p50)",
+        d and d["again"]["p50"], T["discovery_again_s"], "<", "s", note)
