@@ -70,12 +70,15 @@ class Limits:
         return cls(**{**asdict(base), **known})
 
 
-def _set(which: int, soft: int) -> None:
+def _set(which: int, soft: int, slack: int = 0) -> None:
+    # The hard limit comes down too (to the soft one, plus ``slack``): a tool may raise
+    # its own soft limit up to the hard one, so a soft limit alone binds nobody hostile.
     try:
         _, hard = resource.getrlimit(which)
         if hard != resource.RLIM_INFINITY and soft > hard:
             soft = hard
-        resource.setrlimit(which, (soft, hard))
+        new_hard = soft + slack if hard == resource.RLIM_INFINITY else min(hard, soft + slack)
+        resource.setrlimit(which, (soft, new_hard))
     except (ValueError, OSError):
         pass
 
@@ -88,7 +91,7 @@ def apply_in_worker(lim: dict) -> None:
     if lim.get("max_file_size_mb"):
         _set(resource.RLIMIT_FSIZE, int(lim["max_file_size_mb"] * 1024 * 1024))
     if lim.get("cpu_s"):
-        _set(resource.RLIMIT_CPU, int(lim["cpu_s"]))
+        _set(resource.RLIMIT_CPU, int(lim["cpu_s"]), slack=1)     # SIGXCPU, then SIGKILL 1 s later
     if lim.get("memory_mb"):
         # RLIMIT_DATA counts private writable memory (heap and anonymous mmaps):
         # an allocation past it fails with MemoryError inside the tool.

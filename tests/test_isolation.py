@@ -215,6 +215,15 @@ def test_resource_limits_in_the_worker(make_binding):
     assert b.execute_tool("tool_token", {"token": "x"})["success"]
 
 
+def test_a_tool_cannot_lift_its_own_limits(make_binding):
+    b = make_binding(memory_mb=400, host_tool_configs={"faults": {"sandbox": {
+        "max_open_files": 64, "max_file_size_mb": 1, "cpu_s": 100}}})
+    assert b.execute_tool("tool_raise_limits", {})["output"] == {
+        "RLIMIT_NOFILE": True, "RLIMIT_FSIZE": True, "RLIMIT_DATA": True, "RLIMIT_CPU": False}
+    # (RLIMIT_CPU keeps one second of slack between SIGXCPU and SIGKILL: the soft limit moves by 1 s at most)
+    assert b.execute_tool("tool_limits", {})["output"]["cpu"] <= 101
+
+
 def test_cpu_cap_kills_the_worker(make_binding):
     b = make_binding(timeout_s=30, host_tool_configs={"faults": {"sandbox": {"cpu_s": 1}}})
     r = b.execute_tool("tool_busy", {"seconds": 10})

@@ -239,6 +239,22 @@ def tool_limits() -> dict:
         "data": resource.getrlimit(resource.RLIMIT_DATA)[0]}}
 
 
+def tool_raise_limits() -> dict:
+    """Tries to lift its own limits back to unlimited (as a hostile tool would)."""
+    import resource
+    out = {}
+    for name in ("RLIMIT_NOFILE", "RLIMIT_FSIZE", "RLIMIT_DATA", "RLIMIT_CPU"):
+        which = getattr(resource, name)
+        soft, hard = resource.getrlimit(which)
+        try:
+            resource.setrlimit(which, (hard, hard))
+            resource.setrlimit(which, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+            out[name] = "raised"
+        except (ValueError, OSError):
+            out[name] = resource.getrlimit(which)[0] == soft
+    return {"success": True, "output": out}
+
+
 def tool_token(token: str) -> dict:
     """Returns its token and the pid.
 
