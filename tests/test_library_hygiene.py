@@ -1,0 +1,84 @@
+"""lcp_sandbox behaves as a library: importing it (or running its command line)
+does not import lollms_client, nothing reaches stderr unless the host configured
+logging, and the public surface documents itself."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+from conftest import LIBS, REPO
+
+
+def run_python(code: str, *args: str, cwd=None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args], capture_output=True,
+                          text=True, timeout=120, cwd=cwd, env=env)
+
+
+def test_importing_the_binding_and_the_cli_does_not_import_lollms_client(tmp_path):
+    p = run_python("""
+        import importlib.util, json, sys
+        import lcp_sandbox.binding, lcp_sandbox.cli
+        after_import = sorted(m for m in sys.modules if m.split(".")[0] == "lollms_client")
+        from lcp_sandbox import SandboxedBinding
+        with SandboxedBinding(tools_folders=[sys.argv[1]], workspace=sys.argv[2]) as b:
+            out = b.execute_tool("tool_increment", {"step": 2})
+        lcp_sandbox.cli.main(["tools", sys.argv[1]])
+        print(json.dumps({"installed": importlib.util.find_spec("lollms_client") is not None,
+                          "after_import": after_import, "out": out, "type": type(b).__module__,
+                          "after_use": sorted(m for m in sys.modules if m.split(".")[0] == "lollms_client")}))
+        """, str(LIBS), str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    result = json.loads(p.stdout.strip().splitlines()[-1])
+    assert result["installed"] is True                     # it could have been imported: the test means something
+    assert result["after_import"] == [] and result["after_use"] == []
+    assert result["out"]["output"] == 2 and result["type"] == "lcp_sandbox.binding"
+
+
+def test_a_binding_made_after_lollms_is_imported_is_a_lollms_tool_binding(tmp_path):
+    p = run_python("""
+        import sys
+        from lollms_client.lollms_tools_binding import LollmsToolBinding
+        from lcp_sandbox import SandboxedBinding
+        with SandboxedBinding(tools_folders=[sys.argv[1]], workspace=sys.argv[2]) as b:
+            specs = b.to_chat_tool_specs()
+            print(isinstance(b, LollmsToolBinding), isinstance(b, SandboxedBinding),
+                  specs["tool_increment"]["callable"](step=3)["output"])
+        """, str(LIBS), str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["True", "True", "3"]
+
+
+def test_crashes_and_timeouts_print_nothing_when_the_host_configured_no_logging(tmp_path):
+    """Results carry the failure; the warnings go to the lcp_sandbox logger, whose
+    NullHandler keeps Python's last-resort handler from printing them."""
+    p = run_python("""
+        import sys
+        from lcp_sandbox import SandboxedBinding
+        config = {"faults": {"sandbox": {"grace_s": 0.2}}}
+        with SandboxedBinding(tools_folders=[sys.argv[1]], workspace=sys.argv[2], timeout_s=1,
+                              host_tool_configs=config) as b:
+            print(b.execute_tool("tool_segfault", {})["status_code"])
+            print(b.execute_tool("tool_stubborn", {"seconds": 5})["status_code"])
+            print(b.execute_tool("tool_print_flood", {"mb": 1})["status_code"])
+            print(b.execute_tool("tool_fail", {})["status_code"])
+        """, str(LIBS), str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["500", "504", "200", "500"]
+    assert p.stderr == ""
+
+
+def test_the_package_logger_has_a_null_handler_and_the_host_still_gets_records(tmp_path):
+    p = run_python("""
+        import logging, sys
+        import lcp_sandbox
+        handlers = logging.getLogger("lcp_sandbox").handlers
+        print(any(isinstance(h, logging.NullHandler) for h in handlers))
+        logging.basicConfig(level=logging.WARNING, format="HOST %(name)s %(message)s")
+        with lcp_sandbox.SandboxedBinding(tools_folders=[sys.argv[1]], workspace=sys.argv[2]) as b:
+            b.execute_tool("tool_segfault", {})
+        """, str(LIBS), str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["True"]
+    assert "HOST lcp_sandbox" in p.stderr and "SIGSEGV" in p.stderr
