@@ -1,4 +1,4 @@
-"""SandboxedBinding as a lollms_client tools binding (issue: drop-in for LCPBinding).
+"""SandboxedBinding as a lollms_client tools binding: a drop-in for LCPBinding.
 
 * with lollms_client installed, lollms finds it in
   ``lcp_sandbox.lollms_bindings_dir()`` as ``tools_binding_name="sandboxed"`` and
@@ -204,8 +204,8 @@ def _studio_client(tools_binding_name, tools_bindings_dir, config):
 
 
 @pytest.mark.parametrize("path", ["callable", "binding"])
-def test_lollms_execute_tool_call_runs_the_seed_example_through_the_sandbox(supervisor, tmp_path, monkeypatch,
-                                                                            path):
+def test_lollms_execute_tool_call_runs_the_studio_example_through_the_sandbox(supervisor, tmp_path,
+                                                                              monkeypatch, path):
     """lollms_chat_core.execute_tool_call with a real LollmsClient and ToolContext, via the
     spec's callable (chat()) or the binding's execute_tool, against tools_binding_name='lcp'."""
     _lcp()
