@@ -18,6 +18,7 @@ import asyncio
 import concurrent.futures
 import functools
 import importlib.util
+import inspect
 import logging
 import os
 import pickle
@@ -622,7 +623,14 @@ class SandboxedBinding:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        """Closes the binding (see ``close``)."""
         self.close()
+
+
+# help() and inspect show the constructor's keywords, not __new__'s (*args, **kwargs).
+_init_signature = inspect.signature(SandboxedBinding.__init__)
+SandboxedBinding.__signature__ = _init_signature.replace(  # type: ignore[attr-defined]
+    parameters=list(_init_signature.parameters.values())[1:], return_annotation=inspect.Signature.empty)
 
 
 def _inside(real: str, root: str) -> bool:

@@ -51,6 +51,7 @@ def _params(text: str, what: str = "--params") -> dict:
 
 
 def cmd_tools(args: argparse.Namespace) -> int:
+    """``lcp-sandbox tools``: print the specs of the folders' tools as JSON."""
     for folder in args.folders:
         _folder(folder)
     with SandboxedBinding(tools_folders=args.folders) as b:
@@ -60,6 +61,7 @@ def cmd_tools(args: argparse.Namespace) -> int:
 
 
 def cmd_call(args: argparse.Namespace) -> int:
+    """``lcp-sandbox call``: run one call, print its result; 0 if it succeeded, else 1."""
     params = _params(args.params)
     with SandboxedBinding(tools_folders=[_folder(args.folder)], workspace=args.workspace,
                           timeout_s=args.timeout) as b:
@@ -82,6 +84,7 @@ def _ms(seconds: float) -> str:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    """``lcp-sandbox demo``: discovery, timed calls (bundled or named), a crash survived."""
     bundled = bundled_tools_dir()
     folder = Path(_folder(args.folder)) if args.folder else bundled
     own_folder = folder.resolve() != bundled.resolve()

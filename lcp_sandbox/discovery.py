@@ -60,6 +60,10 @@ _PER_SOFTWARE_GATES = {
 
 
 def office_library_admitted(stem: str, session_flags: Optional[dict]) -> bool:
+    """Whether the library ``stem`` may load under ``session_flags``.  Only
+    office-family libraries are gated: ``powerpoint_tools``, ``word_tools`` and
+    ``excel_tools`` need their own flag (``enable_powerpoint``...), the others
+    ``enable_office_files`` or any of those three flags."""
     if stem not in OFFICE_LIBRARY_STEMS:
         return True
     flags = session_flags if isinstance(session_flags, dict) else {}
@@ -503,5 +507,7 @@ def dynamic_library(prefix: str, code: str) -> tuple[Library, ParsedFile]:
 
 
 def normalize_library_name(raw: str) -> str:
+    """A library name as written by a person or an LLM, as a stem: lower case,
+    spaces and dashes as ``_``, without a ``tool_`` prefix."""
     name = re.sub(r"[\s\-]+", "_", (raw or "").strip().lower())
     return name[5:] if name.startswith("tool_") else name

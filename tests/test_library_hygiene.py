@@ -82,3 +82,48 @@ def test_the_package_logger_has_a_null_handler_and_the_host_still_gets_records(t
     assert p.returncode == 0, p.stderr
     assert p.stdout.split() == ["True"]
     assert "HOST lcp_sandbox" in p.stderr and "SIGSEGV" in p.stderr
+
+
+# ================================================================ help() is useful
+def _members(cls):
+    for name, obj in vars(cls).items():
+        fn = obj.fget if isinstance(obj, property) else obj
+        if callable(fn) or isinstance(obj, property):
+            yield name, fn
+
+
+def test_the_class_docstring_describes_every_constructor_keyword():
+    import inspect
+    from lcp_sandbox import SandboxedBinding
+    doc = inspect.getdoc(SandboxedBinding)
+    params = [p for p in inspect.signature(SandboxedBinding.__init__).parameters.values()
+              if p.name != "self" and p.kind is not p.VAR_KEYWORD]
+    assert len(params) == 12
+    for p in params:
+        assert f"\n{p.name}\n    " in doc, p.name
+    assert "\nother keywords\n    " in doc                        # **kwargs: the load flags
+    assert str(inspect.signature(SandboxedBinding)).startswith("(host_tool_configs")   # not (*args, **kwargs)
+
+
+def test_public_methods_have_docstrings_and_no_comment_shows_as_one():
+    """pydoc shows the comment block right above a def that has no docstring
+    (``# ---- discovery`` would become the method's help)."""
+    import inspect
+    import pydoc
+    from lcp_sandbox import binding, cli, discovery, supervisor
+    from lcp_sandbox.binding import LibraryHandle, SandboxedBinding
+    from lcp_sandbox.supervisor import Supervisor
+    for name, fn in _members(SandboxedBinding):
+        if not name.startswith("_") or name in ("__enter__", "__exit__"):
+            assert inspect.getdoc(fn), f"SandboxedBinding.{name} has no docstring"
+    for name in ("start", "stop", "stats", "pool_stats", "close", "run"):
+        assert inspect.getdoc(getattr(Supervisor, name)), f"Supervisor.{name} has no docstring"
+    for cls in (SandboxedBinding, LibraryHandle, Supervisor):
+        for name, fn in _members(cls):
+            if pydoc.visiblename(name, obj=cls):                 # what help() shows
+                assert not (pydoc.getdoc(fn) or "").lstrip().startswith("#"), f"{cls.__name__}.{name}"
+    for module in (binding, cli, discovery):
+        for name, fn in vars(module).items():
+            if inspect.isfunction(fn) and fn.__module__ == module.__name__ and pydoc.visiblename(name):
+                assert not (pydoc.getdoc(fn) or "").lstrip().startswith("#"), f"{module.__name__}.{name}"
+                assert inspect.getdoc(fn), f"{module.__name__}.{name} has no docstring"
