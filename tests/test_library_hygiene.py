@@ -3,9 +3,11 @@ does not import lollms_client, nothing reaches stderr unless the host configured
 logging, and the public surface documents itself."""
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 from conftest import LIBS, REPO
 
@@ -127,3 +129,59 @@ def test_public_methods_have_docstrings_and_no_comment_shows_as_one():
             if inspect.isfunction(fn) and fn.__module__ == module.__name__ and pydoc.visiblename(name):
                 assert not (pydoc.getdoc(fn) or "").lstrip().startswith("#"), f"{module.__name__}.{name}"
                 assert inspect.getdoc(fn), f"{module.__name__}.{name} has no docstring"
+
+
+# ================================================================ packaging
+def _pyproject() -> dict:
+    try:
+        import tomllib
+    except ImportError:                                   # Python 3.10
+        import pytest
+        tomllib = pytest.importorskip("tomli")
+    return tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+
+
+def test_py_typed_and_the_license_ship_with_the_package():
+    import lcp_sandbox
+    config = _pyproject()
+    assert (Path(lcp_sandbox.__file__).parent / "py.typed").is_file()
+    assert "py.typed" in config["tool"]["setuptools"]["package-data"]["lcp_sandbox"]
+    assert config["project"]["license"] == "Apache-2.0" and config["project"]["license-files"] == ["LICENSE"]
+    text = (REPO / "LICENSE").read_text(encoding="utf-8")
+    assert text.split()[:4] == ["Apache", "License", "Version", "2.0,"]
+    assert "TERMS AND CONDITIONS FOR USE, REPRODUCTION, AND DISTRIBUTION" in text
+    assert "END OF TERMS AND CONDITIONS" in text and len(text.splitlines()) > 190
+
+
+def test_the_version_has_one_source():
+    import importlib.metadata
+    import lcp_sandbox
+    config = _pyproject()
+    assert "version" not in config["project"] and "version" in config["project"]["dynamic"]
+    assert config["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "lcp_sandbox.__version__"}
+    assert importlib.metadata.version("lcp-sandbox") == lcp_sandbox.__version__
+
+
+def test_metadata_names_what_exists_and_nothing_else():
+    project = _pyproject()["project"]
+    assert project["requires-python"] == ">=3.10"
+    assert "Typing :: Typed" in project["classifiers"]
+    assert "Operating System :: POSIX :: Linux" in project["classifiers"]
+    assert project["urls"] == {"LCP format": "https://github.com/ParisNeo/lollms_client"}
+
+
+def test_multiprocess_is_neither_declared_nor_imported():
+    project = _pyproject()["project"]
+    assert not any(re.match(r"multiprocess\b", d) for d in project["dependencies"])
+    pattern = re.compile(r"^\s*(import|from)\s+multiprocess\b", re.MULTILINE)
+    for folder in ("lcp_sandbox", "tools", "benchmarks"):
+        for path in (REPO / folder).rglob("*.py"):
+            assert not pattern.search(path.read_text(encoding="utf-8")), path
+
+
+def test_ci_uses_a_venv_of_its_own():
+    lines = (REPO / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    script = "\n".join(line for line in lines if not line.lstrip().startswith("#"))
+    assert "venv=.ci/venv" in script and 'rm -rf "$venv"' in script
+    assert not re.search(r"(^|[\s\"'/])\.venv\b", script), script          # the developer's .venv is not touched
+    assert ".ci/venv/" in (REPO / ".gitignore").read_text(encoding="utf-8").split()
