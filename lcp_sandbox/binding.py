@@ -234,9 +234,9 @@ class SandboxedBinding:
         if self._closed:
             return None
         cwd = self.workspace or os.getcwd()
-        problem = self._ensure_workspace(cwd)
-        if problem is not None:
-            log.warning("prompt provider %s of %s not run: %s", fn, lib.name, problem)
+        refused = self._check_workspace(lib, fn, cwd)
+        if refused is not None:
+            log.warning("%s", refused["error"])
             return None
         root = self._root(lib, cwd)
         msg = (wire.PROMPT, fn, index, cwd, self._handlers_mask())
@@ -357,9 +357,9 @@ class SandboxedBinding:
                       if fn in getattr(self._cache.parse(Path(f)), "function_names", ())), 0)
         objects = HostObjects(self._named_object)
         cwd = self.workspace or os.getcwd()
-        problem = self._ensure_workspace(cwd)
-        if problem is not None:
-            raise RuntimeError(f"[{lib.name}] {fn} not run: {problem}")
+        refused = self._check_workspace(lib, fn, cwd)
+        if refused is not None:
+            raise RuntimeError(refused["error"])
         root = self._root(lib, cwd)
         msg = (wire.MODCALL, fn, index, tuple(objects.lend(a) for a in args),
                {k: objects.lend(v) for k, v in kwargs.items()}, cwd, self._handlers_mask())
@@ -447,16 +447,23 @@ class SandboxedBinding:
     def _closed_text(self, tool: str) -> str:
         return f"tool '{tool}' not run: this SandboxedBinding (tenant {self.tenant!r}) is closed."
 
-    def _ensure_workspace(self, cwd: str) -> Optional[str]:
-        """Create the workspace ``cwd`` if it does not exist (as ``mkdir -p``); None,
-        or why it cannot be used.  A workspace seen to exist is not checked again:
+    def _check_workspace(self, lib: discovery.Library, tool: str, cwd: str) -> Optional[dict]:
+        """None when a call may run in the resolved workspace ``cwd``, else its
+        failure result: 403 outside the tenant's ``workspace_root``; 500 when it
+        does not exist and cannot be created (it is created, as ``mkdir -p``, only
+        after the root check).  A workspace seen to exist is not checked again:
         the worker still enters it on every call."""
+        if self.workspace_root is not None and not _inside(cwd, self.workspace_root):
+            return normalize.failure(
+                f"[{lib.name}] tool '{tool}' not run: the workspace {cwd!r} is outside the "
+                f"root {self.workspace_root!r} of tenant {self.tenant!r}.", normalize.FORBIDDEN)
         if cwd in self._existing:
             return None
         try:
             os.makedirs(cwd, exist_ok=True)
         except OSError as exc:
-            return f"the workspace {cwd!r} does not exist and cannot be created ({exc.strerror or exc})."
+            return normalize.failure(f"[{lib.name}] tool '{tool}' not run: the workspace {cwd!r} does not "
+                                     f"exist and cannot be created ({exc.strerror or exc}).")
         if len(self._existing) >= 4096:
             self._existing.clear()
         self._existing.add(cwd)
@@ -502,13 +509,9 @@ class SandboxedBinding:
                 injected = {k: objects.lend(v) for k, v in values.items() if v is not None}
         # One resolution, here, against the host's CWD (never the worker's).
         cwd = os.path.realpath(workspace) if workspace else (self.workspace or os.getcwd())
-        if self.workspace_root is not None and not _inside(cwd, self.workspace_root):
-            return normalize.failure(
-                f"[{lib.name}] tool '{tool_name}' not run: the workspace {cwd!r} is outside the "
-                f"root {self.workspace_root!r} of tenant {self.tenant!r}.", normalize.FORBIDDEN)
-        problem = self._ensure_workspace(cwd)
-        if problem is not None:
-            return normalize.failure(f"[{lib.name}] tool '{tool_name}' not run: {problem}")
+        refused = self._check_workspace(lib, tool_name, cwd)
+        if refused is not None:
+            return refused
         root = self._root(lib, cwd)
         msg = (wire.CALL, tool_name, route.index, params, cwd, injected, self._handlers_mask())
         try:

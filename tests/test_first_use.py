@@ -60,6 +60,18 @@ def test_missing_workspace_is_created_only_inside_the_tenant_root(make_binding, 
     assert not (tmp_path / "outside").exists()                 # refused before anything is made
 
 
+def test_library_functions_get_the_same_workspace_checks(make_binding, tmp_path):
+    """call_library_function (mounted_libraries[name].fn()) checks the root before it creates."""
+    root = tmp_path / "root"
+    root.mkdir()
+    outside = make_binding(workspace=str(tmp_path / "outside" / "ws"), workspace_root=str(root))
+    with pytest.raises(RuntimeError, match="outside the root"):
+        outside.mounted_libraries["stateful"].tool_increment()
+    assert not (tmp_path / "outside").exists()
+    inside = make_binding(workspace=str(root / "new"), workspace_root=str(root))
+    assert inside.mounted_libraries["stateful"].tool_whoami()["output"]["cwd"] == str(root / "new")
+
+
 def test_workspace_that_cannot_be_created_is_a_clear_failure(make_binding, tmp_path):
     (tmp_path / "a_file").write_text("not a folder")
     b = make_binding()
