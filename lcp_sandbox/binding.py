@@ -4,8 +4,12 @@ The host side of a call is deliberately thin:
 
     execute_tool(name, params)
         route = routes[name]                      404 if absent
-        params = literal defaults | params        (no copy of the caller's dict kept)
-        cwd = workspace= | binding workspace | os.getcwd()
+        params = literal defaults | params        (no copy of the caller's dict kept;
+                                                   not a mapping or None: TypeError)
+        503 if the binding is closed
+        cwd = realpath(workspace=) | binding workspace | os.getcwd()
+                                                  resolved here, against the host's CWD;
+                                                  403 outside workspace_root, else mkdir -p
         host objects the tool may use ─► HostObjects (lent as proxies)
         Supervisor.run(tenant, library, CALL...) ─► result dict
 
