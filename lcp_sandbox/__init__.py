@@ -1,19 +1,28 @@
 """lcp_sandbox: run LCP tool libraries in long-lived, isolated worker processes.
 
 ``SandboxedBinding`` is a drop-in for lollms_client's in-process ``LCPBinding``
-(and a ``LollmsToolBinding`` when lollms_client is installed);
-``Supervisor`` owns the worker processes and may be shared between bindings.
+(``lollms_binding_class()`` is its ``LollmsToolBinding`` subclass, the class
+lollms' loader gets); ``Supervisor`` owns the worker processes and may be shared
+between bindings.
 
 Attributes are imported lazily: the zygote imports ``lcp_sandbox.worker``
-and must not pay for the binding (or lollms_client) it never uses.
+and must not pay for the binding it never uses.  Nothing here imports
+lollms_client until lollms asks for the binding.
+
+The package logs on the ``lcp_sandbox`` logger, which has a ``NullHandler``:
+nothing reaches stderr unless the host configures logging.
 """
+import logging
 from importlib import import_module
 from typing import Any
 
 __version__ = "0.1.0"
 
+logging.getLogger(__name__).addHandler(logging.NullHandler())
+
 _EXPORTS = {
     "SandboxedBinding": "binding", "bundled_tools_dir": "binding", "lollms_bindings_dir": "binding",
+    "lollms_binding_class": "binding",
     "Supervisor": "supervisor", "CrashPolicy": "supervisor", "SandboxEvent": "supervisor",
     "Limits": "limits",
 }

@@ -4,8 +4,12 @@ The host side of a call is deliberately thin:
 
     execute_tool(name, params)
         route = routes[name]                      404 if absent
-        params = literal defaults | params        (no copy of the caller's dict kept)
-        cwd = workspace= | binding workspace | os.getcwd()
+        params = literal defaults | params        (no copy of the caller's dict kept;
+                                                   not a mapping or None: TypeError)
+        503 if the binding is closed
+        cwd = realpath(workspace=) | binding workspace | os.getcwd()
+                                                  resolved here, against the host's CWD;
+                                                  403 outside workspace_root, else mkdir -p
         host objects the tool may use ─► HostObjects (lent as proxies)
         Supervisor.run(tenant, library, CALL...) ─► result dict
 
@@ -16,13 +20,15 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import importlib.util
+import inspect
 import logging
 import os
 import pickle
 import sys
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Mapping, Optional, Union
 
 from . import catalog, discovery, normalize
 from . import protocol as P
@@ -37,23 +43,17 @@ log = logging.getLogger("lcp_sandbox")
 PathLike = Union[str, Path]
 
 
-def _lollms_base() -> type:
-    """``LollmsToolBinding`` when lollms_client is installed, else ``object``.
+def lollms_binding_class() -> type:
+    """The ``LollmsToolBinding`` subclass of ``SandboxedBinding`` (imports lollms_client).
 
-    Only this module imports lollms_client, and only when it is installed."""
-    if importlib.util.find_spec("lollms_client") is None:
-        return object
-    try:
-        from lollms_client.lollms_tools_binding import LollmsToolBinding
-        return LollmsToolBinding
-    except Exception as exc:          # a broken install must not break the sandbox
-        log.warning("lollms_client is installed but cannot be imported (%s); "
-                    "SandboxedBinding will not be a LollmsToolBinding", exc)
-        return object
+    lollms' loader gets this class for ``tools_binding_name="sandboxed"``.
+    Raises ``ImportError`` when lollms_client is not installed."""
+    from .lollms_binding import SandboxedBinding as LollmsSandboxedBinding
+    return LollmsSandboxedBinding
 
 
-_Base = _lollms_base()
-LOLLMS = _Base is not object
+#: Once this module is loaded, a new SandboxedBinding is a LollmsToolBinding too.
+_LOLLMS_TOOLS_MODULE = "lollms_client.lollms_tools_binding"
 
 
 def lollms_bindings_dir() -> Path:
@@ -90,8 +90,71 @@ def _paths(value: Any) -> list[Path]:
     return [Path(v) for v in value]
 
 
-class SandboxedBinding(_Base):
-    """Drop-in for lollms_client's LCPBinding that runs tools out of process."""
+class SandboxedBinding:
+    """Drop-in for lollms_client's ``LCPBinding`` that runs each tool library in a
+    long-lived worker process of its own (module state survives between calls).
+
+    Constructor keywords (all optional; the first may be given by position):
+
+    host_tool_configs
+        ``{library stem: dict}``, as ``LCPBinding``: passed to the library's
+        ``init_tools_library`` and to tools that read their host config.  Its
+        ``"sandbox"`` entry sets that library's limits: ``timeout_s``,
+        ``memory_mb``, ``cpu_s``, ``max_open_files``, ``max_file_size_mb``,
+        ``max_result_mb``, ``grace_s``, ``log_bytes_per_s``, ``confine``,
+        ``network``, ``env``, ``read_paths``.
+    tools_folders
+        A folder or a list of folders to discover libraries in (each ``X/``
+        sub-folder is a library, and so is each loose ``.py`` file);
+        ``tools_folder_path=`` is accepted too.  Default when neither this nor
+        ``tool_files`` is given: lollms_client's default tools if installed,
+        else the tools bundled with lcp_sandbox.
+    tool_files
+        A ``.py`` file or a list of them, each loaded as a library of its own.
+    confirm_handler
+        ``handler(source, script_label, argv=None) -> (decision, reason)``, run in
+        the host when a tool asks for confirmation.
+    user_interaction_handler
+        Run in the host when a tool asks the user something.
+    workspace
+        The tools' working directory (the worker's CWD during a call), resolved
+        against the host's CWD when the binding is made.  Default: the host's CWD
+        at each call.  A workspace that does not exist is created by the first
+        call that uses it.
+    tenant
+        Who the calls are for (default ``"default"``).  Workers are keyed by
+        (tenant, library): tenants never share a worker or its module state.
+    timeout_s
+        Timeout of a call in seconds (default 60; ``None`` or 0: none).
+        ``host_tool_configs[stem]["sandbox"]["timeout_s"]`` and
+        ``execute_tool(..., timeout_s=)`` override it.
+    memory_mb
+        Memory limit of each worker (``RLIMIT_DATA``, and a watchdog over the RSS
+        of its process tree).  Default: none.
+    supervisor
+        A ``Supervisor`` shared with other bindings.  Default: one of the
+        binding's own, closed by ``close()``.
+    confine
+        Confine the workers (clean environment, Landlock, see the README).
+        Default: the supervisor's ``confine``.
+    workspace_root
+        A call whose workspace is not inside this folder is refused with 403;
+        confined workers are confined to it.
+    other keywords
+        Load flags, as ``LCPBinding``: a library declaring
+        ``TOOL_LIBRARY_LOAD_FLAG = "X"`` loads only when ``X=True`` is given here
+        or in its ``host_tool_configs`` entry.
+
+    Use it as a context manager, or call ``close()``.  When lollms_client's tools
+    binding module is already imported, the new binding is an instance of
+    ``lollms_binding_class()``, a ``LollmsToolBinding`` subclass of this class;
+    lcp_sandbox itself never imports lollms_client.
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "SandboxedBinding":
+        if cls is SandboxedBinding and _LOLLMS_TOOLS_MODULE in sys.modules:
+            cls = lollms_binding_class()
+        return super().__new__(cls)
 
     def __init__(self, host_tool_configs: Optional[dict] = None, *, tools_folders: Any = None,
                  tool_files: Any = None, confirm_handler: Optional[Callable] = None,
@@ -100,8 +163,6 @@ class SandboxedBinding(_Base):
                  timeout_s: Optional[float] = 60.0, memory_mb: Optional[float] = None,
                  supervisor: Optional[Supervisor] = None, confine: Optional[bool] = None,
                  workspace_root: Optional[PathLike] = None, **kwargs: Any) -> None:
-        if LOLLMS:
-            _Base.__init__(self, binding_name="sandboxed")
         self.binding_name = "sandboxed"
         self.host_tool_configs: dict = host_tool_configs if host_tool_configs is not None else {}
         self.confirm_handler = confirm_handler
@@ -110,7 +171,7 @@ class SandboxedBinding(_Base):
         self.tools_folders = _paths(tools_folders or kwargs.get("tools_folder_path"))
         if not self.tools_folders and not self.tool_files:
             self.tools_folders = [lollms_default_tools_dir() or bundled_tools_dir()]
-        self.workspace = str(Path(workspace).resolve()) if workspace else None
+        self.workspace = os.path.realpath(workspace) if workspace else None
         self.tenant = tenant
         self.workspace_root = os.path.realpath(workspace_root) if workspace_root else None
         self._own_supervisor = supervisor is None
@@ -127,10 +188,13 @@ class SandboxedBinding(_Base):
         self._prompt_providers: dict[str, tuple] = {}
         self._resolvers: dict[str, Callable[[Any], Any]] = {}
         self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._existing: set[str] = set()          # workspaces known to exist (made if missing)
+        self._closed = False
         self.discovered_tools: list[dict] = []
         self._discover()
 
     # ------------------------------------------------------------ discovery
+
     def _discover(self) -> None:
         found = discovery.discover(self.tools_folders, self.tool_files, cache=self._cache,
                                    host_tool_configs=self.host_tool_configs,
@@ -142,7 +206,13 @@ class SandboxedBinding(_Base):
         self.discovered_tools = found.specs
 
     def discover_tools(self, specific_tool_names: Optional[list] = None, **kwargs: Any) -> list[dict]:
-        """Tool specs; dynamic prompt providers run in the library's worker."""
+        """The LCP specs of the tools (``name``, ``description``, ``input_schema``, and
+        private ``_`` keys), built from source with ``ast``: no tool code runs here.
+
+        ``specific_tool_names`` keeps only those; ``force_refresh=True`` scans the
+        folders again (unchanged files are not parsed again).  A tool whose
+        description comes from a ``tool_<name>_prompt`` function gets it from a
+        run of that function in the library's worker."""
         if kwargs.get("force_refresh", False) or not self.discovered_tools:
             self._discover()
         tools = self.discovered_tools
@@ -158,6 +228,7 @@ class SandboxedBinding(_Base):
         return tools
 
     def list_tools(self, **kwargs: Any) -> list[dict]:
+        """Same as ``discover_tools`` (as ``LCPBinding``)."""
         return self.discover_tools(**kwargs)
 
     def library_context(self, library: str) -> Optional[str]:
@@ -166,7 +237,13 @@ class SandboxedBinding(_Base):
         return self._prompt(*entry) if entry else None
 
     def _prompt(self, lib: discovery.Library, fn: str, index: int) -> Optional[str]:
+        if self._closed:
+            return None
         cwd = self.workspace or os.getcwd()
+        refused = self._check_workspace(lib, fn, cwd)
+        if refused is not None:
+            log.warning("%s", refused["error"])
+            return None
         root = self._root(lib, cwd)
         msg = P.Prompt(fn, index, cwd, self._handlers_mask())
         try:
@@ -178,8 +255,10 @@ class SandboxedBinding(_Base):
             return None
 
     # ------------------------------------------------------------ mounting (LCPBinding helpers)
+
     @property
     def tools_folder_path(self) -> Optional[Path]:
+        """The first of ``tools_folders`` (as ``LCPBinding``)."""
         return self.tools_folders[0] if self.tools_folders else None
 
     def _search_dirs(self) -> list[Path]:
@@ -214,10 +293,13 @@ class SandboxedBinding(_Base):
             parsed, path.stem, self.host_tool_configs, self._load_flags)
 
     def is_tool_available(self, tool_name: str) -> bool:
+        """Whether ``tool_name`` is discovered, or a library of the search folders
+        (``tools_folders`` and lollms_client's default tools) provides it."""
         clean = (tool_name or "").strip()
         return clean in self._routes or self.find_library_for_tool(clean) is not None
 
     def is_library_mounted(self, library_name: str) -> bool:
+        """Whether every tool of the library ``library_name`` is discovered."""
         lib = catalog.library_of(self._search_dirs(), library_name)
         if lib is None:
             return False
@@ -248,6 +330,7 @@ class SandboxedBinding(_Base):
         return any(r.library.key == lib.key for r in self._routes.values())
 
     def mount_tool_library_if_absent(self, library_name: str) -> bool:
+        """``mount_tool_library`` unless the library is already mounted."""
         return self.is_library_mounted(library_name) or self.mount_tool_library(library_name)
 
     def load_tool_by_name(self, tool_name: str) -> Optional[dict]:
@@ -270,11 +353,19 @@ class SandboxedBinding(_Base):
         return {lib.name: LibraryHandle(self, lib) for lib in libs.values()}
 
     def call_library_function(self, lib: discovery.Library, fn: str, *args: Any, **kwargs: Any) -> Any:
-        """Run a module-level function of a library in its worker; returns its value."""
+        """Run a module-level function of a library in its worker; returns its value.
+
+        Raises ``RuntimeError`` with the sandbox's explanation when the call fails
+        in the sandbox (closed binding, crash, timeout...)."""
+        if self._closed:
+            raise RuntimeError(self._closed_text(fn))
         index = next((i for i, f in enumerate(lib.files)
                       if fn in getattr(self._cache.parse(Path(f)), "function_names", ())), 0)
         objects = HostObjects(self._named_for(lib))
         cwd = self.workspace or os.getcwd()
+        refused = self._check_workspace(lib, fn, cwd)
+        if refused is not None:
+            raise RuntimeError(refused["error"])
         root = self._root(lib, cwd)
         msg = P.ModCall(fn, index, tuple(objects.lend(a) for a in args),
                         {k: objects.lend(v) for k, v in kwargs.items()}, cwd, self._handlers_mask())
@@ -285,14 +376,17 @@ class SandboxedBinding(_Base):
             raise RuntimeError(ev.result["error"]) from None
 
     def list_models(self) -> list:
+        """No models: this is a tools binding (as ``LCPBinding``)."""
         return []
 
-    # lollms_client calls these private LCPBinding methods (chat(tools=[file]), personalities).
     def _discover_local_tools(self) -> None:
+        """lollms_client calls this private LCPBinding method (personalities)."""
         self._discover()
 
     def _load_tool_file(self, py_file: PathLike) -> int:
-        """Add one tool file (a library of its own); returns how many tools it brought."""
+        """Add one tool file (a library of its own); returns how many tools it brought.
+
+        lollms_client calls this private LCPBinding method (``chat(tools=[file])``)."""
         path = Path(py_file)
         if not path.is_file() or path.suffix != ".py":
             return 0
@@ -303,6 +397,7 @@ class SandboxedBinding(_Base):
         return len(set(self._routes) - before)
 
     # ------------------------------------------------------------ execution
+
     def _handlers_mask(self) -> int:
         return (HANDLER_CONFIRM if self.confirm_handler is not None else 0) | \
                (HANDLER_UI if self.user_interaction_handler is not None else 0)
@@ -367,13 +462,58 @@ class SandboxedBinding(_Base):
                       [x.strip() for x in os.environ.get("LCP_SANDBOX_DISABLE", "").split(",") if x.strip()],
                       {k: getattr(lim, k) for k in lim.__dataclass_fields__})
 
+    def _closed_text(self, tool: str) -> str:
+        return f"tool '{tool}' not run: this SandboxedBinding (tenant {self.tenant!r}) is closed."
+
+    def _check_workspace(self, lib: discovery.Library, tool: str, cwd: str) -> Optional[dict]:
+        """None when a call may run in the resolved workspace ``cwd``, else its
+        failure result: 403 outside the tenant's ``workspace_root``; 500 when it
+        does not exist and cannot be created (it is created, as ``mkdir -p``, only
+        after the root check).  A workspace seen to exist is not checked again:
+        the worker still enters it on every call."""
+        if self.workspace_root is not None and not _inside(cwd, self.workspace_root):
+            return normalize.failure(
+                f"[{lib.name}] tool '{tool}' not run: the workspace {cwd!r} is outside the "
+                f"root {self.workspace_root!r} of tenant {self.tenant!r}.", normalize.FORBIDDEN)
+        if cwd in self._existing:
+            return None
+        try:
+            os.makedirs(cwd, exist_ok=True)
+        except OSError as exc:
+            return normalize.failure(f"[{lib.name}] tool '{tool}' not run: the workspace {cwd!r} does not "
+                                     f"exist and cannot be created ({exc.strerror or exc}).")
+        if len(self._existing) >= 4096:
+            self._existing.clear()
+        self._existing.add(cwd)
+        return None
+
     def execute_tool(self, tool_name: str, params: Optional[dict] = None, discussion_instance: Any = None,
                      *, workspace: Optional[PathLike] = None, timeout_s: Optional[float] = None,
                      **kwargs: Any) -> dict:
+        """Run one tool in its library's worker; returns the LCP result dict.
+
+        ``params``: a dict of the tool's parameters (or None); omitted ones take
+        their literal defaults, parameters the tool does not take are dropped.
+        ``discussion_instance=``, ``lollms_client_instance=`` and ``tool_context=``
+        reach a tool that declares them as proxies to the host's objects.
+        ``workspace=`` is this call's working directory (resolved against the
+        host's CWD, created if missing; default: the binding's); ``timeout_s=`` this
+        call's timeout.  Failures come back as result dicts with a
+        ``status_code`` (see the README's "Result codes"); only a ``params`` that is
+        not a mapping raises (``TypeError``)."""
         route = self._routes.get(tool_name)
         if route is None:
             return normalize.not_found(tool_name)
-        params = {**route.defaults, **params} if params else dict(route.defaults)
+        if params is None:
+            params = dict(route.defaults)
+        elif type(params) is dict or isinstance(params, Mapping):
+            params = {**route.defaults, **params}
+        else:
+            raise TypeError(f"execute_tool({tool_name!r}): params must be a dict of parameter names "
+                            f"to values (or None), not {type(params).__name__}")
+        lib = route.library
+        if self._closed:
+            return normalize.failure(f"[{lib.name}] {self._closed_text(tool_name)}", normalize.UNAVAILABLE)
         injected = None
         objects = HostObjects(self._named_for(route.library))    # one per call: released when it ends
         if discussion_instance is not None or kwargs or not params.keys().isdisjoint(HOST_PARAMS):
@@ -385,12 +525,11 @@ class SandboxedBinding(_Base):
                 params.pop(k, None)
             if any(v is not None for v in values.values()):
                 injected = {k: objects.lend(v) for k, v in values.items() if v is not None}
-        cwd = str(workspace) if workspace else (self.workspace or os.getcwd())
-        lib = route.library
-        if self.workspace_root is not None and not _inside(cwd, self.workspace_root):
-            return normalize.failure(
-                f"[{lib.name}] tool '{tool_name}' not run: the workspace {cwd!r} is outside the "
-                f"root {self.workspace_root!r} of tenant {self.tenant!r}.", normalize.FORBIDDEN)
+        # One resolution, here, against the host's CWD (never the worker's).
+        cwd = os.path.realpath(workspace) if workspace else (self.workspace or os.getcwd())
+        refused = self._check_workspace(lib, tool_name, cwd)
+        if refused is not None:
+            return refused
         root = self._root(lib, cwd)
         msg = P.Call(tool_name, route.index, params, cwd, injected, self._handlers_mask())
         try:
@@ -403,30 +542,49 @@ class SandboxedBinding(_Base):
 
     async def aexecute_tool(self, tool_name: str, params: Optional[dict] = None,
                             discussion_instance: Any = None, **kwargs: Any) -> dict:
-        """``execute_tool`` for asyncio callers: the call waits in a thread, never on the loop."""
+        """``execute_tool`` for asyncio callers (same arguments and results): the
+        call waits in a thread, never on the event loop."""
+        if self._closed:
+            return self.execute_tool(tool_name, params, discussion_instance, **kwargs)
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(64, thread_name_prefix="lcp-sandbox-call")
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self._executor, lambda: self.execute_tool(tool_name, params, discussion_instance, **kwargs))
+        call = functools.partial(self.execute_tool, tool_name, params, discussion_instance, **kwargs)
+        try:
+            future = loop.run_in_executor(self._executor, call)
+        except RuntimeError:                # close() shut the executor down meanwhile
+            if not self._closed:
+                raise
+            return call()                   # the closed binding's 503, at once
+        return await future
 
     # ------------------------------------------------------------ handlers
+
     def set_confirm_handler(self, handler: Optional[Callable]) -> None:
-        """Takes effect in running workers at their next call."""
+        """Set the confirm handler (also in every ``host_tool_configs`` entry, as
+        ``LCPBinding``); running workers use it from their next call."""
         self.confirm_handler = handler
         for cfg in self.host_tool_configs.values():
             if isinstance(cfg, dict):
                 cfg["confirm_handler"] = handler
 
     def set_user_interaction_handler(self, handler: Optional[Callable]) -> None:
+        """Set the user interaction handler, as ``set_confirm_handler``."""
         self.user_interaction_handler = handler
         for cfg in self.host_tool_configs.values():
             if isinstance(cfg, dict):
                 cfg["user_interaction_handler"] = handler
 
     # ------------------------------------------------------------ dynamic tools
+
     def register_tool_from_code(self, tool_name_prefix: str, code: str) -> bool:
-        """Parse ``code`` here (schemas only); it runs in a worker of its own."""
+        """Add the ``tool_*`` functions of ``code`` as a library of their own.
+
+        The host only parses ``code`` (schemas); it runs in a worker of its own, at
+        the library's first call.  Registering the same prefix again replaces the
+        library (its worker is stopped).  Returns False when ``code`` does not parse
+        or defines no tool.  These tools win over file tools of the same name and
+        survive ``discover_tools(force_refresh=True)``."""
         try:
             lib, parsed = discovery.dynamic_library(tool_name_prefix, code)
         except SyntaxError as exc:
@@ -455,6 +613,9 @@ class SandboxedBinding(_Base):
         return True
 
     def unregister_tools_by_prefix(self, tool_name_prefix: str) -> int:
+        """Forget the tools named ``tool_<prefix>...`` (or ``<prefix>``) and stop the
+        worker of the library registered under that prefix; returns how many
+        tools were removed."""
         def matches(name: str) -> bool:
             return name.startswith(f"tool_{tool_name_prefix}") or name == tool_name_prefix
         before = len(self.discovered_tools)
@@ -467,10 +628,19 @@ class SandboxedBinding(_Base):
         return before - len(self.discovered_tools)
 
     # ------------------------------------------------------------ lifecycle
+
     def stats(self) -> list[dict]:
+        """One dict per worker slot of this binding's tenant: ``library``, ``pid``,
+        ``state``, ``calls``, ``restarts``, ``last_exit``, ``rss``, ``peak_rss``,
+        ``protections``, ``workspace_root`` (see ``Supervisor.stats``)."""
         return self.supervisor.stats(tenant=self.tenant)
 
     def close(self) -> None:
+        """Stop this binding's workers (and its own supervisor, if it made one).
+
+        Idempotent.  Later calls are refused with 503; a shared supervisor keeps
+        running for its other bindings."""
+        self._closed = True
         if self._executor is not None:
             self._executor.shutdown(wait=False)
         if self._own_supervisor:
@@ -483,14 +653,22 @@ class SandboxedBinding(_Base):
                 self.supervisor.stop(self.tenant, key)
 
     def __enter__(self) -> "SandboxedBinding":
+        """``with SandboxedBinding(...) as tools:`` closes the binding at the end."""
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        """Closes the binding (see ``close``)."""
         self.close()
 
 
-def _inside(path: str, root: str) -> bool:
-    real = os.path.realpath(path)
+# help() and inspect show the constructor's keywords, not __new__'s (*args, **kwargs).
+_init_signature = inspect.signature(SandboxedBinding.__init__)
+SandboxedBinding.__signature__ = _init_signature.replace(  # type: ignore[attr-defined]
+    parameters=list(_init_signature.parameters.values())[1:], return_annotation=inspect.Signature.empty)
+
+
+def _inside(real: str, root: str) -> bool:
+    """Whether the resolved path ``real`` is ``root`` or under it."""
     return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
 
 

@@ -1,4 +1,12 @@
-"""Command line: ``lcp-sandbox tools | call | demo``."""
+"""Command line of lcp_sandbox.
+
+  lcp-sandbox tools FOLDER...          the discovered tool specs, as JSON
+  lcp-sandbox call FOLDER TOOL ...     run one tool call, print its result as JSON
+  lcp-sandbox demo [FOLDER] ...        discovery, cold and warm calls, a crash the host survives
+  lcp-sandbox bench ...                speed figures against baselines
+
+-v / --verbose (before or after the subcommand) logs the engine and the tools' output.
+"""
 from __future__ import annotations
 
 import argparse
@@ -11,16 +19,41 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from .binding import SandboxedBinding, bundled_tools_dir
+
+
+class UsageError(Exception):
+    """A mistake in the command line: one line on stderr, exit status 2."""
 
 
 def _public(spec: dict) -> dict:
     return {k: v for k, v in spec.items() if not k.startswith("_")}
 
 
+def _folder(path: str) -> str:
+    if not os.path.isdir(path):
+        raise UsageError(f"tools folder {path!r} {'is not a folder' if os.path.exists(path) else 'does not exist'}")
+    return path
+
+
+def _params(text: str, what: str = "--params") -> dict:
+    try:
+        params = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{what} is not valid JSON: {exc}") from None
+    if not isinstance(params, dict):
+        kind = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean",
+                type(None): "null"}.get(type(params), type(params).__name__)
+        raise UsageError(f"{what} must be a JSON object of parameter names to values, not {kind}: {text}")
+    return params
+
+
 def cmd_tools(args: argparse.Namespace) -> int:
+    """``lcp-sandbox tools``: print the specs of the folders' tools as JSON."""
+    for folder in args.folders:
+        _folder(folder)
     with SandboxedBinding(tools_folders=args.folders) as b:
         specs = b.discover_tools() if args.dynamic else b.discovered_tools
         print(json.dumps([_public(s) for s in specs], indent=2, default=str))
@@ -28,12 +61,9 @@ def cmd_tools(args: argparse.Namespace) -> int:
 
 
 def cmd_call(args: argparse.Namespace) -> int:
-    try:
-        params = json.loads(args.params)
-    except json.JSONDecodeError as exc:
-        print(f"--params is not valid JSON: {exc}", file=sys.stderr)
-        return 2
-    with SandboxedBinding(tools_folders=[args.folder], workspace=args.workspace,
+    """``lcp-sandbox call``: run one call, print its result; 0 if it succeeded, else 1."""
+    params = _params(args.params)
+    with SandboxedBinding(tools_folders=[_folder(args.folder)], workspace=args.workspace,
                           timeout_s=args.timeout) as b:
         result = b.execute_tool(args.tool, params)
     print(json.dumps(result, indent=2, default=str))
@@ -54,7 +84,11 @@ def _ms(seconds: float) -> str:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    folder = Path(args.folder or bundled_tools_dir())
+    """``lcp-sandbox demo``: discovery, timed calls (bundled or named), a crash survived."""
+    bundled = bundled_tools_dir()
+    folder = Path(_folder(args.folder)) if args.folder else bundled
+    own_folder = folder.resolve() != bundled.resolve()
+    named = [(name, _params(text, f"--params of --tool {name}")) for name, text in args.tool_calls or []]
     print(f"lcp-sandbox demo over {folder}\n")
     with tempfile.TemporaryDirectory() as ws:
         t0 = time.perf_counter()
@@ -66,96 +100,182 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"zygote (the process that forks workers) started in {_ms(time.perf_counter() - t0)}, "
               f"once per host")
         with b:
-            _demo_body(b, ws, args)
+            if named:
+                calls = named
+            elif own_folder:
+                calls = []
+                print(f"\ntools: {', '.join(t['name'] for t in b.discovered_tools) or 'none'}")
+                print("none of them is called unless you name it: --tool NAME [--params JSON] (repeatable)")
+            else:
+                calls = _bundled_calls(b, ws)
+            _demo_body(b, calls, args.calls)
     return 0
 
 
-def _demo_body(b: SandboxedBinding, ws: str, args: argparse.Namespace) -> None:
-    calls = _demo_calls(b, ws)
+def _demo_body(b: SandboxedBinding, calls: list, warm_calls: int) -> None:
+    answered = None
     for name, params in calls:
-        lib = b._routes[name].library.name
-        fresh = not any(s["library"] == lib and s["pid"] for s in b.stats())
+        route = b._routes.get(name)
+        lib = route.library.name if route is not None else None
+        fresh = lib is not None and not any(s["library"] == lib and s["pid"] for s in b.stats())
         t0 = time.perf_counter()
         first = b.execute_tool(name, params)
         cold = time.perf_counter() - t0
-        warm = []
-        for _ in range(args.calls):
+        print(f"\n{name}({json.dumps(params)}) -> status {first.get('status_code')}: {_short(first)}")
+        if not first.get("success"):
+            print("   failed, so it is not timed")
+            continue
+        answered = answered or (name, params)
+        warm, failed = [], []
+        for _ in range(warm_calls):
             t0 = time.perf_counter()
-            b.execute_tool(name, params)
-            warm.append(time.perf_counter() - t0)
-        out = json.dumps(first.get("output"), default=str)
-        print(f"\n{name}({json.dumps(params)}) -> status {first['status_code']}: "
-              f"{out[:100]}{'...' if len(out) > 100 else ''}")
-        first = "cold (worker start + import + call)" if fresh else "first call (worker already running)"
-        print(f"   {first}: {_ms(cold)}   warm p50 over {len(warm)} calls: {_ms(statistics.median(warm))}")
+            r = b.execute_tool(name, params)
+            elapsed = time.perf_counter() - t0
+            if r.get("success"):
+                warm.append(elapsed)
+            else:
+                failed.append(r)
+        kind = "cold (worker start + import + call)" if fresh else "first call (worker already running)"
+        line = f"   {kind}: {_ms(cold)}"
+        if warm:
+            line += f"   warm p50 over {len(warm)} successful calls: {_ms(statistics.median(warm))}"
+        if failed:
+            line += (f"   {len(failed)} of {warm_calls} warm calls failed (not timed; last: status "
+                     f"{failed[-1].get('status_code')})")
+        print(line)
 
     b.register_tool_from_code("segfault", _CRASHY)
     print("\nA tool that segfaults its worker:")
     r = b.execute_tool("tool_segfault", {})
     print(f"   -> status {r['status_code']}: {r['error']}")
-    if calls:
-        r = b.execute_tool(calls[0][0], calls[0][1])
-        print(f"   the host lives on; {calls[0][0]} still answers with status {r['status_code']}")
+    if answered:
+        r = b.execute_tool(*answered)
+        print(f"   the host lives on; {answered[0]} still answers with status {r['status_code']}")
+    else:
+        print("   the host lives on")
     print("\nworkers:")
     for s in b.stats():
         print(f"   {s['library']:<20} pid {s['pid']!s:<8} calls {s['calls']:<5} restarts "
               f"{s['restarts']}  rss {s['rss'] / 1048576:.1f} MB  last exit: {s['last_exit']}")
 
 
-def _demo_calls(b: SandboxedBinding, ws: str) -> list:
-    names = {t["name"] for t in b.discovered_tools}
+def _short(result: dict) -> str:
+    text = json.dumps(result.get("output") if result.get("success") else result.get("error"), default=str)
+    return text[:100] + ("..." if len(text) > 100 else "")
+
+
+def _bundled_calls(b: SandboxedBinding, ws: str) -> list:
+    """The demo's calls to the bundled tools, with the files they need in ``ws``."""
+    import sqlite3
     Path(ws, "notes.txt").write_text("hello from the workspace\n")
+    sqlite3.connect(os.path.join(ws, "demo.db")).close()
+    names = {t["name"] for t in b.discovered_tools}
     wanted = [("tool_list_files", {}), ("tool_read_file", {"file_name": "notes.txt"}),
               ("tool_execute_query", {"database_name": "demo.db", "query": "SELECT 1 AS one"})]
-    if "tool_execute_query" in names:
-        import sqlite3
-        sqlite3.connect(os.path.join(ws, "demo.db")).close()
-    calls = [(n, p) for n, p in wanted if n in names]
-    if not calls:   # some other folder: call the tools that need no arguments
-        calls = [(t["name"], {}) for t in b.discovered_tools if not t["input_schema"]["required"]][:3]
-    return calls
+    return [(n, p) for n, p in wanted if n in names]
 
 
-def main(argv: Optional[list] = None) -> int:
-    parser = argparse.ArgumentParser(prog="lcp-sandbox", description=__doc__)
-    parser.add_argument("-v", "--verbose", action="store_true", help="log engine and tool output")
-    sub = parser.add_subparsers(dest="cmd", required=True)
+class _ToolCall(argparse.Action):
+    """``--tool NAME`` starts a call; ``--params JSON`` sets the parameters of the
+    ``--tool`` before it."""
 
-    p = sub.add_parser("tools", help="print the discovered tool specs as JSON")
-    p.add_argument("folders", nargs="+")
-    p.add_argument("--dynamic", action="store_true", help="run dynamic prompt providers (in workers)")
-    p.set_defaults(fn=cmd_tools)
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, value: Any,
+                 option_string: Optional[str] = None) -> None:
+        calls = list(getattr(namespace, self.dest, None) or [])
+        if option_string == "--tool":
+            calls.append((value, "{}"))
+        elif not calls:
+            parser.error("--params must follow the --tool it is for")
+        else:
+            calls[-1] = (calls[-1][0], value)
+        setattr(namespace, self.dest, calls)
 
-    p = sub.add_parser("call", help="run one tool call and print the result as JSON")
-    p.add_argument("folder")
-    p.add_argument("tool")
-    p.add_argument("--params", default="{}")
-    p.add_argument("--workspace", default=None)
-    p.add_argument("--timeout", type=float, default=60.0)
-    p.set_defaults(fn=cmd_call)
 
-    p = sub.add_parser("demo", help="discover, call cold then warm, survive a crash")
-    p.add_argument("folder", nargs="?", default=None)
-    p.add_argument("--calls", type=int, default=200)
-    p.set_defaults(fn=cmd_demo)
+_BENCH_MISSING = ("speed figures against baselines; not part of the installed package: from a source "
+                  "checkout run `python -m benchmarks.run --help`")
 
-    root = Path(__file__).resolve().parent.parent       # bench: benchmarks/ of a source checkout
+
+def _add_bench(sub: Any, verbose: argparse.ArgumentParser) -> None:
+    """``bench`` comes from the benchmark harness when it can be imported; else
+    --help still lists it, with how to run it."""
+    root = Path(__file__).resolve().parent.parent       # benchmarks/ of a source checkout
     if (root / "benchmarks" / "__main__.py").is_file() and str(root) not in sys.path:
         sys.path.append(str(root))
     try:
-        from benchmarks.cli import add_parser as add_bench
-        add_bench(sub)
+        from benchmarks.cli import add_parser
     except ImportError as exc:                            # an installed package: no benchmarks
-        p = sub.add_parser("bench", help="benchmarks (source checkout only)", prefix_chars="\0", add_help=False)
-        p.add_argument("args", nargs="*")
-        why = (f"lcp-sandbox bench: the benchmarks are not installed ({exc}); run it from a source checkout "
-               "(pip install -e . there, or python -m benchmarks)")
-        p.set_defaults(fn=lambda args: print(why, file=sys.stderr) or 2)
+        why = f"{_BENCH_MISSING} ({exc})"
+        p = sub.add_parser("bench", help=_BENCH_MISSING, description=_BENCH_MISSING, parents=[verbose])
+        p.set_defaults(fn=lambda args: print(f"lcp-sandbox bench: {why}", file=sys.stderr) or 2,
+                       any_arguments=True)
+        return
+    p = add_parser(sub)
+    try:
+        p.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                       help=argparse.SUPPRESS)
+    except (AttributeError, argparse.ArgumentError):
+        pass
 
-    args = parser.parse_args(argv)
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``lcp-sandbox`` argument parser."""
+    verbose = argparse.ArgumentParser(add_help=False)
+    verbose.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                         help="log the engine and the tools' output on stderr")
+    parser = argparse.ArgumentParser(prog="lcp-sandbox", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-v", "--verbose", action="store_true", default=False,
+                        help="log the engine and the tools' output on stderr")
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="{tools,call,demo,bench}")
+
+    p = sub.add_parser("tools", help="print the discovered tool specs as JSON", parents=[verbose])
+    p.add_argument("folders", nargs="+", metavar="FOLDER", help="folder of tool libraries")
+    p.add_argument("--dynamic", action="store_true", help="run dynamic prompt providers (in workers)")
+    p.set_defaults(fn=cmd_tools)
+
+    p = sub.add_parser("call", help="run one tool call and print the result as JSON", parents=[verbose],
+                       description="Run one tool call and print the result as JSON. Exit status: 0 when "
+                                   "the call succeeded, 1 when it failed, 2 for a mistake in the command.")
+    p.add_argument("folder", metavar="FOLDER", help="folder of tool libraries")
+    p.add_argument("tool", metavar="TOOL", help="tool name, e.g. tool_read_file")
+    p.add_argument("--params", default="{}", metavar="JSON",
+                   help='the parameters, a JSON object (default: {}), e.g. \'{"file_name": "notes.txt"}\'')
+    p.add_argument("--workspace", default=None, metavar="DIR",
+                   help="the tool's working directory, created if missing (default: the current directory)")
+    p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="the call's timeout (default: 60; 0: none)")
+    p.set_defaults(fn=cmd_call)
+
+    p = sub.add_parser("demo", help="discover, call cold then warm, survive a crash", parents=[verbose],
+                       description="Discover the tools of FOLDER (default: the bundled tools), time the "
+                                   "calls (only the bundled demo calls, or the --tool calls you name), "
+                                   "then show the host surviving a tool that segfaults.")
+    p.add_argument("folder", nargs="?", default=None, metavar="FOLDER",
+                   help="folder of tool libraries (default: the bundled tools)")
+    p.add_argument("--tool", dest="tool_calls", action=_ToolCall, metavar="NAME",
+                   help="a tool to call and time (repeatable); on your own FOLDER only these are called")
+    p.add_argument("--params", dest="tool_calls", action=_ToolCall, metavar="JSON",
+                   help="JSON object of parameters for the --tool before it (default: {})")
+    p.add_argument("--calls", type=int, default=200, help="warm calls per tool (default: 200)")
+    p.set_defaults(fn=cmd_demo)
+
+    _add_bench(sub, verbose)
+    return parser
+
+
+def main(argv: Optional[list] = None) -> int:
+    """Run ``lcp-sandbox`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and not getattr(args, "any_arguments", False):
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     logging.basicConfig(level=logging.INFO if args.verbose else logging.ERROR,
                         format="%(levelname)s %(name)s: %(message)s")
-    return args.fn(args)
+    try:
+        return args.fn(args)
+    except UsageError as exc:
+        print(f"lcp-sandbox {args.cmd}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

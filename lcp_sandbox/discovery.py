@@ -60,6 +60,10 @@ _PER_SOFTWARE_GATES = {
 
 
 def office_library_admitted(stem: str, session_flags: Optional[dict]) -> bool:
+    """Whether the library ``stem`` may load under ``session_flags``.  Only
+    office-family libraries are gated: ``powerpoint_tools``, ``word_tools`` and
+    ``excel_tools`` need their own flag (``enable_powerpoint``...), the others
+    ``enable_office_files`` or any of those three flags."""
     if stem not in OFFICE_LIBRARY_STEMS:
         return True
     flags = session_flags if isinstance(session_flags, dict) else {}
@@ -117,7 +121,8 @@ class ToolDef:
 
 
 def schema_from_function(node: ast.FunctionDef) -> ToolDef:
-    """Build the LCP spec of one ``def tool_*`` node (seed §4)."""
+    """Build the LCP spec of one ``def tool_*`` node: description from the docstring's
+    first paragraph, a JSON-schema property per parameter the LLM may pass."""
     docstring = ast.get_docstring(node) or ""
     description = docstring.strip().split("\n\n")[0].strip() if docstring else "No description provided."
     doc = _doc_params(docstring) if docstring else {}
@@ -222,7 +227,8 @@ class ParsedFile:
     via_regex: bool = False
 
 
-def parse_source(text: str) -> ParsedFile:
+def parse_source(text: str, path: Any = None) -> ParsedFile:
+    """Tools and metadata of one file's source; ``path`` only names it in warnings."""
     load_flag = _LOAD_FLAG_RE.search(text)
     display = _DISPLAY_NAME_RE.search(text)
     aliases_m = _ALIASES_RE.search(text)
@@ -235,7 +241,12 @@ def parse_source(text: str) -> ParsedFile:
         _walk_defs(tree, tools, names)
         return ParsedFile(tools, frozenset(names), **meta)
     except Exception as exc:
-        log.warning("AST parse failed (%s); using the regex fallback", exc)
+        where = path or "tool source"
+        if isinstance(exc, SyntaxError) and exc.lineno:
+            log.warning("%s, line %d: %s; its tools are read with the regex fallback",
+                        where, exc.lineno, exc.msg)
+        else:
+            log.warning("%s: cannot be parsed (%s); its tools are read with the regex fallback", where, exc)
         tools = regex_tools(text)
         names = frozenset(t.spec["name"] for t in tools)
         return ParsedFile(tools, names, via_regex=True, **meta)
@@ -283,7 +294,7 @@ class FileCache:
         except OSError as exc:
             log.error("cannot read tool file %s: %s", path, exc)
             return None
-        parsed = parse_source(text)
+        parsed = parse_source(text, path=key)
         self._entries[key] = (st.st_mtime_ns, st.st_size, parsed)
         return parsed
 
@@ -317,7 +328,9 @@ def _real(entry: os.DirEntry) -> str:
 
 def iter_libraries(folders: Iterable[Path], tool_files: Iterable[Path] = (),
                    cache: Optional["FileCache"] = None) -> Iterable[Library]:
-    """Folder rules of seed §2, in sorted order so "first wins" is deterministic.
+    """The libraries of ``folders`` (each ``X/`` folder with ``.py`` files, its
+    ``X.py`` first, and each loose ``.py`` file but ``__init__.py``), then of
+    ``tool_files``, in sorted order so "first wins" is deterministic.
 
     Paths are absolute and symlink-free (as upstream's resolved file paths), so a
     worker can import them whatever its CWD is.  With a ``cache``, a folder whose
@@ -334,12 +347,19 @@ def iter_libraries(folders: Iterable[Path], tool_files: Iterable[Path] = (),
         path = os.path.realpath(f)
         if path.endswith(".py") and os.path.isfile(path):
             yield Library(Path(path).stem, path, (Path(path),), root=Path(os.path.dirname(path)))
+        else:
+            log.warning("tool file %s skipped: %s", path,
+                        "not a .py file" if os.path.isfile(path) else "it does not exist")
 
 
 def _scan_folder(base: str, dirs: Optional[list] = None) -> Iterable[Library]:
     """The libraries of one folder; ``dirs`` collects the directories looked into."""
     if dirs is not None:
         dirs.append(base)
+    if not os.path.isdir(base):
+        log.warning("tools folder %s skipped: %s", base,
+                    "not a folder" if os.path.exists(base) else "it does not exist")
+        return
     for entry in _entries(base):
         if entry.is_dir():
             if dirs is not None:
@@ -487,5 +507,7 @@ def dynamic_library(prefix: str, code: str) -> tuple[Library, ParsedFile]:
 
 
 def normalize_library_name(raw: str) -> str:
+    """A library name as written by a person or an LLM, as a stem: lower case,
+    spaces and dashes as ``_``, without a ``tool_`` prefix."""
     name = re.sub(r"[\s\-]+", "_", (raw or "").strip().lower())
     return name[5:] if name.startswith("tool_") else name

@@ -719,6 +719,12 @@ class Supervisor:
         return bool(keys)
 
     def stats(self, tenant: Optional[str] = None) -> list[dict]:
+        """One dict per worker slot (only ``tenant``'s when given): ``library``,
+        ``tenant``, ``pid`` (None when no worker runs), ``state`` (idle, busy,
+        stopped or quarantined), ``calls``, ``restarts``, ``last_exit`` (how the
+        last worker ended), ``rss`` and ``peak_rss`` (bytes, the worker's whole
+        process tree), ``protections`` (the confinement in force) and
+        ``workspace_root``."""
         out = []
         for slot in list(self._slots.values()):
             if tenant is not None and slot.tenant != tenant:

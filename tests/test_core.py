@@ -1,4 +1,4 @@
-"""The core contract over real worker processes (issue: LCP-exact tools in long-lived workers)."""
+"""The core contract over real worker processes: LCP-exact tools in long-lived workers."""
 import os
 import queue
 import sys

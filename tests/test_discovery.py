@@ -600,9 +600,9 @@ def counted(monkeypatch):
     calls = []
     real = discovery.parse_source
 
-    def wrapper(text):
+    def wrapper(text, **kw):
         calls.append(text)
-        return real(text)
+        return real(text, **kw)
     monkeypatch.setattr(discovery, "parse_source", wrapper)
     return calls
 
@@ -843,3 +843,23 @@ def test_dynamic_library_parses_without_running():
     assert [t.spec["name"] for t in parsed.tools] == ["tool_dyn"]
     with pytest.raises(SyntaxError):
         discovery.dynamic_library("pre", "def tool_bad(:\n")
+
+
+# ----------------------------------------------------------- warnings name the file
+def test_a_file_that_does_not_parse_is_named_with_its_line(tmp_path, caplog):
+    bad = write(tmp_path, "broken.py", tool_src("tool_ok") + "def tool_bad(:\n    pass\n")
+    with caplog.at_level(logging.WARNING, logger="lcp_sandbox.discovery"):
+        found = run(tmp_path)
+    assert "tool_ok" in names(found)                                  # the regex fallback still read it
+    messages = [r.getMessage() for r in caplog.records if "regex fallback" in r.getMessage()]
+    assert len(messages) == 1
+    assert messages[0].startswith(f"{bad.resolve()}, line 5: ") and "<unknown>" not in messages[0]
+
+
+def test_a_missing_tools_folder_or_file_is_named(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="lcp_sandbox.discovery"):
+        found = run(tmp_path / "no_such_folder", tool_files=[tmp_path / "no_such_file.py"])
+    assert found.specs == []
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert f"tools folder {tmp_path / 'no_such_folder'} skipped: it does not exist" in text
+    assert f"tool file {tmp_path / 'no_such_file.py'} skipped: it does not exist" in text

@@ -1,7 +1,9 @@
-"""SandboxedBinding as a lollms_client tools binding (issue: drop-in for LCPBinding).
+"""SandboxedBinding as a lollms_client tools binding: a drop-in for LCPBinding.
 
-* with lollms_client installed it is a ``LollmsToolBinding``, lollms finds it
-  in ``lcp_sandbox.lollms_bindings_dir()`` as ``tools_binding_name="sandboxed"``,
+* with lollms_client installed, lollms finds it in
+  ``lcp_sandbox.lollms_bindings_dir()`` as ``tools_binding_name="sandboxed"`` and
+  gets a ``LollmsToolBinding`` subclass of ``SandboxedBinding``; a binding made
+  in a process that imported lollms_client is one too,
   and lollms' own orchestration (``to_chat_tool_specs`` callables,
   ``execute_tool_call``) runs tools through it with a real ``LollmsClient``;
 * the library-mounting helpers lollms' personalities and discussions call
@@ -68,7 +70,8 @@ def empty_folder(tmp_path):
 def test_sandboxed_binding_is_a_lollms_tool_binding(supervisor, tmp_path):
     _lollms()
     from lollms_client.lollms_tools_binding import LollmsToolBinding
-    assert issubclass(SandboxedBinding, LollmsToolBinding)
+    assert issubclass(lcp_sandbox.lollms_binding_class(), LollmsToolBinding)
+    assert issubclass(lcp_sandbox.lollms_binding_class(), SandboxedBinding)
     with SandboxedBinding(tools_folders=[str(LIBS)], supervisor=supervisor, tenant="dropin-type",
                           workspace=str(tmp_path)) as b:
         assert isinstance(b, LollmsToolBinding)
@@ -88,7 +91,9 @@ def test_lollms_finds_the_bindings_folder():
     assert "sandboxed" in manager.get_available_bindings()
     description = manager.get_binding_description("sandboxed")
     assert description["name"] == "sandboxed"
-    assert manager._load_binding_class("sandboxed") is SandboxedBinding
+    loaded = manager._load_binding_class("sandboxed")
+    assert loaded is lcp_sandbox.lollms_binding_class()
+    assert issubclass(loaded, SandboxedBinding)
 
 
 def test_the_bindings_folder_is_part_of_the_distribution():
@@ -199,8 +204,8 @@ def _studio_client(tools_binding_name, tools_bindings_dir, config):
 
 
 @pytest.mark.parametrize("path", ["callable", "binding"])
-def test_lollms_execute_tool_call_runs_the_seed_example_through_the_sandbox(supervisor, tmp_path, monkeypatch,
-                                                                            path):
+def test_lollms_execute_tool_call_runs_the_studio_example_through_the_sandbox(supervisor, tmp_path,
+                                                                              monkeypatch, path):
     """lollms_chat_core.execute_tool_call with a real LollmsClient and ToolContext, via the
     spec's callable (chat()) or the binding's execute_tool, against tools_binding_name='lcp'."""
     _lcp()
@@ -449,7 +454,11 @@ NO_LOLLMS_SCRIPT = textwrap.dedent("""
     import lcp_sandbox
     from lcp_sandbox import SandboxedBinding
     import lcp_sandbox.binding as binding
-    result["lollms_flag"] = binding.LOLLMS
+    try:
+        binding.lollms_binding_class()
+        result["lollms_class"] = "made"
+    except ImportError as exc:
+        result["lollms_class"] = type(exc).__name__
     result["mro"] = [c.__name__ for c in SandboxedBinding.__mro__]
     result["bindings_dir"] = str(lcp_sandbox.lollms_bindings_dir())
     with SandboxedBinding(tools_folders=[LIBS], workspace=WS, timeout_s=20) as b:
@@ -483,7 +492,7 @@ def test_without_lollms_client_nothing_imports_it(tmp_path):
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
     result = json.loads(line[len("RESULT "):])
     assert result["no_site"] == 1 and result["lollms_findable"] is False    # genuinely absent
-    assert result["lollms_flag"] is False
+    assert result["lollms_class"] == "ModuleNotFoundError"
     assert "LollmsToolBinding" not in result["mro"] and result["mro"][-1] == "object"
     assert result["names"] and "tool_increment" in result["names"]
     assert result["first"] == {"output": 2, "status_code": 200, "success": True}

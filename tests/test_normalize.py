@@ -1,4 +1,4 @@
-"""Unit tests of lcp_sandbox.normalize (seed §7 step 7) and the failure builders.
+"""Unit tests of lcp_sandbox.normalize (LCP's result shapes) and the failure builders.
 
 The last section replays every case through upstream LCPBinding.execute_tool
 (an in-process dynamic tool that returns the case's value) and checks that

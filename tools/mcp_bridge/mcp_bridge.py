@@ -6,7 +6,7 @@ with their JSON schemas) and ``tool_call_mcp_tool`` (call one of them).
 ``tool_mcp_bridge_prompt`` is the library's dynamic context (not a tool): the
 configured servers and the tools already known.
 
-The servers are host configuration, never chosen by the LLM (seed §11)::
+The servers are host configuration, never chosen by the LLM::
 
     host_tool_configs = {"mcp_bridge": {"servers": [
         {"alias": "files", "type": "stdio", "command": "npx",

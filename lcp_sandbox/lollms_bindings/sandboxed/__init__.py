@@ -3,7 +3,11 @@
     LollmsClient(tools_binding_name="sandboxed",
                  tools_bindings_dir=lcp_sandbox.lollms_bindings_dir(),
                  tools_binding_config={"tools_folders": [...], ...})
-"""
-from lcp_sandbox.binding import SandboxedBinding
 
+lollms loads this file when it is asked for the binding; only then is the
+``LollmsToolBinding`` subclass of ``lcp_sandbox.SandboxedBinding`` made.
+"""
+from lcp_sandbox.binding import lollms_binding_class
+
+SandboxedBinding = lollms_binding_class()
 BindingName = "SandboxedBinding"
