@@ -1,4 +1,4 @@
-"""TARGETS: the issue's ratios, each with its limit and met / missed."""
+"""TARGETS: the project's speed targets, each with its limit and whether this run meets it."""
 from __future__ import annotations
 
 from typing import Any, Optional

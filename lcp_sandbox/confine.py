@@ -362,7 +362,7 @@ def _searchable(st: os.stat_result, uid: int, gid: int) -> bool:
 
 def make_reachable(paths: Iterable[str], run_as=None) -> str:
     """Let the worker's uid-to-be reach ``paths`` when a directory above them is
-    private to root (Python under /root/.pyenv, pytest's 0700 temp folders): in an
+    private to root (a Python installed in root's home directory, pytest's 0700 temp folders): in an
     own mount namespace, that directory is covered by a small read-only-for-others
     tmpfs holding only the way down to each path, each path bound there as it is.
     Nothing changes for the host.  A path's own permissions still apply.

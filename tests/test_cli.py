@@ -86,7 +86,7 @@ def test_help_lists_every_subcommand_and_describes_call_arguments():
 
 def test_bench_is_listed_with_how_to_run_it_when_it_cannot_be_imported(monkeypatch, capsys):
     from lcp_sandbox import cli as cli_module
-    monkeypatch.setitem(sys.modules, "lcp_sandbox.bench", None)          # import fails
+    monkeypatch.setitem(sys.modules, "benchmarks.cli", None)             # import fails
     with pytest.raises(SystemExit):
         cli_module.main(["--help"])
     out = capsys.readouterr().out

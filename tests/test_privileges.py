@@ -99,7 +99,7 @@ def test_run_as_is_configurable(roots):
 @needs_root
 def test_paths_below_a_root_only_folder_stay_reachable(tmp_path):
     """pytest's tmp_path lies below 0700 folders of root (as Python does on machines
-    where it lives in /root/.pyenv): the worker's library and workspace there are
+    where it is installed in root's home directory): the worker's library and workspace there are
     reachable by its uid, and nothing else of those folders is."""
     lib, ws = tmp_path / "libs", tmp_path / "ws"
     shutil.copytree(LIBS, lib, ignore=shutil.ignore_patterns("__pycache__"))
