@@ -256,36 +256,43 @@ class Encoder:
 
     def _plain(self, v: Any, depth: int) -> Any:
         """``v`` with what msgpack would pack wrongly fixed: non-str keys, big ints.
-        Returns ``v`` itself when nothing needed fixing (the common case)."""
+        Returns ``v`` itself when nothing needed fixing (the common case).  Leaves
+        are checked inline: this runs on every message a worker sends."""
         t = type(v)
-        if t in _LEAF:
-            if t is int and not _INT_MIN <= v <= _INT_MAX:
-                return msgpack.ExtType(_X_BIGINT, v.to_bytes((v.bit_length() + 8) // 8, "big", signed=True))
-            return v
-        if depth > MAX_DEPTH:
-            raise Unsendable(f"nested deeper than {MAX_DEPTH} levels")
         if t is dict:
+            if depth > MAX_DEPTH:
+                raise Unsendable(f"nested deeper than {MAX_DEPTH} levels")
             out = None
             for k, x in v.items():
                 tk = type(k)
                 if tk is not str and tk is not bytes:
                     return self._pairs(v, depth)
-                y = x if type(x) is str else self._plain(x, depth + 1)
+                tx = type(x)
+                if tx is str or tx is bool or tx is float or x is None or (tx is int and _INT_MIN <= x <= _INT_MAX):
+                    continue
+                y = self._plain(x, depth + 1)
                 if y is not x:
                     if out is None:
                         out = dict(v)
                     out[k] = y
             return v if out is None else out
         if t is list:
+            if depth > MAX_DEPTH:
+                raise Unsendable(f"nested deeper than {MAX_DEPTH} levels")
             out = None
             for i, x in enumerate(v):
-                y = x if type(x) is str else self._plain(x, depth + 1)
+                tx = type(x)
+                if tx is str or tx is bool or tx is float or x is None or (tx is int and _INT_MIN <= x <= _INT_MAX):
+                    continue
+                y = self._plain(x, depth + 1)
                 if y is not x:
                     if out is None:
                         out = list(v)
                     out[i] = y
             return v if out is None else out
-        return v          # packed by _default
+        if t is int and not _INT_MIN <= v <= _INT_MAX:
+            return msgpack.ExtType(_X_BIGINT, v.to_bytes((v.bit_length() + 8) // 8, "big", signed=True))
+        return v          # a leaf, or packed by _default
 
     def _pairs(self, d: dict, depth: int) -> msgpack.ExtType:
         return self._ext(_X_PAIRS, [[k, x] for k, x in d.items()], depth)
