@@ -123,12 +123,19 @@ class FakeZygote:
         conn = P.Connection(sock)
         try:
             conn.recv_frame()                                     # INIT
-            sock.sendall(P.Encoder(repr).encode(P.READY, [{"env": "fake"}]))
+            if SCRIPTS and SCRIPTS[0] == "no ready":
+                SCRIPTS.popleft()
+            else:
+                sock.sendall(P.Encoder(repr).encode(P.READY, [{"env": "fake"}]))
             while True:
                 conn.recv_frame()                                 # a CALL
                 script = SCRIPTS.popleft()
-                if isinstance(script, tuple):                     # ("good", value)
+                if isinstance(script, tuple) and script[0] == "good":
                     sock.sendall(good_result(script[1]))
+                    continue
+                if isinstance(script, tuple) and script[0] == "bytewise":
+                    for i in range(len(script[1])):               # one write per byte
+                        sock.sendall(script[1][i:i + 1])
                     continue
                 sock.sendall(script)
                 break                                             # then hang up
@@ -232,3 +239,35 @@ def test_any_frames_give_an_lcp_result_and_no_desync(fake_binding, script, token
     SCRIPTS.append(("good", token))
     again = fake_binding.execute_tool("tool_fuzz", {})
     assert again == {"output": token, "status_code": 200, "success": True}
+
+
+def test_result_before_ready_is_a_violation(fake_binding):
+    SCRIPTS.clear()
+    fake_binding.execute_tool("tool_fuzz", {})               # whatever state: start from a dead worker
+    SCRIPTS.clear()
+    SCRIPTS.extend(["no ready", good_result("early"), ("good", 1)])
+    r = fake_binding.execute_tool("tool_fuzz", {})
+    assert r["status_code"] == 500 and "protocol violation" in r["error"] and "kind 10" in r["error"]
+    SCRIPTS.clear()
+    SCRIPTS.append(("good", 2))
+    assert fake_binding.execute_tool("tool_fuzz", {})["output"] == 2
+
+
+def test_a_frame_split_over_many_writes_is_read_whole(fake_binding):
+    SCRIPTS.clear()
+    SCRIPTS.append(("good", 3))
+    assert fake_binding.execute_tool("tool_fuzz", {})["output"] == 3
+    SCRIPTS.append(("bytewise", good_result("x" * 70_000)))      # over the 64 KiB large-frame path too
+    assert fake_binding.execute_tool("tool_fuzz", {})["output"] == "x" * 70_000
+    SCRIPTS.append(("bytewise", good_result(4)))
+    assert fake_binding.execute_tool("tool_fuzz", {})["output"] == 4
+
+
+def test_a_worker_gone_mid_frame_is_a_death_not_a_desync(fake_binding):
+    SCRIPTS.clear()
+    SCRIPTS.extend([good_result("cut")[:9], ("good", 5)])
+    r = fake_binding.execute_tool("tool_fuzz", {})
+    assert r["status_code"] == 500 and "fresh worker" in r["error"]
+    SCRIPTS.clear()
+    SCRIPTS.append(("good", 6))
+    assert fake_binding.execute_tool("tool_fuzz", {})["output"] == 6
