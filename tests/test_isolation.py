@@ -141,6 +141,8 @@ def test_memory_error_from_kernel_limit_507_worker_kept(make_binding):
     assert r["success"] and "caught MemoryError" in r["output"]
     r = b.execute_tool("tool_memory_hog", {"mb": 2048})
     assert r["status_code"] == 507 and "300" in r["error"] and "kept" in r["error"]
+    assert r["error"].startswith("[faults] tool 'tool_memory_hog' ran out of memory: an allocation failed")
+    assert "()" not in r["error"] and ": ;" not in r["error"]          # no empty detail slot
     assert b.execute_tool("tool_get_state", {})["output"] == {"value": "before", "pid": pid}
     assert b.execute_tool("tool_other_get", {})["output"]["value"] == "keep me"
     assert psutil.Process().memory_info().rss < 1024 * 1048576      # the host never held it
@@ -186,6 +188,7 @@ def test_huge_result_refused_worker_kept(b):
     pid = b.execute_tool("tool_get_state", {})["output"]["pid"]
     r = b.execute_tool("tool_big_result", {"mb": 300}, timeout_s=60)
     assert r["status_code"] == 500 and "over the 64 MB cap" in r["error"] and "kept" in r["error"]
+    assert r["error"].startswith("[faults] tool 'tool_big_result': its result is ")    # library and tool
     assert b.execute_tool("tool_get_state", {})["output"]["pid"] == pid
     after_fault(b, state_kept=True)
 
@@ -362,3 +365,22 @@ def test_zygote_killed_workers_follow_and_service_resumes(make_binding):
     assert r["success"] and r["output"]["token"] == "b" and r["output"]["pid"] != pid
     assert psutil.Process(r["output"]["pid"]).parent().pid != zygote.pid
     assert b.execute_tool("tool_other_get", {})["success"]
+
+
+def test_closing_the_supervisor_during_a_call_says_so(libs, tmp_path):
+    import threading
+    from lcp_sandbox import Supervisor
+    sup = Supervisor()
+    b = SandboxedBinding(tools_folders=[libs], workspace=str(tmp_path), supervisor=sup, timeout_s=60)
+    b.execute_tool("tool_token", {"token": "warm"})
+    results = []
+    t = threading.Thread(target=lambda: results.append(b.execute_tool("tool_sleep", {"seconds": 30})))
+    t.start()
+    while not any(s["state"] == "busy" for s in sup.stats()):
+        threading.Event().wait(0.01)                       # until the call is running in its worker
+    sup.close()
+    t.join(30)
+    r = results[0]
+    assert r["status_code"] == 503 and "[faults] tool 'tool_sleep' was stopped" in r["error"]
+    assert "supervisor was closed" in r["error"] and "unknown reason" not in r["error"]
+    b.close()
