@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from .binding import SandboxedBinding, bundled_tools_dir
+from ..host.binding import SandboxedBinding, bundled_tools_dir
 
 
 class UsageError(Exception):

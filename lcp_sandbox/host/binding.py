@@ -30,13 +30,13 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Union
 
-from . import catalog, discovery, normalize
-from . import protocol as P
+from .. import protocol as P
+from ..backends.local import SandboxEvent, Supervisor
+from ..core import catalog, discovery, normalize
+from ..core.policy import allowed_environment
+from ..protocol import HANDLER_CONFIRM, HANDLER_UI, HOST_PARAMS, Ref, is_plain
 from .limits import Limits
-from .proxies import HostObjects, is_plain
-from .supervisor import SandboxEvent, Supervisor
-from .protocol import HANDLER_CONFIRM, HANDLER_UI, HOST_PARAMS, Ref
-from .confine import allowed_environment
+from .objects import HostObjects
 
 log = logging.getLogger("lcp_sandbox")
 
@@ -48,22 +48,23 @@ def lollms_binding_class() -> type:
 
     lollms' loader gets this class for ``tools_binding_name="sandboxed"``.
     Raises ``ImportError`` when lollms_client is not installed."""
-    from .lollms_binding import SandboxedBinding as LollmsSandboxedBinding
+    from ..fronts.lollms import SandboxedBinding as LollmsSandboxedBinding
     return LollmsSandboxedBinding
 
 
 #: Once this module is loaded, a new SandboxedBinding is a LollmsToolBinding too.
 _LOLLMS_TOOLS_MODULE = "lollms_client.lollms_tools_binding"
+_PACKAGE = Path(__file__).resolve().parent.parent          # lcp_sandbox/
 
 
 def lollms_bindings_dir() -> Path:
     """Pass as ``LollmsClient(tools_bindings_dir=...)`` with ``tools_binding_name="sandboxed"``."""
-    return Path(__file__).resolve().parent / "lollms_bindings"
+    return _PACKAGE / "lollms_bindings"
 
 
 def bundled_tools_dir() -> Path:
     """The example libraries shipped with lcp_sandbox."""
-    here = Path(__file__).resolve().parent
+    here = _PACKAGE
     for candidate in (here / "bundled_tools", here.parent / "tools"):
         if candidate.is_dir():
             return candidate

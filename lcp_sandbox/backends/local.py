@@ -34,15 +34,18 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from . import normalize
-from . import protocol as P
-from .confine import DEFAULT_RUN_AS, hand_over, in_force, may_hand_over, private_tmpdir, run_as_ids
-from .discovery import Library
-from .limits import Limits, describe_exit, tree_rss
-from .output import OutputPump
-from .pool import Pool
-from .proxies import HostObjects, rebuild_error
-from .zygote import Zygote, ZygoteGone
+from .. import protocol as P
+from ..core import normalize
+from ..core.discovery import Library
+from ..core.policy import DEFAULT_RUN_AS, in_force, run_as_ids
+from ..host.handover import hand_over, may_hand_over, private_tmpdir
+from ..host.limits import Limits
+from ..host.objects import HostObjects
+from ..host.output import OutputPump
+from ..host.pool import Pool
+from ..host.zygote import Zygote, ZygoteGone
+from ..proc import describe_exit, tree_rss
+from ..protocol import rebuild_error
 
 log = logging.getLogger("lcp_sandbox")
 events_log = logging.getLogger("lcp_sandbox.events")
