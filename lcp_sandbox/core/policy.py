@@ -56,6 +56,21 @@ def path_within(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
+# Paths a confinement root must not contain: handing them to an unprivileged uid
+# would give it the system (think of a confined binding without a workspace in a
+# host whose CWD is "/").
+_NEVER_HAND_OVER = ("/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/media",
+                    "/mnt", "/opt", "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr",
+                    "/var", "/var/tmp")
+
+
+def may_hand_over(path: str) -> bool:
+    """False for "/", a system directory, or a folder holding one, the Python
+    installation or this package (``path`` is a real path)."""
+    keep = [*_NEVER_HAND_OVER, *python_paths(), ENGINE_DIR]
+    return path != os.sep and not any(path_within(p, path) for p in keep)
+
+
 def in_force(kind: str, state: str) -> bool:
     """Whether a protections report entry says the protection holds."""
     if kind == "privileges":
@@ -63,3 +78,15 @@ def in_force(kind: str, state: str) -> bool:
     if kind == "unix_sockets":
         return state.startswith("blocked")
     return state.startswith("on")
+
+
+def not_in_force(report: dict, confined: bool, network: bool) -> list[tuple[str, str]]:
+    """The protections a worker was asked for that its READY report does not show
+    in force, as (kind, what the report says)."""
+    wanted = []
+    if confined:
+        wanted += ["filesystem", "privileges"] + ([] if network else ["unix_sockets"])
+    if not network:
+        wanted.append("network")
+    return [(kind, state) for kind in wanted
+            if not in_force(kind, state := str(report.get(kind, "unknown")))]

@@ -25,18 +25,20 @@ import importlib.util
 import inspect
 import logging
 import os
-import pickle
 import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Union
 
 from .. import protocol as P
-from ..backends.local import SandboxEvent, Supervisor
+from ..backends.base import Backend, WorkerSpec
+from ..backends.local import Supervisor
 from ..core import catalog, discovery, normalize
-from ..core.policy import allowed_environment
-from ..protocol import HANDLER_CONFIRM, HANDLER_UI, HOST_PARAMS, Ref, is_plain
+from ..core.policy import path_within
+from ..protocol import HANDLER_CONFIRM, HANDLER_UI, HOST_PARAMS
 from .limits import Limits
 from .objects import HostObjects
+from .outcomes import SandboxEvent
+from .worker_init import build_init, sendable
 
 log = logging.getLogger("lcp_sandbox")
 
@@ -162,7 +164,7 @@ class SandboxedBinding:
                  user_interaction_handler: Optional[Callable] = None,
                  workspace: Optional[PathLike] = None, tenant: str = "default",
                  timeout_s: Optional[float] = 60.0, memory_mb: Optional[float] = None,
-                 supervisor: Optional[Supervisor] = None, confine: Optional[bool] = None,
+                 supervisor: Optional[Backend] = None, confine: Optional[bool] = None,
                  workspace_root: Optional[PathLike] = None, **kwargs: Any) -> None:
         self.binding_name = "sandboxed"
         self.host_tool_configs: dict = host_tool_configs if host_tool_configs is not None else {}
@@ -186,6 +188,7 @@ class SandboxedBinding:
         self._dynamic: dict[str, tuple[discovery.Library, discovery.ParsedFile]] = {}
         self._routes: dict[str, discovery.Route] = {}
         self._lib_limits: dict[str, Limits] = {}
+        self._specs: dict[tuple, WorkerSpec] = {}      # (library key, root) -> its worker's spec
         self._prompt_providers: dict[str, tuple] = {}
         self._resolvers: dict[str, Callable[[Any], Any]] = {}
         self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
@@ -204,6 +207,7 @@ class SandboxedBinding:
         self._routes = found.routes
         self._prompt_providers = found.prompt_providers
         self._lib_limits.clear()
+        self._specs.clear()
         self.discovered_tools = found.specs
 
     def discover_tools(self, specific_tool_names: Optional[list] = None, **kwargs: Any) -> list[dict]:
@@ -245,12 +249,9 @@ class SandboxedBinding:
         if refused is not None:
             log.warning("%s", refused["error"])
             return None
-        root = self._root(lib, cwd)
         msg = P.Prompt(fn, index, cwd, self._handlers_mask())
         try:
-            return self.supervisor.run(self.tenant, lib, msg, init=lambda: self._init(lib, root),
-                                       limits=self._limits(lib), objects=HostObjects(self._named_for(lib)),
-                                       tool=fn, root=root)
+            return self.supervisor.run(self._spec(lib, cwd), msg, HostObjects(self._named_for(lib)), tool=fn)
         except SandboxEvent as ev:
             log.warning("prompt provider %s of %s failed: %s", fn, lib.name, ev)
             return None
@@ -367,12 +368,10 @@ class SandboxedBinding:
         refused = self._check_workspace(lib, fn, cwd)
         if refused is not None:
             raise RuntimeError(refused["error"])
-        root = self._root(lib, cwd)
         msg = P.ModCall(fn, index, tuple(objects.lend(a) for a in args),
                         {k: objects.lend(v) for k, v in kwargs.items()}, cwd, self._handlers_mask())
         try:
-            return self.supervisor.run(self.tenant, lib, msg, init=lambda: self._init(lib, root),
-                                       limits=self._limits(lib), objects=objects, tool=fn, root=root)
+            return self.supervisor.run(self._spec(lib, cwd), msg, objects, tool=fn)
         except SandboxEvent as ev:
             raise RuntimeError(ev.result["error"]) from None
 
@@ -422,7 +421,7 @@ class SandboxedBinding:
                     return self.confirm_handler
                 if ref[2] == "user_interaction_handler" and value is None:
                     return self.user_interaction_handler
-                if value is not None and not _sendable(value):
+                if value is not None and not sendable(value):
                     return value
             raise PermissionError(f"{ref!r} is not a host object lent to library {lib.name!r}")
         self._resolvers[lib.key] = resolve
@@ -435,33 +434,25 @@ class SandboxedBinding:
             lim = self._lib_limits[lib.key] = Limits.merged(self.limits, cfg.get("sandbox"))
         return lim
 
-    def _root(self, lib: discovery.Library, cwd: str) -> str:
-        """The confinement root of a call ("" when the library is not confined).
+    def _spec(self, lib: discovery.Library, cwd: str) -> WorkerSpec:
+        """The worker a call of ``lib`` in the workspace ``cwd`` goes to.
 
-        Landlock rules cannot be widened, so a confined worker serves one root for
-        life: the tenant's workspace root, or else the one workspace it was started
-        for (the slot key includes it, so another workspace gets another worker)."""
-        if not self._limits(lib).confine:
-            return ""
-        return self.workspace_root or os.path.realpath(cwd)
+        A confined worker serves one root for life (Landlock rules cannot be
+        widened): the tenant's workspace root, or else the one workspace it was
+        started for, so another workspace gets another worker."""
+        limits = self._limits(lib)
+        root = (self.workspace_root or os.path.realpath(cwd)) if limits.confine else ""
+        spec = self._specs.get((lib.key, root))
+        if spec is None or spec.library is not lib or spec.limits is not limits:
+            if len(self._specs) >= 4096:
+                self._specs.clear()
+            spec = self._specs[(lib.key, root)] = WorkerSpec(
+                self.tenant, lib, limits, root, functools.partial(self._init, lib, limits, root))
+        return spec
 
-    def _init(self, lib: discovery.Library, root: str = "") -> dict:
-        stems = [Path(f).stem for f in lib.files] or [lib.name]
-        configs = {}
-        for stem in stems:
-            cfg = self.host_tool_configs.get(stem)
-            if isinstance(cfg, dict):
-                configs[stem] = {k: v if _sendable(v) else Ref(["cfg", stem, k]) for k, v in cfg.items()}
-        lim = self._limits(lib)
-        confine = None
-        env = dict(os.environ)
-        if root:
-            confine = {"root": root, "read_paths": [str(p) for p in (lib.root, *lim.read_paths) if p]}
-            env = allowed_environment(env)        # a confined worker never receives the rest
-        return P.Init(lib.name, [str(f) for f in lib.files], lib.source, configs, self._handlers_mask(),
-                      list(sys.path), env, confine, None,
-                      [x.strip() for x in os.environ.get("LCP_SANDBOX_DISABLE", "").split(",") if x.strip()],
-                      {k: getattr(lim, k) for k in lim.__dataclass_fields__})
+    def _init(self, lib: discovery.Library, limits: Limits, root: str) -> P.Init:
+        """The INIT of a new worker of ``lib``, with the configs and handlers of the moment."""
+        return build_init(lib, limits, root, self.host_tool_configs, self._handlers_mask())
 
     def _closed_text(self, tool: str) -> str:
         return f"tool '{tool}' not run: this SandboxedBinding (tenant {self.tenant!r}) is closed."
@@ -472,7 +463,7 @@ class SandboxedBinding:
         does not exist and cannot be created (it is created, as ``mkdir -p``, only
         after the root check).  A workspace seen to exist is not checked again:
         the worker still enters it on every call."""
-        if self.workspace_root is not None and not _inside(cwd, self.workspace_root):
+        if self.workspace_root is not None and not path_within(cwd, self.workspace_root):
             return normalize.failure(
                 f"[{lib.name}] tool '{tool}' not run: the workspace {cwd!r} is outside the "
                 f"root {self.workspace_root!r} of tenant {self.tenant!r}.", normalize.FORBIDDEN)
@@ -531,12 +522,9 @@ class SandboxedBinding:
         refused = self._check_workspace(lib, tool_name, cwd)
         if refused is not None:
             return refused
-        root = self._root(lib, cwd)
         msg = P.Call(tool_name, route.index, params, cwd, injected, self._handlers_mask())
         try:
-            return self.supervisor.run(self.tenant, lib, msg, init=lambda: self._init(lib, root),
-                                       limits=self._limits(lib), objects=objects, tool=tool_name,
-                                       timeout_s=timeout_s, root=root)
+            return self.supervisor.run(self._spec(lib, cwd), msg, objects, tool=tool_name, timeout_s=timeout_s)
         except SandboxEvent as ev:
             log.warning("%s", ev)
             return ev.result
@@ -597,12 +585,10 @@ class SandboxedBinding:
         # import is refused, as in-process, and a previous registration stays as it was.
         self.supervisor.stop(self.tenant, lib.key)
         cwd = self.workspace or os.getcwd()
-        root = self._root(lib, cwd)
         try:
-            failed = self.supervisor.run(self.tenant, lib, P.Load(cwd, self._handlers_mask()),
-                                         init=lambda: self._init(lib, root), limits=self._limits(lib),
-                                         objects=HostObjects(self._named_for(lib)),
-                                         tool=f"register_tool_from_code({tool_name_prefix!r})", root=root)
+            failed = self.supervisor.run(self._spec(lib, cwd), P.Load(cwd, self._handlers_mask()),
+                                         HostObjects(self._named_for(lib)),
+                                         tool=f"register_tool_from_code({tool_name_prefix!r})")
         except SandboxEvent as ev:
             failed = [str(ev.result.get("error")), ""]
         if failed is not None:
@@ -666,23 +652,6 @@ class SandboxedBinding:
 _init_signature = inspect.signature(SandboxedBinding.__init__)
 SandboxedBinding.__signature__ = _init_signature.replace(  # type: ignore[attr-defined]
     parameters=list(_init_signature.parameters.values())[1:], return_annotation=inspect.Signature.empty)
-
-
-def _inside(real: str, root: str) -> bool:
-    """Whether the resolved path ``real`` is ``root`` or under it."""
-    return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
-
-
-def _sendable(value: Any) -> bool:
-    if is_plain(value):
-        return True
-    if callable(value):
-        return False
-    try:
-        pickle.dumps(value)
-        return True
-    except Exception:
-        return False
 
 
 class LibraryHandle:

@@ -11,7 +11,25 @@ import re
 import stat
 import tempfile
 
-from ..core.policy import DEFAULT_RUN_AS, ENGINE_DIR, path_within as _within, python_paths, run_as_ids
+from .. import protocol as P
+from ..core import policy
+from ..core.policy import DEFAULT_RUN_AS, may_hand_over, path_within as _within, run_as_ids
+from .outcomes import Refused
+
+
+def hand_over_root(init: P.Init, run_as: tuple, library: str, tool: str) -> P.Init:
+    """Before a confined worker starts: its root becomes ``run_as``'s and its temp
+    dir is made; returns the INIT that says both.  A root that must not be handed
+    over refuses the call (403); OSError when handing over fails."""
+    root = init.confine["root"]
+    if not policy.may_hand_over(os.path.realpath(root)):
+        # A confined tool could rewrite code that later runs unconfined (the zygote).
+        raise Refused.not_run(library, tool, f"its confinement root {root!r} is or holds a system directory, "
+                              f"the sandbox engine or the Python installation, which a confined tool must not "
+                              f"be able to write. Use a workspace of its own.")
+    hand_over(root, *run_as)
+    # The temp dir is the host's to make and to remove: no path a worker names is ever deleted.
+    return init._replace(confine={**init.confine, "run_as": run_as}, tmpdir=private_tmpdir(run_as))
 
 
 def private_tmpdir(run_as=None) -> str:
@@ -26,20 +44,7 @@ def private_tmpdir(run_as=None) -> str:
     return tmp
 
 
-# Paths a confinement root must not contain: handing them to an unprivileged uid
-# would give it the system (think of a confined binding without a workspace in a
-# host whose CWD is "/").
-_NEVER_HAND_OVER = ("/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/media",
-                    "/mnt", "/opt", "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr",
-                    "/var", "/var/tmp")
-_MAX_DEPTH = 64
-
-
-def may_hand_over(path: str) -> bool:
-    """False for "/", a system directory, or a folder holding one, the Python
-    installation or this package (``path`` is a real path)."""
-    keep = [*_NEVER_HAND_OVER, *python_paths(), ENGINE_DIR]
-    return path != os.sep and not any(_within(p, path) for p in keep)
+_MAX_DEPTH = 64                  # directory levels handed over below a root
 
 
 def hand_over(path: str, uid: int, gid: int) -> None:

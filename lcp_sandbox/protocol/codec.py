@@ -17,7 +17,7 @@ import msgpack
 
 from .messages import (HOST_TO_WORKER, LOAD_FAILED, MAX_DEPTH, MAX_HASHED, OK, OPS, OUT_OF_MEMORY, RAISED,
                        READY, REF_CONFIRM, REF_UI, REPLY, REQUEST, RESULT, TIMED_OUT, HEADER as _HDR,
-                       PayloadError, ProtocolViolation, Ready, Reply, Request, Result)
+                       Call, Load, PayloadError, Prompt, ProtocolViolation, Ready, Reply, Request, Result)
 
 # ---------------------------------------------------------------- host -> worker codec
 def dumps(msg: tuple) -> bytes:
@@ -307,7 +307,7 @@ def parse_from_worker(kind: int, payload: bytes, decoder: Decoder) -> tuple:
         if n != 3 or type(fields[1]) is not int or type(fields[2]) is not str or fields[1] not in (
                 OK, TIMED_OUT, OUT_OF_MEMORY, LOAD_FAILED, RAISED):
             raise ProtocolViolation("malformed RESULT")
-        if fields[1] == RAISED and not _is_error(fields[0]):
+        if fields[1] == RAISED and not is_error(fields[0]):
             raise ProtocolViolation("malformed error in RESULT")
         return Result(*fields)
     if kind == REQUEST:
@@ -317,7 +317,7 @@ def parse_from_worker(kind: int, payload: bytes, decoder: Decoder) -> tuple:
             raise ProtocolViolation("malformed REQUEST")
         return Request(*fields)
     if kind == REPLY:
-        if n != 2 or type(fields[0]) is not bool or (not fields[0] and not _is_error(fields[1])):
+        if n != 2 or type(fields[0]) is not bool or (not fields[0] and not is_error(fields[1])):
             raise ProtocolViolation("malformed REPLY")
         return Reply(*fields)
     if kind == READY:
@@ -327,6 +327,24 @@ def parse_from_worker(kind: int, payload: bytes, decoder: Decoder) -> tuple:
     raise ProtocolViolation(f"a worker may not send messages of kind {kind}")
 
 
-def _is_error(v: Any) -> bool:
+def is_error(v: Any) -> bool:
+    """An exception as it travels: [type name, args]."""
     return type(v) is list and len(v) == 2 and type(v[0]) is str and len(v[0]) < 200 and type(v[1]) is list
+
+
+def invalid_answer(msg: tuple, value: Any) -> Optional[str]:
+    """Why a RESULT's value cannot be the answer to ``msg`` (None when it can)."""
+    t = type(msg)
+    if t is Call:
+        if (type(value) is not dict or type(value.get("status_code")) is not int
+                or not (value.get("success") is None or type(value.get("success")) is bool)):
+            return "a tool result that is not an LCP result dict"
+    elif t is Prompt:
+        if value is not None and type(value) is not str:
+            return "a prompt that is not text"
+    elif t is Load:
+        if value is not None and not (type(value) is list and len(value) == 2
+                                      and all(type(x) is str for x in value)):
+            return "a malformed load answer"
+    return None
 
