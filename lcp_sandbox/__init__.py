@@ -21,9 +21,9 @@ __version__ = "0.1.0"
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 _EXPORTS = {
-    "SandboxedBinding": "host.binding", "bundled_tools_dir": "host.binding",
-    "lollms_bindings_dir": "host.binding", "lollms_binding_class": "host.binding",
-    "Supervisor": "backends.local", "CrashPolicy": "backends.local", "SandboxEvent": "backends.local",
+    "SandboxedBinding": "host.binding", "bundled_tools_dir": "host.locations",
+    "lollms_bindings_dir": "host.locations", "lollms_binding_class": "host.binding",
+    "Supervisor": "backends.local", "CrashPolicy": "backends.local", "SandboxEvent": "host.outcomes",
     "Limits": "host.limits",
 }
 __all__ = sorted(_EXPORTS)

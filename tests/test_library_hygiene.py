@@ -115,14 +115,17 @@ def test_public_methods_have_docstrings_and_no_comment_shows_as_one():
     from lcp_sandbox.core import discovery
     from lcp_sandbox.fronts import cli
     from lcp_sandbox.host import binding
-    from lcp_sandbox.host.binding import LibraryHandle, SandboxedBinding
+    from lcp_sandbox.host.binding import SandboxedBinding
+    from lcp_sandbox.host.lcp_surface import LcpSurface
+    from lcp_sandbox.host.tool_catalog import LibraryHandle
     from lcp_sandbox.backends.local import Supervisor
-    for name, fn in _members(SandboxedBinding):
-        if not name.startswith("_") or name in ("__enter__", "__exit__"):
-            assert inspect.getdoc(fn), f"SandboxedBinding.{name} has no docstring"
+    for cls in (SandboxedBinding, LcpSurface):             # LcpSurface: the rest of its surface
+        for name, fn in _members(cls):
+            if not name.startswith("_") or name in ("__enter__", "__exit__"):
+                assert inspect.getdoc(fn), f"SandboxedBinding.{name} has no docstring"
     for name in ("start", "stop", "stats", "pool_stats", "close", "run"):
         assert inspect.getdoc(getattr(Supervisor, name)), f"Supervisor.{name} has no docstring"
-    for cls in (SandboxedBinding, LibraryHandle, Supervisor):
+    for cls in (SandboxedBinding, LcpSurface, LibraryHandle, Supervisor):
         for name, fn in _members(cls):
             if pydoc.visiblename(name, obj=cls):                 # what help() shows
                 assert not (pydoc.getdoc(fn) or "").lstrip().startswith("#"), f"{cls.__name__}.{name}"

@@ -30,10 +30,12 @@ from __future__ import annotations
 import operator
 import os
 import types
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 from .. import protocol as P
 from ..protocol import Ref, WorkerRef, error_value, is_plain, map_containers, rebuild_error
+from .worker_init import sendable
 
 # Operations a proxy forwards by name (never a getattr of a dunder).
 OPERATORS: dict[str, Callable] = {
@@ -183,6 +185,34 @@ class HostObjects:
     def release(self) -> None:
         self._objects.clear()
         self.conn = None
+
+
+class NamedRefs:
+    """What a worker of one library may name besides what its call lent: the
+    handlers (None when not set) and the callables of its own stems'
+    host_tool_configs, read from ``owner`` (the binding) at each use."""
+    __slots__ = ("_owner", "_library", "_stems")
+
+    def __init__(self, owner: Any, library: Any) -> None:
+        self._owner = owner            # has confirm_handler, user_interaction_handler, host_tool_configs
+        self._library = library.name
+        self._stems = frozenset(Path(f).stem for f in library.files) or frozenset({library.name})
+
+    def __call__(self, ref: Any) -> Any:
+        owner = self._owner
+        if ref == P.REF_CONFIRM:
+            return owner.confirm_handler
+        if ref == P.REF_UI:
+            return owner.user_interaction_handler
+        if type(ref) is list and len(ref) == 3 and ref[0] == "cfg" and ref[1] in self._stems:
+            value = (owner.host_tool_configs.get(ref[1]) or {}).get(ref[2])
+            if ref[2] == "confirm_handler" and value is None:
+                return owner.confirm_handler
+            if ref[2] == "user_interaction_handler" and value is None:
+                return owner.user_interaction_handler
+            if value is not None and not sendable(value):
+                return value
+        raise PermissionError(f"{ref!r} is not a host object lent to library {self._library!r}")
 
 
 class _ToolCallable:

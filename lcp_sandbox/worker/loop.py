@@ -26,7 +26,6 @@ import inspect
 import os
 import signal
 import sys
-import tempfile
 import traceback
 import types
 from pathlib import Path

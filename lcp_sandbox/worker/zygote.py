@@ -31,7 +31,6 @@ import gc
 import os
 import signal
 import socket
-import struct
 import sys
 
 from ..proc import children, process_tree, status_from_wait
