@@ -19,7 +19,6 @@
     host/outcomes.py   SandboxEvent and its kinds, each building its LCP result
     host/zygote.py     the process that forks (and reaps, and kills) every worker
     host/output.py     worker stdout/stderr ─► logging
-
 Calls to one worker are served one at a time in arrival order; calls to
 different slots never wait for each other (no global lock is held while a
 call runs).
@@ -40,18 +39,16 @@ from ..core.normalize import OUT_OF_MEMORY
 from ..core.policy import DEFAULT_RUN_AS, not_in_force, run_as_ids
 from ..host.handover import hand_over_root
 from ..host.objects import HostObjects
-from ..host.outcomes import (CallFailed, OutOfMemory, ProtocolViolated, SandboxEvent, TimedOut, Unavailable,
-                             WorkerDied)
+from ..host.outcomes import (CallFailed, OutOfMemory, ProtocolViolated, SandboxEvent,  # noqa: F401 (exported)
+                             TimedOut, Unavailable, WorkerDied)
 from ..host.output import OutputPump
 from ..host.pool import Pool
 from ..host.process import DeadlinePassed, WorkerGone, WorkerProcess
-from ..host.slot import CrashPolicy, Slot
+from ..host.slot import CrashPolicy, Slot, evict_one
 from ..host.watchdog import Watchdog
 from ..host.zygote import Zygote, ZygoteGone
 from ..protocol import invalid_answer, is_error, rebuild_error
 from .base import WorkerSpec
-
-__all__ = ["Supervisor", "CrashPolicy", "SandboxEvent", "WorkerSpec"]
 
 log = logging.getLogger("lcp_sandbox")
 events_log = logging.getLogger("lcp_sandbox.events")
@@ -130,14 +127,11 @@ class Supervisor:
 
     def _slot(self, spec: WorkerSpec) -> Slot:
         s = self._slots.get(spec.key)
-        if s is None:
-            with self._lock:
-                s = self._slots.get(spec.key)
-                if s is None:
-                    s = self._slots[spec.key] = Slot(spec.tenant, spec.library, spec.limits, spec.root)
-        else:
+        if s is not None:
             s.limits = spec.limits
-        return s
+            return s
+        with self._lock:
+            return self._slots.setdefault(spec.key, Slot(spec.tenant, spec.library, spec.limits, spec.root))
 
     def _run_locked(self, slot: Slot, spec: WorkerSpec, msg: tuple, objects: HostObjects, tool: str,
                     timeout: Optional[float], queue_deadline: Optional[float]) -> Any:
@@ -266,7 +260,7 @@ class Supervisor:
         name = slot.library.name
         if self.pool.limited:
             try:
-                self.pool.reserve(slot.tenant, deadline, lambda tenant: self._evict_one(slot, tenant))
+                self.pool.reserve(slot.tenant, deadline, lambda tenant: evict_one(list(self._slots.values()), slot, tenant, self._retire))
             except TimeoutError:
                 raise Unavailable.not_run(name, tool, f"no worker became free in time (pool of "
                                           f"{self.pool.max_workers} workers, {self.pool.max_per_tenant} per "
@@ -326,23 +320,6 @@ class Supervisor:
         self._watchdog.retiring(proc)
         self._event(kind, slot, pid=proc.pid, reason=why)
 
-    def _evict_one(self, asking: Slot, tenant: Optional[str]) -> bool:
-        """Stop the least recently used idle worker (of ``tenant`` if given)."""
-        candidates = sorted((s for s in list(self._slots.values())
-                             if s is not asking and s.proc is not None and not s.busy
-                             and (tenant is None or s.tenant == tenant)),
-                            key=lambda s: s.last_used)
-        for victim in candidates:
-            if victim.lock.acquire(timeout=0):
-                try:
-                    proc = victim.proc
-                    if proc is not None and not victim.busy:
-                        self._retire(victim, proc, "evict", "evicted to make room for another worker")
-                        return True
-                finally:
-                    victim.lock.release()
-        return False
-
     def _bury(self, slot: Slot, proc: WorkerProcess, served_a_call: bool) -> str:
         """The worker is gone or going: reap it, record how, free the slot."""
         how = proc.reap()
@@ -400,10 +377,7 @@ class Supervisor:
         self._watchdog.stop()
         idle = [slot.proc for slot in list(self._slots.values()) if slot.proc is not None and not slot.busy]
         for proc in idle:
-            try:
-                proc.conn.send(P.SHUTDOWN)
-            except OSError:
-                pass
+            proc.shut_down("the supervisor was closed")
         if self._zygote is not None:
             deadline = time.monotonic() + 1.0
             for proc in idle:

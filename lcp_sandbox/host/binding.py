@@ -13,10 +13,8 @@ The host side of a call is deliberately thin:
         host objects the tool may use ─► HostObjects (lent as proxies)
         backend.run(spec, Call, objects) ─► result dict       (spec: which worker, cached)
 
-What tools exist is the ToolCatalog's (host/tool_catalog.py); the rest of the
-LCPBinding surface is in host/lcp_surface.py; result shapes in core/normalize.py;
-processes behind the Backend (backends/base.py; by default the local
-Supervisor, backends/local.py).
+What tools exist: host/tool_catalog.py; the rest of the LCPBinding surface:
+host/lcp_surface.py; processes: behind the Backend (backends/base.py).
 """
 from __future__ import annotations
 
@@ -160,8 +158,6 @@ class SandboxedBinding(LcpSurface):
         self._closed = False
         self.catalog.discover()
 
-    # ------------------------------------------------------------ discovery
-
     def _derived_stale(self) -> None:
         """Discovery ran again: limits and worker specs are derived anew."""
         self._lib_limits.clear()
@@ -188,11 +184,6 @@ class SandboxedBinding(LcpSurface):
                 if text:
                     spec["description"] = text
         return tools
-
-    def library_context(self, library: str) -> Optional[str]:
-        """The dynamic context of a library (its ``tool_<library>_prompt``), run in its worker."""
-        entry = self.catalog.prompt_providers.get(library)
-        return self._prompt(*entry) if entry else None
 
     def _prompt(self, lib: discovery.Library, fn: str, index: int) -> Optional[str]:
         if self._closed:
@@ -230,7 +221,6 @@ class SandboxedBinding(LcpSurface):
             raise RuntimeError(ev.result["error"]) from None
 
     # ------------------------------------------------------------ execution
-
     def _handlers_mask(self) -> int:
         return (HANDLER_CONFIRM if self.confirm_handler is not None else 0) | \
                (HANDLER_UI if self.user_interaction_handler is not None else 0)
@@ -340,7 +330,6 @@ class SandboxedBinding(LcpSurface):
         return await future
 
     # ------------------------------------------------------------ dynamic tools
-
     def register_tool_from_code(self, tool_name_prefix: str, code: str) -> bool:
         """Add the ``tool_*`` functions of ``code`` as a library of their own.
 
@@ -374,17 +363,7 @@ class SandboxedBinding(LcpSurface):
         self.catalog.discover()
         return True
 
-    def unregister_tools_by_prefix(self, tool_name_prefix: str) -> int:
-        """Forget the tools named ``tool_<prefix>...`` (or ``<prefix>``) and stop the
-        worker of the library registered under that prefix; returns how many
-        tools were removed."""
-        removed, lib = self.catalog.forget(tool_name_prefix)
-        if lib is not None:
-            self.supervisor.stop(self.tenant, lib.key)
-        return removed
-
     # ------------------------------------------------------------ lifecycle
-
     def stats(self) -> list[dict]:
         """One dict per worker slot of this binding's tenant: ``library``, ``pid``,
         ``state``, ``calls``, ``restarts``, ``last_exit``, ``rss``, ``peak_rss``,

@@ -20,6 +20,8 @@ PathLike = Union[str, Path]
 class LcpSurface:
     """The LCPBinding surface of SandboxedBinding that is not execution."""
     catalog: ToolCatalog
+    supervisor: Any                    # the Backend
+    tenant: str
     host_tool_configs: dict
     confirm_handler: Optional[Callable]
     user_interaction_handler: Optional[Callable]
@@ -130,3 +132,17 @@ class LcpSurface:
         for cfg in self.host_tool_configs.values():
             if isinstance(cfg, dict):
                 cfg["user_interaction_handler"] = handler
+
+    def library_context(self, library: str) -> Optional[str]:
+        """The dynamic context of a library (its ``tool_<library>_prompt``), run in its worker."""
+        entry = self.catalog.prompt_providers.get(library)
+        return self._prompt(*entry) if entry else None
+
+    def unregister_tools_by_prefix(self, tool_name_prefix: str) -> int:
+        """Forget the tools named ``tool_<prefix>...`` (or ``<prefix>``) and stop the
+        worker of the library registered under that prefix; returns how many
+        tools were removed."""
+        removed, lib = self.catalog.forget(tool_name_prefix)
+        if lib is not None:
+            self.supervisor.stop(self.tenant, lib.key)
+        return removed

@@ -23,7 +23,7 @@ class Limits:
     max_file_size_mb: Optional[float] = 4096
     max_result_mb: float = 64
     log_bytes_per_s: int = 256 * 1024       # tool stdout/stderr forwarded to logging
-    # confinement (confine.py); None: the binding's / supervisor's setting
+    # confinement (worker/confine/); None: the binding's / supervisor's setting
     confine: Optional[bool] = None
     network: bool = True                    # False: own network namespace, loopback only
     env: Optional[dict] = None              # extra environment variables for the worker

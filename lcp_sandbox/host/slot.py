@@ -17,7 +17,7 @@ import collections
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ..core.discovery import Library
 from ..proc import tree_rss
@@ -142,3 +142,21 @@ class Slot:
             self.quarantined_until = now + self.backoff_s
             return self.backoff_s
         return None
+
+
+def evict_one(slots: list, asking: Slot, tenant: Optional[str],
+              retire: Callable[[Slot, "WorkerProcess", str, str], None]) -> bool:
+    """Retire the least recently used idle worker (of ``tenant`` if given) to make
+    room for ``asking``'s; False when none is idle."""
+    candidates = sorted((s for s in slots if s is not asking and s.proc is not None and not s.busy
+                         and (tenant is None or s.tenant == tenant)), key=lambda s: s.last_used)
+    for victim in candidates:
+        if victim.lock.acquire(timeout=0):
+            try:
+                proc = victim.proc
+                if proc is not None and not victim.busy:
+                    retire(victim, proc, "evict", "evicted to make room for another worker")
+                    return True
+            finally:
+                victim.lock.release()
+    return False

@@ -119,7 +119,7 @@ OP_METHOD = 2     # getattr(ref, name)(*args, **kwargs), public names only
 OP_SETATTR = 3    # setattr(ref, name, args[0]), public names only
 OP_TRUTH = 4      # bool(ref)
 OP_LIST = 5       # list(ref)
-OP_OPERATOR = 6   # one of proxies.OPERATORS by name: ==, <, hash(), len(), [], in, str()...
+OP_OPERATOR = 6   # one of host/objects.py OPERATORS by name: ==, <, hash(), len(), [], in, str()...
 OPS = frozenset(range(7))
 
 
