@@ -21,10 +21,10 @@ __version__ = "0.1.0"
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 _EXPORTS = {
-    "SandboxedBinding": "binding", "bundled_tools_dir": "binding", "lollms_bindings_dir": "binding",
-    "lollms_binding_class": "binding",
-    "Supervisor": "supervisor", "CrashPolicy": "supervisor", "SandboxEvent": "supervisor",
-    "Limits": "limits",
+    "SandboxedBinding": "host.binding", "bundled_tools_dir": "host.locations",
+    "lollms_bindings_dir": "host.locations", "lollms_binding_class": "host.binding",
+    "Supervisor": "backends.local", "CrashPolicy": "backends.local", "SandboxEvent": "host.outcomes",
+    "Limits": "host.limits",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -120,7 +120,7 @@ def test_bench_end_to_end(tmp_path, new_processes):
 
 
 def test_bench_command_line_with_a_host_folder(tmp_path, capsys):
-    from lcp_sandbox.cli import main
+    from lcp_sandbox.fronts.cli import main
     folder = tmp_path / "mytools"
     shutil.copytree(HERE / "libs" / "other", folder / "other")
     json_path = tmp_path / "b.json"
@@ -143,7 +143,7 @@ def test_bench_command_line_with_a_host_folder(tmp_path, capsys):
 
 
 def test_bench_rejects_bad_options():
-    from lcp_sandbox.cli import main
+    from lcp_sandbox.fronts.cli import main
     assert main(["bench", "--skip", "nonsense", "--no-progress"]) == 2
     assert main(["bench", "--params", "{not json", "--no-progress"]) == 2
     with pytest.raises(TypeError):

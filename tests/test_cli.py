@@ -11,7 +11,7 @@ TOOLS = REPO / "tools"
 
 
 def cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "lcp_sandbox.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "lcp_sandbox.fronts.cli", *args], capture_output=True,
                           text=True, timeout=120, cwd=cwd)
 
 
@@ -85,7 +85,7 @@ def test_help_lists_every_subcommand_and_describes_call_arguments():
 
 
 def test_bench_is_listed_with_how_to_run_it_when_it_cannot_be_imported(monkeypatch, capsys):
-    from lcp_sandbox import cli as cli_module
+    from lcp_sandbox.fronts import cli as cli_module
     monkeypatch.setitem(sys.modules, "benchmarks.cli", None)             # import fails
     with pytest.raises(SystemExit):
         cli_module.main(["--help"])

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from lcp_sandbox import discovery
+from lcp_sandbox.core import discovery, schemas
 
 lcp = pytest.importorskip("lollms_client.tools_bindings.lcp")
 LCPBinding = lcp.LCPBinding
@@ -222,8 +222,8 @@ def test_diff_d_docstring_declared_hidden_names(up, ours, name):
     # declared in the docstring become (required) parameters; ours drops them.
     mine, theirs = ours[name]["input_schema"], up[name]["input_schema"]
     hidden = set(theirs["properties"]) - set(mine["properties"])
-    assert hidden and hidden <= discovery.HIDDEN_PARAMS
-    assert not set(mine["properties"]) & discovery.HIDDEN_PARAMS
+    assert hidden and hidden <= schemas.HIDDEN_PARAMS
+    assert not set(mine["properties"]) & schemas.HIDDEN_PARAMS
     assert mine["properties"] == {k: v for k, v in theirs["properties"].items() if k not in hidden}
     assert mine["required"] == [r for r in theirs["required"] if r not in hidden]
     assert ours[name]["description"] == up[name]["description"]
@@ -280,7 +280,7 @@ def test_file_paths_agree(up, ours):
 def test_regex_fallback_matches_upstream_parser(up_binding):
     path = CORPUS / "broken_syntax.py"
     theirs = up_binding._parse_tool_via_regex(path)
-    parsed = discovery.parse_source(path.read_text(encoding="utf-8"))
+    parsed = schemas.parse_source(path.read_text(encoding="utf-8"))
     assert parsed.via_regex is True
     mine = [t.spec for t in parsed.tools]
     assert [s["name"] for s in mine] == [s["name"] for s in theirs] == [
@@ -302,8 +302,8 @@ def test_regex_fallback_matches_upstream_parser(up_binding):
 def test_regex_fallback_directly_on_same_text(up_binding):
     # regex_tools on the raw text equals the cached parse.
     text = (CORPUS / "broken_syntax.py").read_text(encoding="utf-8")
-    assert [t.spec for t in discovery.regex_tools(text)] == \
-        [t.spec for t in discovery.parse_source(text).tools]
+    assert [t.spec for t in schemas.regex_tools(text)] == \
+        [t.spec for t in schemas.parse_source(text).tools]
 
 
 def test_gated_libraries_excluded_by_default_in_both(up, ours):
@@ -358,7 +358,7 @@ def test_normalize_library_name_matches_upstream(raw):
 @pytest.mark.parametrize("rel", ["flagged_lib.py", "geo_lib/geo_lib.py", "word_tools.py"])
 def test_library_metadata_matches_upstream(up_binding, rel):
     path = CORPUS / rel
-    parsed = discovery.parse_source(path.read_text(encoding="utf-8"))
+    parsed = schemas.parse_source(path.read_text(encoding="utf-8"))
     assert parsed.load_flag == up_binding._library_load_flag(path)
     assert parsed.display_name == up_binding._library_display_name(path)
     assert [discovery.normalize_library_name(a) for a in parsed.aliases] == up_binding._library_aliases(path)

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from lcp_sandbox import discovery
-from lcp_sandbox.discovery import FileCache, discover, parse_source, schema_from_function
+from lcp_sandbox.core import discovery, schemas
+from lcp_sandbox.core.discovery import FileCache, discover
+from lcp_sandbox.core.schemas import parse_source, schema_from_function
 
 
 # ----------------------------------------------------------------- helpers
@@ -42,7 +43,7 @@ def by_name(found: discovery.Discovered) -> dict:
     return {s["name"]: s for s in found.specs}
 
 
-def tooldef(src: str, name: str | None = None) -> discovery.ToolDef:
+def tooldef(src: str, name: str | None = None) -> schemas.ToolDef:
     tree = ast.parse(textwrap.dedent(src))
     fns = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]
     node = fns[0] if name is None else next(n for n in fns if n.name == name)
@@ -248,7 +249,7 @@ def test_docstring_type_does_not_override_annotation_and_last_line_wins():
     ("Dict[str, bool]", "boolean"), ("Dict[str, list]", "array"), ("Tuple[float, int]", "integer"),
 ])
 def test_annotation_type_table(annotation, expected):
-    assert discovery.json_type(annotation) == expected
+    assert schemas.json_type(annotation) == expected
     props = schema(f"def tool_t(p: {annotation}):\n    pass\n")["properties"]
     assert props["p"]["type"] == expected
 
@@ -338,7 +339,7 @@ def test_hidden_parameters_never_appear():
     assert list(s["properties"]) == ["query", "extra"]
     assert s["required"] == ["query"]
     assert td.llm_param_count == 2
-    assert discovery.HIDDEN_PARAMS == {"args", "kwargs", "discussion_instance", "lollms_client_instance",
+    assert schemas.HIDDEN_PARAMS == {"args", "kwargs", "discussion_instance", "lollms_client_instance",
                                        "tool_context", "user_interaction_handler"}
 
 
@@ -538,7 +539,7 @@ def test_regex_fallback_extracts_tools_and_marks_them(tmp_path):
 
 
 def test_regex_fallback_description_without_any_docstring():
-    (td,) = discovery.regex_tools("def tool_x(a: int):\n  return (\n")
+    (td,) = schemas.regex_tools("def tool_x(a: int):\n  return (\n")
     assert td.spec["description"] == "Executes tool_x."
     assert td.llm_param_count == 1
 
@@ -547,7 +548,7 @@ def test_regex_fallback_skips_positional_only_marker():
     # BUG (minor): the fallback skips `*`-markers but keeps the positional-only
     # marker `/` as a required string parameter named "/", which is never a
     # valid parameter name.
-    (td,) = discovery.regex_tools("def tool_x(a: int, /, b: str):\n  return (\n")
+    (td,) = schemas.regex_tools("def tool_x(a: int, /, b: str):\n  return (\n")
     assert list(td.spec["input_schema"]["properties"]) == ["a", "b"]
     assert td.spec["input_schema"]["required"] == ["a", "b"]
 
@@ -566,7 +567,7 @@ def test_regex_prompt_provider_rules_apply(tmp_path):
     "def tool_q(a=, b:, =c):\n" * 3, '"""' * 7, "def tool_w(a: int) -> :\n",
 ])
 def test_regex_fallback_never_raises_on_garbage(text):
-    tools = discovery.regex_tools(text)
+    tools = schemas.regex_tools(text)
     assert isinstance(tools, list)
     parsed = parse_source(text)
     assert isinstance(parsed.tools, list)
@@ -576,9 +577,9 @@ def test_regex_fallback_swallows_internal_errors(monkeypatch, caplog):
     class Exploding:
         def finditer(self, text):
             raise RuntimeError("boom")
-    monkeypatch.setattr(discovery, "_REGEX_DEF_RE", Exploding())
+    monkeypatch.setattr(schemas, "_REGEX_DEF_RE", Exploding())
     with caplog.at_level(logging.WARNING, logger="lcp_sandbox.discovery"):
-        assert discovery.regex_tools("def tool_x(a): pass") == []
+        assert schemas.regex_tools("def tool_x(a): pass") == []
     assert any("boom" in r.getMessage() for r in caplog.records)
 
 
@@ -598,7 +599,7 @@ def test_undecodable_bytes_do_not_break_discovery(tmp_path):
 @pytest.fixture
 def counted(monkeypatch):
     calls = []
-    real = discovery.parse_source
+    real = schemas.parse_source
 
     def wrapper(text, **kw):
         calls.append(text)

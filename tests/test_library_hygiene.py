@@ -21,12 +21,12 @@ def run_python(code: str, *args: str, cwd=None) -> subprocess.CompletedProcess:
 def test_importing_the_binding_and_the_cli_does_not_import_lollms_client(tmp_path):
     p = run_python("""
         import importlib.util, json, sys
-        import lcp_sandbox.binding, lcp_sandbox.cli
+        import lcp_sandbox.host.binding, lcp_sandbox.fronts.cli
         after_import = sorted(m for m in sys.modules if m.split(".")[0] == "lollms_client")
         from lcp_sandbox import SandboxedBinding
         with SandboxedBinding(tools_folders=[sys.argv[1]], workspace=sys.argv[2]) as b:
             out = b.execute_tool("tool_increment", {"step": 2})
-        lcp_sandbox.cli.main(["tools", sys.argv[1]])
+        lcp_sandbox.fronts.cli.main(["tools", sys.argv[1]])
         print(json.dumps({"installed": importlib.util.find_spec("lollms_client") is not None,
                           "after_import": after_import, "out": out, "type": type(b).__module__,
                           "after_use": sorted(m for m in sys.modules if m.split(".")[0] == "lollms_client")}))
@@ -35,7 +35,7 @@ def test_importing_the_binding_and_the_cli_does_not_import_lollms_client(tmp_pat
     result = json.loads(p.stdout.strip().splitlines()[-1])
     assert result["installed"] is True                     # it could have been imported: the test means something
     assert result["after_import"] == [] and result["after_use"] == []
-    assert result["out"]["output"] == 2 and result["type"] == "lcp_sandbox.binding"
+    assert result["out"]["output"] == 2 and result["type"] == "lcp_sandbox.host.binding"
 
 
 def test_a_binding_made_after_lollms_is_imported_is_a_lollms_tool_binding(tmp_path):
@@ -112,15 +112,20 @@ def test_public_methods_have_docstrings_and_no_comment_shows_as_one():
     (``# ---- discovery`` would become the method's help)."""
     import inspect
     import pydoc
-    from lcp_sandbox import binding, cli, discovery, supervisor
-    from lcp_sandbox.binding import LibraryHandle, SandboxedBinding
-    from lcp_sandbox.supervisor import Supervisor
-    for name, fn in _members(SandboxedBinding):
-        if not name.startswith("_") or name in ("__enter__", "__exit__"):
-            assert inspect.getdoc(fn), f"SandboxedBinding.{name} has no docstring"
+    from lcp_sandbox.core import discovery
+    from lcp_sandbox.fronts import cli
+    from lcp_sandbox.host import binding
+    from lcp_sandbox.host.binding import SandboxedBinding
+    from lcp_sandbox.host.lcp_surface import LcpSurface
+    from lcp_sandbox.host.tool_catalog import LibraryHandle
+    from lcp_sandbox.backends.local import Supervisor
+    for cls in (SandboxedBinding, LcpSurface):             # LcpSurface: the rest of its surface
+        for name, fn in _members(cls):
+            if not name.startswith("_") or name in ("__enter__", "__exit__"):
+                assert inspect.getdoc(fn), f"SandboxedBinding.{name} has no docstring"
     for name in ("start", "stop", "stats", "pool_stats", "close", "run"):
         assert inspect.getdoc(getattr(Supervisor, name)), f"Supervisor.{name} has no docstring"
-    for cls in (SandboxedBinding, LibraryHandle, Supervisor):
+    for cls in (SandboxedBinding, LcpSurface, LibraryHandle, Supervisor):
         for name, fn in _members(cls):
             if pydoc.visiblename(name, obj=cls):                 # what help() shows
                 assert not (pydoc.getdoc(fn) or "").lstrip().startswith("#"), f"{cls.__name__}.{name}"

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from lcp_sandbox import normalize as nz
-from lcp_sandbox.normalize import crashed, failure, normalize, not_found
+from lcp_sandbox.core import normalize as nz
+from lcp_sandbox.core.normalize import crashed, failure, normalize, not_found
 
 OK = "Tool executed successfully."
 OK_EMPTY = "Tool executed successfully (no output)."

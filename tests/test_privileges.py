@@ -16,8 +16,9 @@ import pytest
 
 from conftest import HERE
 from lcp_sandbox import SandboxedBinding, Supervisor
-from lcp_sandbox import confine
-from lcp_sandbox.limits import Limits
+from lcp_sandbox import Limits
+from lcp_sandbox.host import handover
+from lcp_sandbox.worker.confine import seccomp
 
 LIBS = HERE / "priv_libs"
 ROOT = os.geteuid() == 0
@@ -158,14 +159,14 @@ def test_unconfined_worker_is_unchanged(roots):
 
 def test_hand_over_refuses_system_folders(open_tmp):
     for path in ("/", "/usr", "/etc", "/tmp", "/home", os.path.dirname(sys.prefix), sys.prefix):
-        assert not confine.may_hand_over(os.path.realpath(path)), path
-    assert confine.may_hand_over(str(open_tmp / "ws"))
+        assert not handover.may_hand_over(os.path.realpath(path)), path
+    assert handover.may_hand_over(str(open_tmp / "ws"))
 
 
 @needs_root
 def test_refused_root_fails_the_call_and_changes_nothing(roots, monkeypatch):
     a, _ = roots
-    monkeypatch.setattr(confine, "may_hand_over", lambda path: False)      # as for "/" or /usr
+    monkeypatch.setattr(handover, "may_hand_over", lambda path: False)      # as for "/" or /usr
     with Supervisor(confine=True) as sup:
         r = binding(sup, a).execute_tool("tool_status", {})
     assert r["status_code"] == 503 and "refusing to hand" in r["error"], r
@@ -184,13 +185,13 @@ def test_hand_over_never_follows_links(open_tmp):
     (root / "sub" / "to_outside").symlink_to(outside, target_is_directory=True)
     os.link(outside / "linked.txt", root / "hardlink.txt")
     os.mkfifo(root / "fifo")
-    confine.hand_over(str(root), 4242, 4343)
+    handover.hand_over(str(root), 4242, 4343)
     for p in (root, root / "sub", root / "sub" / "deeper", root / "sub" / "deeper" / "f.txt"):
         assert (os.stat(p).st_uid, os.stat(p).st_gid) == (4242, 4343), p
     for p in (outside, outside / "secret.txt", outside / "linked.txt", root / "fifo"):
         assert os.stat(p).st_uid == 0, p
     assert os.lstat(root / "to_secret").st_uid == 0
-    confine.hand_over(str(open_tmp / "missing"), 4242, 4343)          # nothing there: nothing done
+    handover.hand_over(str(open_tmp / "missing"), 4242, 4343)          # nothing there: nothing done
 
 
 @needs_root
@@ -203,12 +204,12 @@ def test_hand_over_skips_mount_points(open_tmp):
     (outside / "f.txt").write_text("x")
     code = f"""if True:
         import ctypes, os
-        from lcp_sandbox import confine
+        from lcp_sandbox.host import handover
         libc = ctypes.CDLL(None, use_errno=True)
         assert libc.unshare(0x20000) == 0
         assert libc.mount(b"none", b"/", None, 16384 | (1 << 18), None) == 0       # MS_REC | MS_PRIVATE
         assert libc.mount({str(outside).encode()!r}, {str(root / "mnt").encode()!r}, None, 4096, None) == 0
-        confine.hand_over({str(root)!r}, 4242, 4343)
+        handover.hand_over({str(root)!r}, 4242, 4343)
         print(os.stat({str(root / "mnt" / "f.txt")!r}).st_uid, os.stat({str(root)!r}).st_uid)
     """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -320,7 +321,7 @@ def test_side_doors_to_sockets_are_closed(sup, roots):
 
 def test_filter_programs_assemble():
     for machine in ("x86_64", "aarch64"):
-        rows = confine.unix_socket_filter(machine)
+        rows = seccomp.unix_socket_filter(machine)
         assert rows[0] == (0x20, 0, 0, 4)                          # load the architecture first
-        assert rows[1][3] == confine._AUDIT_ARCH[machine]
+        assert rows[1][3] == seccomp._AUDIT_ARCH[machine]
         assert rows[-1][3] == 0x7FFF0000 and len(rows) < 32

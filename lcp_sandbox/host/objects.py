@@ -1,4 +1,5 @@
-"""Host objects across the process boundary.
+"""Host objects across the process boundary: the host's half (the worker's is
+worker/proxies.py).
 
 Handlers (confirm, user interaction), callables in a library's host config,
 and host objects a tool declares (``lollms_client_instance``,
@@ -26,17 +27,16 @@ called; their internals are dunder attributes, out of reach.
 """
 from __future__ import annotations
 
-import builtins
 import operator
 import os
-import threading
 import types
+from pathlib import Path
 from typing import Any, Callable, Optional
 
-from . import protocol as P
-from .protocol import Ref, WorkerRef
+from .. import protocol as P
+from ..protocol import Ref, WorkerRef, error_value, is_plain, map_containers, rebuild_error
+from .worker_init import sendable
 
-_SCALARS = (type(None), bool, int, float, complex, str, bytes)
 # Operations a proxy forwards by name (never a getattr of a dunder).
 OPERATORS: dict[str, Callable] = {
     "eq": operator.eq, "ne": operator.ne, "lt": operator.lt, "le": operator.le,
@@ -50,38 +50,6 @@ _INTERNALS = (types.ModuleType, type, types.FrameType, types.CodeType, types.Tra
               staticmethod, classmethod, property)
 
 
-def is_plain(value: Any, depth: int = 0) -> bool:
-    if isinstance(value, _SCALARS):
-        return True
-    if depth > 32:
-        return False
-    if type(value) in (list, tuple):
-        return all(is_plain(v, depth + 1) for v in value)
-    if type(value) is dict:
-        return all(isinstance(k, _SCALARS) and is_plain(v, depth + 1) for k, v in value.items())
-    return False
-
-
-def map_containers(value: Any, leaf: Callable[[Any], Any]) -> Any:
-    """``value`` with every item of its (nested) dicts, lists and tuples passed
-    through ``leaf``; the containers are rebuilt as the same builtin types."""
-    t = type(value)
-    if t is dict:
-        return {k: map_containers(v, leaf) for k, v in value.items()}
-    if t is list or t is tuple:
-        return t(map_containers(v, leaf) for v in value)
-    return leaf(value)
-
-
-def error_value(exc: BaseException) -> list:
-    """How an exception travels: [type name, args] (its text when args are not plain)."""
-    args = exc.args
-    if isinstance(exc, OSError) and exc.filename is not None:
-        args = (exc.errno, exc.strerror, exc.filename)      # the filename is not in args
-    if not is_plain(args):
-        args = (str(exc),)
-    return [type(exc).__name__, list(args)]
-
 
 def _refused(value: Any) -> Optional[str]:
     """Why ``value`` may not be handed to a worker, or None."""
@@ -92,7 +60,7 @@ def _refused(value: Any) -> Optional[str]:
     return None
 
 
-# ---------------------------------------------------------------- host side
+
 class HostObjects:
     """The objects one call has lent to its worker, and the named ones.
 
@@ -219,6 +187,34 @@ class HostObjects:
         self.conn = None
 
 
+class NamedRefs:
+    """What a worker of one library may name besides what its call lent: the
+    handlers (None when not set) and the callables of its own stems'
+    host_tool_configs, read from ``owner`` (the binding) at each use."""
+    __slots__ = ("_owner", "_library", "_stems")
+
+    def __init__(self, owner: Any, library: Any) -> None:
+        self._owner = owner            # has confirm_handler, user_interaction_handler, host_tool_configs
+        self._library = library.name
+        self._stems = frozenset(Path(f).stem for f in library.files) or frozenset({library.name})
+
+    def __call__(self, ref: Any) -> Any:
+        owner = self._owner
+        if ref == P.REF_CONFIRM:
+            return owner.confirm_handler
+        if ref == P.REF_UI:
+            return owner.user_interaction_handler
+        if type(ref) is list and len(ref) == 3 and ref[0] == "cfg" and ref[1] in self._stems:
+            value = (owner.host_tool_configs.get(ref[1]) or {}).get(ref[2])
+            if ref[2] == "confirm_handler" and value is None:
+                return owner.confirm_handler
+            if ref[2] == "user_interaction_handler" and value is None:
+                return owner.user_interaction_handler
+            if value is not None and not sendable(value):
+                return value
+        raise PermissionError(f"{ref!r} is not a host object lent to library {self._library!r}")
+
+
 class _ToolCallable:
     """In the host: a callable of the tool's (e.g. a streaming callback)."""
     __slots__ = ("_objects", "_id")
@@ -229,167 +225,3 @@ class _ToolCallable:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._objects.call_tool_callable(self._id, args, kwargs)
 
-
-_error_classes: dict[str, type] = {}
-
-
-def rebuild_error(type_name: str, args: Any) -> BaseException:
-    """The peer's exception, as the same builtin type or a class of the same name."""
-    args = tuple(args) if isinstance(args, (list, tuple)) else (args,)
-    cls = getattr(builtins, type_name, None)
-    if isinstance(cls, type) and issubclass(cls, Exception):
-        try:
-            return cls(*args)
-        except Exception:
-            pass
-    cls = _error_classes.get(type_name)
-    if cls is None:
-        cls = _error_classes[type_name] = type(type_name, (Exception,), {"__module__": "host"})
-    return cls(*args)
-
-
-# -------------------------------------------------------------- worker side
-class Channel:
-    """The worker's end: sends REQUESTs while a call is in flight.
-
-    Tools may use proxies from several threads: requests are serialized (an
-    RLock, since a callback the host runs in the tool may use proxies too)."""
-
-    def __init__(self, conn: Optional[P.Connection], describe: Callable[[Any], Any]) -> None:
-        self.conn = conn
-        self.call_seq = 0        # increases per call; per-call proxies remember theirs
-        self.in_call = False
-        self.waiting_host = False
-        self._lock = threading.RLock()
-        self._lent: dict[int, Any] = {}   # tool callables the host may call back
-        self._describe = describe         # what to send for an object the protocol cannot carry
-        self.encoder = P.Encoder(self._convert)
-
-    def _convert(self, value: Any) -> Any:
-        if type(value) is Proxy:
-            return Ref(value._ref)
-        if callable(value) and not isinstance(value, type):
-            wid = len(self._lent) + 1
-            self._lent[wid] = value
-            return WorkerRef(wid)
-        return self._describe(value)
-
-    def request(self, op: int, ref: Any, name: Optional[str], args: tuple, kwargs: dict,
-                seq: Optional[int]) -> Any:
-        with self._lock:
-            if not self.in_call:
-                raise RuntimeError("host objects and handlers can only be used while a tool call "
-                                   "is running (the host is not listening now)")
-            if seq is not None and seq != self.call_seq:
-                raise RuntimeError("this host object belonged to an earlier tool call and was released")
-            self.waiting_host = True
-            try:
-                try:
-                    frame = self.encoder.encode(P.REQUEST, [op, ref, name, list(args), kwargs])
-                except P.Unsendable as exc:
-                    raise TypeError(f"the arguments cannot be sent to the host: {exc}") from None
-                self.conn.send_encoded(frame)
-                while True:
-                    kind, payload = self.conn.recv_frame()
-                    msg = P.loads_from_host(kind, payload)
-                    if kind == P.REPLY:
-                        break
-                    self._serve(msg)           # the host calls a callable the tool lent
-            finally:
-                self.waiting_host = False
-            if not msg.ok:
-                raise rebuild_error(*msg.value)
-            return self.wrap(msg.value)
-
-    def _serve(self, msg: P.Request) -> None:
-        try:
-            fn = self._lent[msg.ref]
-            fields = [True, fn(*self.wrap(msg.args), **self.wrap(msg.kwargs))]
-            frame = self.encoder.encode(P.REPLY, fields)
-        except BaseException as exc:
-            frame = self.encoder.encode(P.REPLY, [False, error_value(exc)])
-        self.conn.send_encoded(frame)
-
-    def end_call(self) -> None:
-        self.in_call = False
-        self._lent.clear()
-
-    def wrap(self, value: Any) -> Any:
-        """Values from the host with their refs turned into proxies."""
-        def one(v: Any) -> Any:
-            if type(v) is Ref:
-                return Proxy(self, v.id, self.call_seq if type(v.id) is int else None)
-            return v
-        return map_containers(value, one)
-
-
-class Proxy:
-    """Stands for a host object inside a worker; every use is a round trip to the host."""
-    __slots__ = ("_ch", "_ref", "_seq")
-
-    def __init__(self, channel: Channel, ref: Any, seq: Optional[int]) -> None:
-        object.__setattr__(self, "_ch", channel)
-        object.__setattr__(self, "_ref", ref)
-        object.__setattr__(self, "_seq", seq)
-
-    def _req(self, op: int, name: Optional[str] = None, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
-        return self._ch.request(op, self._ref, name, args, kwargs or {}, self._seq)
-
-    def _op(self, name: str, *args: Any) -> Any:
-        return self._req(P.OP_OPERATOR, name, args)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._req(P.OP_CALL, None, args, kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") and name.endswith("__"):
-            raise AttributeError(name)
-        return self._req(P.OP_GETATTR, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        self._req(P.OP_SETATTR, name, (value,))
-
-    def __getitem__(self, key: Any) -> Any:
-        return self._op("getitem", key)
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        self._op("setitem", key, value)
-
-    def __contains__(self, key: Any) -> bool:
-        return self._op("contains", key)
-
-    def __len__(self) -> int:
-        return self._op("len")
-
-    def __bool__(self) -> bool:
-        return self._req(P.OP_TRUTH)
-
-    def __iter__(self):
-        # One round trip: the host lists the object; items come back by value or as proxies.
-        return iter(self._req(P.OP_LIST))
-
-    def __str__(self) -> str:
-        return self._op("str")
-
-    def __hash__(self) -> int:
-        return self._op("hash")
-
-    def __fspath__(self) -> Any:
-        return self._op("fspath")
-
-    def __repr__(self) -> str:
-        return f"<host proxy {self._op('repr')}>"
-
-    def __reduce__(self):
-        return (Ref, (self._ref,))
-
-
-def _comparison(op: str) -> Callable[[Proxy, Any], Any]:
-    def compare(self: Proxy, other: Any) -> Any:
-        return self._op(op, other)
-    compare.__name__ = f"__{op}__"
-    return compare
-
-
-for _op in ("eq", "ne", "lt", "le", "gt", "ge"):      # run in the host, as OPERATORS
-    setattr(Proxy, f"__{_op}__", _comparison(_op))

@@ -91,3 +91,12 @@ class Pool:
     def waiting(self) -> collections.Counter:
         with self._cond:
             return collections.Counter(t for _, t in self._tickets)
+
+    def stats(self, calls: dict) -> dict:
+        """The pool as a whole and per tenant (``calls``: tenant -> calls served)."""
+        waiting = self.waiting()
+        tenants = set(calls) | set(self.live) | set(waiting)
+        return {"max_workers": self.max_workers, "max_workers_per_tenant": self.max_per_tenant,
+                "live_workers": self.total, "waiting": sum(waiting.values()),
+                "tenants": {t: {"live_workers": self.live.get(t, 0), "waiting": waiting.get(t, 0),
+                                "calls": calls.get(t, 0)} for t in sorted(tenants)}}

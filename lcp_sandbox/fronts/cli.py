@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from .binding import SandboxedBinding, bundled_tools_dir
+from ..host.binding import SandboxedBinding
+from ..host.locations import bundled_tools_dir
 
 
 class UsageError(Exception):
@@ -115,7 +116,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def _demo_body(b: SandboxedBinding, calls: list, warm_calls: int) -> None:
     answered = None
     for name, params in calls:
-        route = b._routes.get(name)
+        route = b.catalog.routes.get(name)
         lib = route.library.name if route is not None else None
         fresh = lib is not None and not any(s["library"] == lib and s["pid"] for s in b.stats())
         t0 = time.perf_counter()

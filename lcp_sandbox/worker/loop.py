@@ -11,7 +11,7 @@
 
 Everything a tool does to the host (confirm, ask the user, use a host
 object) goes through proxies over the same connection while the call is in
-flight (see proxies.py).  The soft timeout arrives as SIGUSR1 and is turned
+flight (see worker/proxies.py).  The soft timeout arrives as SIGUSR1 and is turned
 into ``ToolTimeout`` inside the tool's Python code.  What the worker sends is
 encoded into the protocol's plain types (protocol.Encoder): an object it
 cannot carry reaches the host as a plain equivalent or its repr.
@@ -26,15 +26,16 @@ import inspect
 import os
 import signal
 import sys
-import tempfile
 import traceback
 import types
 from pathlib import Path
 from typing import Any, Optional
 
-from . import confine, limits, normalize
-from . import protocol as P
-from .proxies import Channel, Proxy, error_value
+from .. import protocol as P
+from ..core import normalize
+from ..protocol import error_value
+from .confine import prepare
+from .proxies import Channel, Proxy
 
 PERSISTENT_PREFIX = "lollms_client.tools_bindings.lcp.persistent_"
 HOST_PARAMS = P.HOST_PARAMS
@@ -316,54 +317,6 @@ def tool_rehearse(a: int, b: str = "", tool_context=None) -> dict:
     """Nothing."""
     return {"success": True, "output": {"a": a, "b": b}}
 '''
-
-
-def prepare(init: P.Init) -> dict:
-    """Environment, confinement and limits of this worker, before any tool code runs.
-
-    Returns what is in force, for the host's stats()."""
-    lim = init.limits
-    conf = init.confine
-    report: dict = {}
-    if conf is not None:
-        confine.clean_environment(lim.get("env"), init.env or {})
-        report["env"] = "clean (allowlist" + (" + library env)" if lim.get("env") else ")")
-    else:
-        report["env"] = "host environment"
-        if init.env is not None:
-            os.environ.clear()
-            os.environ.update(init.env)
-            os.environ.update({str(k): str(v) for k, v in (lim.get("env") or {}).items()})
-    disabled = set(init.disabled or ())        # LCP_SANDBOX_DISABLE in the host, for tests
-    if lim.get("network", True):
-        report["network"] = "host network"
-    else:
-        report["network"] = ("unavailable (disabled by LCP_SANDBOX_DISABLE)" if "netns" in disabled
-                             else confine.isolate_network())
-    if conf is not None:
-        # The namespace above and Landlock's rule paths need the host's privileges
-        # (as root: CAP_SYS_ADMIN, opening anything); the privileges are dropped after
-        # them, seccomp last.  See confine.py.  The temp dir was made by the host.
-        tmp = init.tmpdir
-        os.environ["TMPDIR"] = tempfile.tempdir = tmp
-        ro = [*conf.get("read_paths", ()), *confine.python_paths(), *confine.SYSTEM_READ_PATHS,
-              os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
-        covered = confine.make_reachable([conf["root"], tmp, *ro], conf.get("run_as"))
-        if "landlock" in disabled:
-            report["filesystem"] = "unavailable (disabled by LCP_SANDBOX_DISABLE)"
-        else:
-            report["filesystem"] = confine.apply_landlock([conf["root"], tmp], ro, confine.DEVICES)
-        if covered:
-            report["filesystem"] += "; " + covered
-        report["privileges"] = confine.drop_privileges(conf.get("run_as"))
-        report["unix_sockets"] = ("not blocked (network on)" if lim.get("network", True)
-                                  else confine.block_unix_sockets())
-    else:
-        report["filesystem"] = "unrestricted"
-        report["privileges"] = f"the host's (uid {os.geteuid()}, not confined)"
-        report["unix_sockets"] = "not blocked (not confined)"
-    limits.apply_in_worker(lim)
-    return report
 
 
 def serve(sock) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from lollms_client.lollms_tools_binding import LollmsToolBinding
 
-from . import binding
+from ..host import binding
 
 
 class SandboxedBinding(binding.SandboxedBinding, LollmsToolBinding):

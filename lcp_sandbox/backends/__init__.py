@@ -1,0 +1,1 @@
+"""What runs a binding's libraries: the interface (base.py) and its implementations."""

@@ -1,0 +1,79 @@
+"""The seam between a binding and whatever runs its libraries.
+
+    SandboxedBinding ── run(spec, msg, objects, tool=, timeout_s=) ──► Backend
+                     ◄─ the RESULT's value, or SandboxEvent(result) ──┘
+                     ── stop / stats / pool_stats / start / close ───►
+
+A binding knows nothing else of its backend: :class:`Backend` is the whole
+interface.  The local supervisor (backends/local.py) is one implementation; a
+backend that places the same engine on other machines (Ray) is another.
+
+What crosses the seam is plain data, so a remote backend can ship it: the
+:class:`WorkerSpec` (which worker, with which limits) and the message (a
+protocol.Call, Prompt, ModCall or Load).  Two things stay in the host:
+
+* ``objects`` (host/objects.py): what the call lends the tool (handlers, a
+  client, a discussion).  The backend relays the worker's REQUESTs to it and
+  sends its REPLYs back; the objects themselves never travel.
+* ``spec.init``: called in the host, only when a new worker must start, it
+  returns the protocol.Init to start it with (plain data again).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, runtime_checkable
+
+from .. import protocol as P
+from ..core.discovery import Library
+from ..host.limits import Limits
+
+if TYPE_CHECKING:
+    from ..host.objects import HostObjects
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """The worker a message is for: workers are keyed by (tenant, library,
+    confinement root) and ``key`` is that tuple."""
+    tenant: str
+    library: Library
+    limits: Limits
+    root: str = ""                        # confinement root ("" when not confined)
+    init: Optional[Callable[[], P.Init]] = field(default=None, compare=False, repr=False)
+    key: tuple = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", (self.tenant, self.library.key, self.root))
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What a binding needs from whatever runs its libraries.
+
+    ``run`` sends ``msg`` to the worker of ``spec`` (starting one with
+    ``spec.init()`` if needed), serves its requests against ``objects`` until
+    it answers, and returns the answer's value; a call that the sandbox ended
+    (death, timeout, memory, quarantine, no room, closed...) raises
+    ``SandboxEvent`` carrying the LCP result to return.  Waiting for the
+    worker counts against ``timeout_s`` (default: ``spec.limits.timeout_s``)."""
+
+    confine: bool          # the confinement of bindings that do not choose
+
+    def start(self) -> None:
+        """Get ready now rather than at the first call."""
+
+    def run(self, spec: WorkerSpec, msg: tuple, objects: "HostObjects", *, tool: str,
+            timeout_s: Optional[float] = None) -> Any:
+        """Run one message on the worker of ``spec``; its value, or SandboxEvent."""
+
+    def stop(self, tenant: str, library_key: str) -> bool:
+        """Stop the worker(s) of one library of one tenant; whether there were any."""
+
+    def stats(self, tenant: Optional[str] = None) -> list[dict]:
+        """One dict per worker (``tenant``'s only when given)."""
+
+    def pool_stats(self) -> dict:
+        """The workers as a whole and per tenant."""
+
+    def close(self) -> None:
+        """Stop every worker; idempotent."""

@@ -1,0 +1,399 @@
+"""The local backend: the supervisor of this machine's worker processes.
+
+    SandboxedBinding.execute_tool ─► Supervisor.run(spec, msg, objects)
+        slot = slots[spec.key]                         (tenant, library, root): one FIFO lock each
+        with slot.lock:
+            closed / quarantined? ─► 503
+            idle worker died or spoke out of turn? ─► buried
+            no live worker? ─► pool room, root handed over, WorkerProcess.start(spec.init())
+            WorkerProcess.exchange(msg) ─► RESULT ─► _outcome(): the value, or an outcome
+                  WorkerGone ─► _died()        500 (507 if the watchdog killed it)
+                  ProtocolViolation ─► _violation()  killed, 500
+                  DeadlinePassed ─► 504 (killed); a soft timeout the tool obeyed: 504, kept
+        after the call: a waiting tenant may take this worker's room (pool fairness)
+
+    host/process.py    WorkerProcess: spawn, connection, the exchange, deadlines, kill, reap
+    host/slot.py       Slot: FIFO, counters, crash policy and quarantine
+    host/watchdog.py   idle workers retired, process-tree RSS against memory_mb
+    host/pool.py       max_workers / max_workers_per_tenant, fair queue, LRU eviction
+    host/outcomes.py   SandboxEvent and its kinds, each building its LCP result
+    host/zygote.py     the process that forks (and reaps, and kills) every worker
+    host/output.py     worker stdout/stderr ─► logging
+Calls to one worker are served one at a time in arrival order; calls to
+different slots never wait for each other (no global lock is held while a
+call runs).
+"""
+from __future__ import annotations
+
+import atexit
+import functools
+import logging
+import shutil
+import threading
+import time
+import weakref
+from typing import Any, Callable, Optional
+
+from .. import protocol as P
+from ..core.normalize import OUT_OF_MEMORY
+from ..core.policy import DEFAULT_RUN_AS, not_in_force, run_as_ids
+from ..host.handover import hand_over_root
+from ..host.objects import HostObjects
+from ..host.outcomes import (CallFailed, OutOfMemory, ProtocolViolated, SandboxEvent,  # noqa: F401 (exported)
+                             TimedOut, Unavailable, WorkerDied)
+from ..host.output import OutputPump
+from ..host.pool import Pool
+from ..host.process import DeadlinePassed, WorkerGone, WorkerProcess
+from ..host.slot import CrashPolicy, Slot, evict_one
+from ..host.watchdog import Watchdog
+from ..host.zygote import Zygote, ZygoteGone
+from ..protocol import invalid_answer, is_error, rebuild_error
+from .base import WorkerSpec
+
+log = logging.getLogger("lcp_sandbox")
+events_log = logging.getLogger("lcp_sandbox.events")
+
+_live_supervisors: "weakref.WeakSet[Supervisor]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for sup in list(_live_supervisors):
+        sup.close()
+
+
+class Supervisor:
+    """Owns the zygote, the worker slots and the threads that watch them (a Backend)."""
+
+    def __init__(self, max_workers: Optional[int] = None, max_workers_per_tenant: Optional[int] = None,
+                 idle_timeout_s: Optional[float] = None, confine: bool = False,
+                 on_event: Optional[Callable[[dict], None]] = None,
+                 crash_policy: Optional[CrashPolicy] = None, watch_interval_s: float = 0.05,
+                 run_as: tuple = DEFAULT_RUN_AS) -> None:
+        """``confine`` is the default for bindings that do not say (see worker/confine/);
+        ``run_as`` is the (uid, gid) a confined worker of a root host runs as (per
+        library: ``"sandbox": {"run_as": ...}``); ``on_event`` gets a dict per
+        lifecycle event (start, stop, evict, idle, crash, timeout, memory,
+        quarantine), also logged on ``lcp_sandbox.events``."""
+        self.crash_policy = crash_policy or CrashPolicy()
+        self.confine = confine
+        self.run_as = run_as_ids(run_as)
+        self.idle_timeout_s = idle_timeout_s
+        self.on_event = on_event
+        self.pool = Pool(max_workers, max_workers_per_tenant)
+        self._slots: dict[tuple, Slot] = {}
+        self._by_pid: dict[int, Slot] = {}
+        self._lock = threading.Lock()
+        self._zygote: Optional[Zygote] = None
+        self._pump: Optional[OutputPump] = None
+        self._closed = False
+        self._watchdog = Watchdog(lambda: self._slots.values(), self._retire, idle_timeout_s, watch_interval_s)
+        self._warned: set[str] = set()
+        _live_supervisors.add(self)
+
+    def _event(self, kind: str, slot: Slot, **details: Any) -> None:
+        event = {"event": kind, "tenant": slot.tenant, "library": slot.library.name, **details}
+        events_log.info("%s", event)
+        if self.on_event is not None:
+            try:
+                self.on_event(event)
+            except Exception:
+                log.exception("on_event callback failed")
+
+    # ------------------------------------------------------------ calling
+    def run(self, spec: WorkerSpec, msg: tuple, objects: HostObjects, *, tool: str,
+            timeout_s: Optional[float] = None) -> Any:
+        """Send ``msg`` (a protocol.Call, Prompt, ModCall or Load) to the worker of
+        ``spec`` and return the value of its RESULT; SandboxEvent when the sandbox
+        ended the call.
+
+        Waiting for the worker (its queue, or room in the pool) counts against the
+        call's timeout from the moment the call was made."""
+        timeout = spec.limits.timeout_s if timeout_s is None else timeout_s
+        queue_deadline = time.monotonic() + timeout if timeout else None
+        slot = self._slot(spec)
+        if not slot.lock.acquire(timeout=timeout if timeout else None):
+            raise Unavailable.not_run(spec.library.name, tool, f"its worker stayed busy with earlier calls "
+                                      f"for the whole {timeout:g} s timeout.")
+        try:
+            return self._run_locked(slot, spec, msg, objects, tool, timeout, queue_deadline)
+        finally:
+            slot.busy = False
+            slot.last_used = time.monotonic()
+            proc = slot.proc
+            if proc is not None and self.pool.limited and self.pool.should_yield(spec.tenant):
+                self._retire(slot, proc, "evict", "stopped to give its room to a waiting tenant")
+            slot.lock.release()
+
+    def _slot(self, spec: WorkerSpec) -> Slot:
+        s = self._slots.get(spec.key)
+        if s is not None:
+            s.limits = spec.limits
+            return s
+        with self._lock:
+            return self._slots.setdefault(spec.key, Slot(spec.tenant, spec.library, spec.limits, spec.root))
+
+    def _run_locked(self, slot: Slot, spec: WorkerSpec, msg: tuple, objects: HostObjects, tool: str,
+                    timeout: Optional[float], queue_deadline: Optional[float]) -> Any:
+        name = slot.library.name
+        if self._closed:
+            raise Unavailable.not_run(name, tool, "the sandbox supervisor is closed.")
+        now = time.monotonic()
+        slot.refuse_if_quarantined(tool, now)
+        proc = slot.proc
+        # Did it die (or speak out of turn) while idle?  The zygote says so within a
+        # moment; a worker that sat idle for over a millisecond is also asked (poll)
+        # in case the zygote's word is still on its way.  Back-to-back calls skip that.
+        if proc is not None and (proc.exit_status is not None or
+                                 (now - slot.last_used > 0.001 and proc.conn.readable_now())):
+            self._idle_check(slot, proc)
+            proc = None if slot.proc is not proc else proc
+        if proc is None:
+            proc = self._spawn(slot, spec.init(), queue_deadline, tool)
+        slot.busy = True
+        try:
+            result = proc.exchange(msg, objects, slot.limits, timeout)
+        except WorkerGone:
+            self._died(slot, proc, tool)
+        except P.ProtocolViolation as exc:
+            self._violation(slot, proc, tool, str(exc))
+        except DeadlinePassed:
+            self._bury(slot, proc, served_a_call=True)
+            self._event("timeout", slot, pid=proc.pid, tool=tool, stage="hard", seconds=timeout)
+            raise TimedOut(name, tool, timeout, killed=True) from None
+        except P.PayloadError as exc:
+            raise CallFailed.not_run(name, tool, f"its parameters could not be sent to the worker ({exc}); "
+                                     f"the worker was kept.") from None
+        except BaseException as exc:
+            # Whatever went wrong here, the stream may be out of step: never reuse it.
+            proc.kill({"why": f"stopped after an error in the host ({type(exc).__name__})", "counts": False})
+            self._bury(slot, proc, served_a_call=True)
+            if not isinstance(exc, Exception):
+                raise
+            log.exception("internal error while %s ran %s", name, tool)
+            raise CallFailed(f"[{name}] tool '{tool}': the host failed while handling the call "
+                             f"({type(exc).__name__}: {exc}); the worker was stopped and will be replaced on "
+                             f"the next call.") from None
+        return self._outcome(slot, proc, msg, result, tool, timeout)
+
+    def _outcome(self, slot: Slot, proc: WorkerProcess, msg: tuple, result: P.Result, tool: str,
+                 timeout: Optional[float]) -> Any:
+        name = slot.library.name
+        proc.calls += 1
+        slot.served()
+        outcome, value = result.outcome, result.value
+        if outcome == P.OK:
+            why = invalid_answer(msg, value)
+            if why:
+                self._violation(slot, proc, tool, why)
+            return value
+        if outcome == P.TIMED_OUT:
+            self._event("timeout", slot, pid=proc.pid, tool=tool, stage="soft", seconds=timeout)
+            raise TimedOut(name, tool, timeout, killed=False)
+        if outcome == P.OUT_OF_MEMORY:
+            raise OutOfMemory.uncaught(name, tool, result.detail[:500], slot.limits.memory_mb)
+        if outcome == P.LOAD_FAILED:              # the worker exits: start fresh next time
+            proc.kill_reason = {"why": "library failed to load", "counts": False}
+            self._bury(slot, proc, served_a_call=True)
+            if type(msg) is P.Call:
+                if invalid_answer(msg, value):
+                    self._violation(slot, proc, tool, "malformed load failure")
+                return value
+            if type(msg) is P.Load:
+                return value
+            raise rebuild_error(*value) if is_error(value) else RuntimeError(f"library {name} failed to load")
+        # RAISED: a module function called by the host raised
+        if type(msg) is not P.ModCall:
+            self._violation(slot, proc, tool, "an exception result for a call that cannot raise")
+        raise rebuild_error(*value)
+
+    def _violation(self, slot: Slot, proc: WorkerProcess, tool: str, what: str) -> None:
+        """The worker broke the protocol: kill its tree, never believe it."""
+        proc.kill({"why": f"broke the protocol ({what})", "counts": True})
+        self._bury(slot, proc, served_a_call=proc.calls > 0)
+        self._event("violation", slot, pid=proc.known_pid, tool=tool, reason=what)
+        raise ProtocolViolated(slot.library.name, tool, what)
+
+    def _died(self, slot: Slot, proc: WorkerProcess, tool: str) -> None:
+        how = self._bury(slot, proc, served_a_call=proc.calls > 0)
+        name = slot.library.name
+        reason = proc.kill_reason
+        if self._closed:
+            raise Unavailable(f"[{name}] tool '{tool}' was stopped: the sandbox supervisor was closed while it ran.")
+        if reason and reason.get("code") == OUT_OF_MEMORY:
+            self._event("memory", slot, pid=proc.pid, tool=tool, reason=reason["why"])
+            raise OutOfMemory.killed(name, tool, reason["why"])
+        raise WorkerDied(name, tool, how)
+
+    def _idle_check(self, slot: Slot, proc: WorkerProcess) -> None:
+        """An idle worker is readable: it is gone, or it sent what nobody asked for."""
+        if proc.exit_status is None and proc.conn.sent_while_idle():
+            what = "it sent a message while no call was running"
+            proc.kill({"why": f"broke the protocol ({what})", "counts": True})
+            self._event("violation", slot, pid=proc.known_pid, reason=what)
+        self._bury(slot, proc, served_a_call=proc.calls > 0)
+
+    # ------------------------------------------------------------ workers
+    def _zyg(self) -> Zygote:
+        with self._lock:
+            if self._closed:
+                raise Unavailable("The sandbox supervisor is closed.")
+            if self._zygote is None or not self._zygote.alive:
+                try:
+                    self._zygote = Zygote(on_exit=self._on_exit)
+                except ZygoteGone as exc:
+                    raise Unavailable(f"The sandbox could not start: {exc}") from None
+                self._pump = self._pump or OutputPump()
+            self._watchdog.start()
+            return self._zygote
+
+    def start(self) -> None:
+        """Start the zygote now and wait until it can fork (else the first call does)."""
+        self._zyg()
+
+    def _on_exit(self, pid: int, status: int) -> None:
+        slot = self._by_pid.pop(pid, None)
+        if slot is not None and slot.proc is not None and slot.proc.pid == pid:
+            slot.proc.exit_status = status
+
+    def _spawn(self, slot: Slot, init: P.Init, deadline: Optional[float], tool: str) -> WorkerProcess:
+        name = slot.library.name
+        if self.pool.limited:
+            try:
+                self.pool.reserve(slot.tenant, deadline, lambda tenant: evict_one(list(self._slots.values()), slot, tenant, self._retire))
+            except TimeoutError:
+                raise Unavailable.not_run(name, tool, f"no worker became free in time (pool of "
+                                          f"{self.pool.max_workers} workers, {self.pool.max_per_tenant} per "
+                                          f"tenant, all busy).") from None
+        else:
+            self.pool.reserve(slot.tenant, None, lambda tenant: False)
+        tmpdir = None
+        try:
+            zyg = self._zyg()
+            try:
+                if init.confine is not None:
+                    init = hand_over_root(init, slot.limits.run_as or self.run_as, name, tool)
+                    tmpdir = init.tmpdir
+                proc = WorkerProcess.start(zyg, init, self._pump, name, slot.limits.log_bytes_per_s)
+            except (ZygoteGone, OSError) as exc:
+                raise Unavailable.not_run(name, tool, f"could not start a worker: {exc}") from None
+        except BaseException:
+            self.pool.release(slot.tenant)
+            if tmpdir:
+                shutil.rmtree(tmpdir, ignore_errors=True)
+            raise
+        proc.on_ready = functools.partial(self._ready, slot, init)
+        slot.proc = proc
+        slot.starts += 1
+
+        def known(f: Any) -> None:
+            if f.exception() is None:
+                with self._lock:
+                    self._by_pid[f.result()] = slot
+        proc.forked.add_done_callback(known)
+        return proc
+
+    def _ready(self, slot: Slot, init: P.Init, proc: WorkerProcess) -> None:
+        """The worker's READY: what protections are in force; one clear warning per
+        kind when a requested protection is not."""
+        self._event("start", slot, pid=proc.pid, protections=proc.protections)
+        for kind, state in not_in_force(proc.report, init.confine is not None, slot.limits.network):
+            if kind not in self._warned:
+                self._warned.add(kind)
+                log.warning("%s confinement requested for %s (tenant %s) is not in force: %s. "
+                            "The worker runs without it; stats() shows what is active.",
+                            kind, slot.library.name, slot.tenant, state)
+
+    def _detach(self, slot: Slot, proc: WorkerProcess) -> None:
+        """``proc`` no longer serves ``slot``: give its room back to the pool."""
+        if slot.proc is proc:
+            slot.proc = None
+            self.pool.release(slot.tenant)
+            if proc.tmpdir:
+                shutil.rmtree(proc.tmpdir, ignore_errors=True)
+
+    def _retire(self, slot: Slot, proc: WorkerProcess, kind: str, why: str) -> None:
+        """Stop an idle worker on purpose (eviction, idle timeout, host request)."""
+        proc.shut_down(why)
+        slot.last_exit = why
+        self._detach(slot, proc)
+        self._watchdog.retiring(proc)
+        self._event(kind, slot, pid=proc.pid, reason=why)
+
+    def _bury(self, slot: Slot, proc: WorkerProcess, served_a_call: bool) -> str:
+        """The worker is gone or going: reap it, record how, free the slot."""
+        how = proc.reap()
+        slot.last_exit = how if proc.kill_reason is None else proc.kill_reason["why"]
+        self._detach(slot, proc)
+        if proc.kill_reason is None or proc.kill_reason.get("counts", True):
+            self._event("crash", slot, pid=proc.pid, reason=how)
+            backoff = slot.record_death(self.crash_policy, fresh=not served_a_call)
+            if backoff is not None:
+                log.error("library %s (tenant %s) quarantined for %.0f s after repeated worker deaths",
+                          slot.library.name, slot.tenant, backoff)
+                self._event("quarantine", slot, seconds=backoff)
+        return how
+
+    # ------------------------------------------------------------ lifecycle
+    def stop(self, tenant: str, library_key: str) -> bool:
+        """Stop the worker(s) of one library of one tenant and forget the slot(s)."""
+        keys = [k for k in list(self._slots) if k[0] == tenant and k[1] == library_key]
+        for key in keys:
+            slot = self._slots.pop(key, None)
+            if slot is None:
+                continue
+            with slot.lock:
+                proc = slot.proc
+                if proc is not None:
+                    self._retire(slot, proc, "stop", "stopped by the host")
+                    if proc.zygote.wait_exit(proc.pid, 2.0) is None:
+                        proc.kill()
+                        proc.zygote.wait_exit(proc.pid, 2.0)
+        return bool(keys)
+
+    def stats(self, tenant: Optional[str] = None) -> list[dict]:
+        """One dict per worker slot (only ``tenant``'s when given): ``library``,
+        ``tenant``, ``pid`` (None when no worker runs), ``state`` (idle, busy,
+        stopped or quarantined), ``calls``, ``restarts``, ``last_exit`` (how the
+        last worker ended), ``rss`` and ``peak_rss`` (bytes, the worker's whole
+        process tree), ``protections`` (the confinement in force) and
+        ``workspace_root``."""
+        now = time.monotonic()
+        return [slot.stats(now) for slot in list(self._slots.values()) if tenant is None or slot.tenant == tenant]
+
+    def pool_stats(self) -> dict:
+        """The pool as a whole and per tenant: live workers, calls waiting for room."""
+        calls: dict[str, int] = {}
+        for slot in list(self._slots.values()):
+            calls[slot.tenant] = calls.get(slot.tenant, 0) + slot.calls
+        return self.pool.stats(calls)
+
+    def close(self) -> None:
+        """Stop every worker and the zygote; idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._watchdog.stop()
+        idle = [slot.proc for slot in list(self._slots.values()) if slot.proc is not None and not slot.busy]
+        for proc in idle:
+            proc.shut_down("the supervisor was closed")
+        if self._zygote is not None:
+            deadline = time.monotonic() + 1.0
+            for proc in idle:
+                if proc.known_pid is not None:
+                    proc.zygote.wait_exit(proc.pid, max(0.0, deadline - time.monotonic()))
+            self._zygote.close()
+        for slot in list(self._slots.values()):
+            if slot.proc is not None:
+                slot.proc.conn.close()
+                self._detach(slot, slot.proc)
+        if self._pump is not None:
+            self._pump.close()
+        _live_supervisors.discard(self)
+
+    def __enter__(self) -> "Supervisor":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

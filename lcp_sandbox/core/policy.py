@@ -1,0 +1,92 @@
+"""Confinement policy as plain data and pure functions, for both sides.
+
+What a confined worker keeps of the environment, which uid it runs as, which
+paths it reads, and how to read the protections report it sends in READY.
+No processes, no system calls.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+# Environment variables a confined worker keeps from the host (plus the library's own "env").
+ENV_ALLOWLIST = ("PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TERM", "USER", "LOGNAME", "SHELL",
+                 "PYTHONIOENCODING", "PYTHONUTF8", "PYTHONHASHSEED", "VIRTUAL_ENV")
+SYSTEM_READ_PATHS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/proc/self",
+                     "/sys/devices/system/cpu")
+DEFAULT_RUN_AS = (65534, 65534)          # nobody:nogroup on most distributions
+#: The folder holding the lcp_sandbox package: read-only for a confined worker,
+#: never handed over to one.
+ENGINE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def allowed_environment(env: dict) -> dict:
+    """The allowlisted part of an environment (what a confined worker may see)."""
+    return {k: v for k, v in env.items() if k in ENV_ALLOWLIST or k.startswith("LC_")}
+
+
+
+def python_paths() -> list[str]:
+    """Where the interpreter and its packages live (read-only for a confined worker)."""
+    out = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+           os.path.dirname(os.path.realpath(sys.executable))}
+    for p in sys.path:
+        if p and (p.endswith(("site-packages", "dist-packages")) or
+                  any(p.startswith(root) for root in (sys.prefix, sys.base_prefix))):
+            out.add(p)
+    return sorted(out)
+
+
+
+def run_as_ids(value) -> tuple[int, int]:
+    """(uid, gid) from a setting: two positive ints.  0 is refused: never root."""
+    try:
+        uid, gid = (int(v) for v in value)
+    except (TypeError, ValueError):
+        raise ValueError(f"run_as must be (uid, gid), two integers; got {value!r}") from None
+    if uid <= 0 or gid <= 0 or uid > 0xFFFFFFFE or gid > 0xFFFFFFFE:
+        raise ValueError(f"run_as {value!r}: a confined worker runs as an unprivileged uid and gid "
+                         "(not 0, not -1)")
+    return uid, gid
+
+
+
+def path_within(path: str, root: str) -> bool:
+    """Whether the resolved path ``path`` is ``root`` or under it."""
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+# Paths a confinement root must not contain: handing them to an unprivileged uid
+# would give it the system (think of a confined binding without a workspace in a
+# host whose CWD is "/").
+_NEVER_HAND_OVER = ("/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/media",
+                    "/mnt", "/opt", "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr",
+                    "/var", "/var/tmp")
+
+
+def may_hand_over(path: str) -> bool:
+    """False for "/", a system directory, or a folder holding one, the Python
+    installation or this package (``path`` is a real path)."""
+    keep = [*_NEVER_HAND_OVER, *python_paths(), ENGINE_DIR]
+    return path != os.sep and not any(path_within(p, path) for p in keep)
+
+
+def in_force(kind: str, state: str) -> bool:
+    """Whether a protections report entry says the protection holds."""
+    if kind == "privileges":
+        return state.startswith("uid ")
+    if kind == "unix_sockets":
+        return state.startswith("blocked")
+    return state.startswith("on")
+
+
+def not_in_force(report: dict, confined: bool, network: bool) -> list[tuple[str, str]]:
+    """The protections a worker was asked for that its READY report does not show
+    in force, as (kind, what the report says)."""
+    wanted = []
+    if confined:
+        wanted += ["filesystem", "privileges"] + ([] if network else ["unix_sockets"])
+    if not network:
+        wanted.append("network")
+    return [(kind, state) for kind in wanted
+            if not in_force(kind, state := str(report.get(kind, "unknown")))]

@@ -1,0 +1,1 @@
+"""Fronts sit on the binding: the command line, the lollms tools binding."""

@@ -1,0 +1,168 @@
+"""Host side of confinement: the worker's root and temp dir, handed over before it starts.
+
+A confined worker of a root host drops to an unprivileged uid (worker/confine/
+privileges.py).  Before it starts, the host makes the confinement root and a
+private temp dir that uid's: the worker never names a path the host acts on.
+"""
+from __future__ import annotations
+
+import os
+import re
+import stat
+import tempfile
+
+from .. import protocol as P
+from ..core import policy
+from ..core.policy import DEFAULT_RUN_AS, may_hand_over, path_within as _within, run_as_ids
+from .outcomes import Refused
+
+
+def hand_over_root(init: P.Init, run_as: tuple, library: str, tool: str) -> P.Init:
+    """Before a confined worker starts: its root becomes ``run_as``'s and its temp
+    dir is made; returns the INIT that says both.  A root that must not be handed
+    over refuses the call (403); OSError when handing over fails."""
+    root = init.confine["root"]
+    if not policy.may_hand_over(os.path.realpath(root)):
+        # A confined tool could rewrite code that later runs unconfined (the zygote).
+        raise Refused.not_run(library, tool, f"its confinement root {root!r} is or holds a system directory, "
+                              f"the sandbox engine or the Python installation, which a confined tool must not "
+                              f"be able to write. Use a workspace of its own.")
+    hand_over(root, *run_as)
+    # The temp dir is the host's to make and to remove: no path a worker names is ever deleted.
+    return init._replace(confine={**init.confine, "run_as": run_as}, tmpdir=private_tmpdir(run_as))
+
+
+def private_tmpdir(run_as=None) -> str:
+    """The worker's TMPDIR, created now (as the host's user) and owned by ``run_as``
+    when the worker is about to drop to it."""
+    tmp = tempfile.mkdtemp(prefix="lcp-sandbox-")
+    if os.geteuid() == 0:
+        try:
+            os.chown(tmp, *run_as_ids(DEFAULT_RUN_AS if run_as is None else run_as))
+        except (OSError, ValueError):
+            pass                                     # drop_privileges() reports a bad run_as
+    return tmp
+
+
+_MAX_DEPTH = 64                  # directory levels handed over below a root
+
+
+def hand_over(path: str, uid: int, gid: int) -> None:
+    """Make ``path`` (a confinement root) and what it holds owned by ``uid``:``gid``.
+
+    Host side, before a confined worker that will run as that uid starts; a no-op
+    unless this process is root.  What already lives there may be hostile (a worker
+    of the same tenant may be running), so every directory is opened relative to
+    its parent with O_NOFOLLOW and checked to be the entry that was listed, and
+    only directories and regular files change owner, each through its own open
+    descriptor.  Left alone: symlinks, devices, sockets, fifos, a regular file with
+    more than one link (it may be a hard link to a file outside the root), other
+    file systems mounted inside, entries deeper than 64 levels, and whatever
+    vanishes or changes meanwhile.  Raises PermissionError for a root that is or
+    holds a system directory or the Python installation."""
+    if os.geteuid() != 0:
+        return
+    path = os.path.realpath(path)
+    if not may_hand_over(path):
+        raise PermissionError(f"refusing to hand {path!r} to uid {uid}: it is or holds a system "
+                              "directory or the Python installation; give the worker a root of its own")
+    try:
+        top = _open_dir_path(path)
+    except OSError:
+        return                       # gone, or a symlink appeared on the way: nothing handed over
+    mounts = _mount_points_below(path)   # bind mounts of the same file system too
+    # Depth first, holding one descriptor per level: [fd, its path, subdirectories to visit].
+    stack = [[top, path, []]]
+    try:
+        dev = os.fstat(top).st_dev
+        stack[-1][2] = _hand_over_dir(top, path, dev, mounts, uid, gid, 0)
+        while stack:
+            fd, where, pending = stack[-1]
+            if not pending:
+                os.close(stack.pop()[0])
+                continue
+            name, ino = pending.pop()
+            try:
+                sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except OSError:
+                continue
+            stack.append([sub, os.path.join(where, name), []])
+            try:
+                st = os.fstat(sub)
+            except OSError:
+                continue
+            if st.st_ino == ino and st.st_dev == dev:      # else replaced since it was listed
+                stack[-1][2] = _hand_over_dir(sub, stack[-1][1], dev, mounts, uid, gid, len(stack) - 1)
+    finally:
+        for fd, _, _ in stack:
+            os.close(fd)
+
+
+def _mount_points_below(path: str) -> set:
+    out = set()
+    try:
+        with open("/proc/self/mountinfo", "rb") as f:
+            for line in f:
+                point = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m[1], 8)]), line.split()[4])
+                point = os.fsdecode(point)
+                if point != path and _within(point, path):
+                    out.add(point)
+    except (OSError, IndexError):
+        pass
+    return out
+
+
+def _hand_over_dir(fd: int, where: str, dev: int, mounts: set, uid: int, gid: int, depth: int) -> list:
+    """Chown an open directory and its regular files; return its subdirectories to visit."""
+    try:
+        st = os.fstat(fd)
+        if (st.st_uid, st.st_gid) != (uid, gid):
+            os.chown(fd, uid, gid)
+        with os.scandir(fd) as it:
+            entries = [e.name for e in it]
+    except OSError:
+        return []
+    subdirs = []
+    for name in entries:
+        try:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except OSError:
+            continue
+        if st.st_dev != dev or (mounts and os.path.join(where, name) in mounts):
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            if depth < _MAX_DEPTH:
+                subdirs.append((name, st.st_ino))
+        elif stat.S_ISREG(st.st_mode) and (st.st_uid, st.st_gid) != (uid, gid) and st.st_nlink == 1:
+            try:     # O_NONBLOCK: if a fifo took its place, opening does not wait for a writer
+                f = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC,
+                            dir_fd=fd)
+            except OSError:
+                continue
+            try:
+                now = os.fstat(f)
+                if now.st_ino == st.st_ino and stat.S_ISREG(now.st_mode) and now.st_nlink == 1:
+                    os.chown(f, uid, gid)
+            except OSError:
+                pass
+            finally:
+                os.close(f)
+    return subdirs
+
+
+def _open_dir_path(path: str) -> int:
+    """An fd on the directory ``path`` (absolute, no symlinks), opened one component at a
+    time without following symlinks: a component swapped for a link fails (ELOOP)."""
+    fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in path.strip(os.sep).split(os.sep):
+            if not part:
+                continue
+            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+

@@ -1,0 +1,43 @@
+"""Per-library sandbox settings: the host's configuration of a worker.
+
+Read from ``host_tool_configs[stem]["sandbox"]`` over the binding's defaults;
+sent to the worker in INIT as a dict, where worker/rlimits.py applies the
+process limits and worker/confine/ the confinement.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+from ..core.policy import run_as_ids
+
+
+@dataclass
+class Limits:
+    """Per-library sandbox settings (``host_tool_configs[stem]["sandbox"]``)."""
+    timeout_s: Optional[float] = 60.0       # None/0: no timeout
+    grace_s: float = 2.0                    # soft interrupt -> hard kill
+    memory_mb: Optional[float] = None       # kernel limit + watchdog on the process tree
+    cpu_s: Optional[int] = None             # RLIMIT_CPU of the worker
+    max_open_files: int = 1024
+    max_file_size_mb: Optional[float] = 4096
+    max_result_mb: float = 64
+    log_bytes_per_s: int = 256 * 1024       # tool stdout/stderr forwarded to logging
+    # confinement (worker/confine/); None: the binding's / supervisor's setting
+    confine: Optional[bool] = None
+    network: bool = True                    # False: own network namespace, loopback only
+    env: Optional[dict] = None              # extra environment variables for the worker
+    read_paths: tuple = ()                  # extra read-only paths for a confined worker
+    run_as: Optional[tuple] = None          # (uid, gid) of a confined worker of a root host;
+                                            # None: the supervisor's run_as (65534, 65534)
+
+    def __post_init__(self) -> None:
+        if self.run_as is not None:
+            self.run_as = run_as_ids(self.run_as)
+
+    @classmethod
+    def merged(cls, base: "Limits", override: Optional[dict]) -> "Limits":
+        if not override:
+            return base
+        known = {k: v for k, v in override.items() if k in cls.__dataclass_fields__}
+        return cls(**{**asdict(base), **known})

@@ -1,0 +1,98 @@
+"""Sandbox outcomes: how a call ends when the sandbox, not the tool, ends it.
+
+Each outcome is an exception that builds its own LCP failure result
+(``.result``, the shape of a tool's failure with its own ``status_code``);
+the binding returns that result.  Every text names the library and the tool,
+says what happened and what was done about it.
+
+    Unavailable       503  not run: closed, quarantined, no room, could not start
+    Refused           403  not run: a confinement root the worker must not own
+    WorkerDied        500  the worker died during the call (signal, exit code)
+    ProtocolViolated  500  the worker broke the protocol: killed, never believed
+    CallFailed        500  the host could not send the call, or failed handling it
+    TimedOut          504  interrupted (worker kept) or killed after the grace
+    OutOfMemory       507  an uncaught MemoryError, or killed over the limit
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from ..core.normalize import FORBIDDEN, OUT_OF_MEMORY, TIMED_OUT, TOOL_FAILED, UNAVAILABLE, failure
+
+_LOST = "will be replaced on the next call (module state was lost)."
+
+
+class SandboxEvent(Exception):
+    """A call ended by the sandbox, not by the tool; ``result`` is what to return."""
+
+    def __init__(self, result: dict) -> None:
+        super().__init__(result.get("error"))
+        self.result = result
+
+
+class _Said(SandboxEvent):
+    """An outcome told in one text, with its class's status code."""
+    status_code = TOOL_FAILED
+
+    def __init__(self, text: str) -> None:
+        super().__init__(failure(text, self.status_code))
+
+    @classmethod
+    def not_run(cls, library: str, tool: str, why: str) -> "_Said":
+        return cls(f"[{library}] tool '{tool}' not run: {why}")
+
+
+class Unavailable(_Said):
+    status_code = UNAVAILABLE
+
+
+class Refused(_Said):
+    status_code = FORBIDDEN
+
+
+class CallFailed(_Said):
+    status_code = TOOL_FAILED
+
+
+class WorkerDied(SandboxEvent):
+    def __init__(self, library: str, tool: str, how: str) -> None:
+        super().__init__(failure(
+            f"[{library}] the worker running tool '{tool}' {how}. The host is unaffected; a fresh worker "
+            f"will be started on the next call (module state was lost).", TOOL_FAILED))
+
+
+class ProtocolViolated(SandboxEvent):
+    def __init__(self, library: str, tool: str, what: str) -> None:
+        super().__init__(failure(
+            f"[{library}] protocol violation by the worker running tool '{tool}': {what}. "
+            f"Its process tree was killed and a fresh worker will be started on the next call "
+            f"(module state was lost).", TOOL_FAILED))
+
+
+class TimedOut(SandboxEvent):
+    def __init__(self, library: str, tool: str, seconds: float, killed: bool) -> None:
+        if killed:
+            text = (f"[{library}] tool '{tool}' timed out after {seconds:g} s and did not stop when "
+                    f"interrupted; its worker was killed and {_LOST}")
+        else:
+            text = (f"[{library}] tool '{tool}' timed out after {seconds:g} s; it was interrupted and its "
+                    f"worker (with its module state) was kept.")
+        super().__init__(failure(text, TIMED_OUT))
+
+
+class OutOfMemory(SandboxEvent):
+    def __init__(self, text: str) -> None:
+        super().__init__(failure(text, OUT_OF_MEMORY))
+
+    @classmethod
+    def killed(cls, library: str, tool: str, why: str) -> "OutOfMemory":
+        """The watchdog killed the worker's tree over its limit."""
+        return cls(f"[{library}] tool '{tool}': {why}; the worker's process tree was killed and {_LOST}")
+
+    @classmethod
+    def uncaught(cls, library: str, tool: str, detail: str, limit: Optional[float]) -> "OutOfMemory":
+        """An allocation failed in the tool, which did not catch the MemoryError."""
+        return cls(f"[{library}] tool '{tool}' ran out of memory: an allocation failed"
+                   + (f" ({detail})" if detail else "")
+                   + (f" against the {limit:g} MB limit" if limit else "")
+                   + "; the tool did not catch the MemoryError and the worker was kept.")

@@ -1,0 +1,192 @@
+"""One worker process as the host sees it: its connection, its pid, its end.
+
+    start()     INIT into a fresh socketpair, FORK to the zygote (the pid comes
+                later, as a Future: the call is sent at once), stdout/stderr to
+                the output pump
+    exchange()  one call, as a protocol state machine:
+
+        send CALL | PROMPT | MODCALL | LOAD
+        loop:  READY (first, exactly once)  ─► on_ready(report)
+               REQUEST ─► HostObjects.handle() here, REPLY   (clock paused meanwhile)
+               RESULT  ─► checked, returned
+               deadline ─► SIGUSR1 (soft) ... grace_s ... kill the tree (hard): DeadlinePassed
+               EOF      ─► WorkerGone
+               anything else, a frame over its cap ─► protocol.ProtocolViolation
+
+    kill()      the zygote kills its tree (``kill_reason`` says why, for the record)
+    shut_down() SHUTDOWN, then the connection is closed (a retired worker)
+    reap()      wait for the zygote's word of its end; how it ended, in words
+
+What a slot, the pool and the crash policy make of an end is not decided
+here (see backends/local.py and host/slot.py).
+"""
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import Future
+from typing import Any, Callable, Optional
+
+from .. import protocol as P
+from ..proc import describe_exit
+from .limits import Limits
+from .objects import HostObjects
+from .output import OutputPump
+from .zygote import Zygote
+
+_KIND = {P.Call: P.CALL, P.Prompt: P.PROMPT, P.ModCall: P.MODCALL, P.Load: P.LOAD}
+_READY_CAPS = {P.READY: P.READY_CAP}
+
+
+class WorkerGone(Exception):
+    """The worker's connection ended (EOF) during a call."""
+
+
+class DeadlinePassed(Exception):
+    """The call ran past its timeout and its grace: the worker's tree was killed."""
+
+
+class WorkerProcess:
+    __slots__ = ("forked", "zygote", "conn", "started", "tmpdir", "calls", "exit_status", "kill_reason",
+                 "ready", "report", "on_ready")
+
+    def __init__(self, forked: Future, zygote: Zygote, conn: P.Connection, tmpdir: Optional[str] = None) -> None:
+        self.forked = forked                   # the zygote's answer: the pid
+        self.zygote = zygote                   # its parent: reaps it, kills it, signals it
+        self.conn = conn
+        self.started = time.monotonic()
+        self.tmpdir = tmpdir                   # made by the host, removed by the host
+        self.calls = 0
+        self.exit_status: Optional[int] = None      # set when the zygote reports it
+        self.kill_reason: Optional[dict] = None     # set by whoever killed it on purpose
+        self.ready = False                     # its READY arrived (exactly once, first)
+        self.report: dict = {}                 # READY: protections in force
+        self.on_ready: Callable[["WorkerProcess"], Any] = lambda proc: None
+
+    @classmethod
+    def start(cls, zygote: Zygote, init: P.Init, pump: OutputPump, library: str,
+              log_bytes_per_s: int) -> "WorkerProcess":
+        """Fork a worker that will serve ``init``; raises ZygoteGone or OSError."""
+        host_sock, worker_sock = P.pair()
+        log_r, log_w = os.pipe()
+        conn = P.Connection(host_sock)
+        try:
+            # INIT waits in the socket; the worker reads it as soon as it runs.
+            # The call itself follows at once: nobody waits for the fork.
+            conn.send(P.INIT, init)
+            forked = zygote.fork(worker_sock.fileno(), log_w)
+        except BaseException:
+            conn.close()
+            os.close(log_r)
+            raise
+        finally:
+            worker_sock.close()
+            os.close(log_w)
+        pump.add(log_r, library, log_bytes_per_s)
+        return cls(forked, zygote, conn, init.tmpdir)
+
+    @property
+    def pid(self) -> int:
+        return self.forked.result(30.0)
+
+    @property
+    def known_pid(self) -> Optional[int]:
+        """The pid if the zygote already said it (never waits)."""
+        f = self.forked
+        return f.result() if f.done() and f.exception() is None else None
+
+    @property
+    def protections(self) -> dict:
+        """What its READY said is in force."""
+        return {k: v for k, v in self.report.items()
+                if k in ("env", "network", "filesystem", "privileges", "unix_sockets")}
+
+    # ------------------------------------------------------------ its end
+    def kill(self, reason: Optional[dict] = None) -> None:
+        """Kill its process tree; the first ``reason`` given is the one recorded."""
+        if reason is not None and self.kill_reason is None:
+            self.kill_reason = reason
+        self.zygote.kill(self.pid)
+
+    def shut_down(self, why: str) -> None:
+        """Ask it to exit (it is idle) and let go of it."""
+        self.kill_reason = {"why": why, "counts": False}
+        try:
+            self.conn.send(P.SHUTDOWN)
+        except OSError:
+            pass
+        self.conn.close()
+
+    def reap(self) -> str:
+        """It is gone or going: close the connection, wait for the zygote's word
+        (kill it if it lingers) and say how it ended."""
+        self.conn.close()
+        status = self.exit_status
+        if status is None and self.zygote.alive:     # (a dead zygote's workers died with it)
+            status = self.zygote.wait_exit(self.pid, 5.0)
+            if status is None:                       # still there? make sure.
+                self.zygote.kill(self.pid)
+                status = self.zygote.wait_exit(self.pid, 5.0)
+        return describe_exit(status)
+
+    # ------------------------------------------------------------ a call
+    def exchange(self, msg: tuple, objects: HostObjects, limits: Limits, timeout: Optional[float]) -> P.Result:
+        """Send ``msg`` and serve the worker until its RESULT: READY first (once),
+        REQUESTs answered meanwhile; anything else, or a frame over its cap, is a
+        protocol violation.  Every read ends by the call's hard deadline.
+
+        Raises PayloadError (``msg`` could not be sent: nothing was), WorkerGone,
+        DeadlinePassed (the tree was killed) or protocol.ProtocolViolation."""
+        conn = self.conn
+        try:
+            conn.send(_KIND[type(msg)], msg)
+        except OSError:
+            pass                                  # the worker is gone: the read below tells how
+
+        call_caps = {P.REQUEST: P.REQUEST_CAP,
+                     P.RESULT: int(limits.max_result_mb * 1048576) + P.RESULT_OVERHEAD}
+        grace = limits.grace_s
+        deadline = time.monotonic() + timeout if timeout else None
+        soft_sent = False
+        objects.conn = conn
+        try:
+            while True:
+                try:
+                    kind, payload = conn.recv_frame(deadline, call_caps if self.ready else _READY_CAPS)
+                    reply = P.parse_from_worker(kind, payload, conn.decoder)
+                except TimeoutError:
+                    if not soft_sent:
+                        soft_sent = True
+                        self.zygote.signal(self.pid, P.SOFT_TIMEOUT_SIGNAL)
+                        deadline = time.monotonic() + grace
+                        continue
+                    self.kill({"why": f"killed after its {timeout:g} s timeout", "counts": False})
+                    raise DeadlinePassed from None
+                except (EOFError, OSError):
+                    raise WorkerGone from None
+                if kind == P.RESULT:
+                    if reply.outcome == P.TIMED_OUT and not soft_sent:
+                        raise P.ProtocolViolation("it reported a timeout nobody signalled")
+                    if conn.pending():
+                        raise P.ProtocolViolation("it sent more after its RESULT")
+                    return reply
+                if kind == P.READY:
+                    self.ready = True
+                    self.report = reply.report
+                    self.on_ready(self)
+                    continue
+                t0 = time.monotonic()             # a REQUEST
+                objects.deadline = None if deadline is None else deadline + (0 if soft_sent else grace)
+                answer = objects.handle(reply, conn.decoder.saw_ref)
+                if conn.broken:                   # during a callback into the tool
+                    raise P.ProtocolViolation(conn.broken)
+                try:
+                    conn.send(P.REPLY, answer)
+                except P.PayloadError as exc:
+                    conn.send(P.REPLY, (False, ["TypeError", [f"the host's answer cannot be sent: {exc}"]]))
+                except OSError:
+                    pass
+                if deadline is not None:          # time waiting for the host does not count
+                    deadline += time.monotonic() - t0
+        finally:
+            objects.release()

@@ -1,0 +1,162 @@
+"""A slot: the place of one worker, keyed by (tenant, library, confinement root).
+
+A slot outlives its workers.  It serves its calls one at a time in arrival
+order (:class:`FifoLock`), holds the worker process of the moment (or none),
+counts calls and restarts, and owns the crash policy's bookkeeping: workers
+that keep dying put the library in quarantine, for a back-off that doubles.
+
+    deaths ──► record_death()
+                 K fresh workers died in a row, or more than N deaths in T s?
+                   └─► quarantined for backoff_s (5 s, 10 s, ... 300 s)
+    call ───► refuse_if_quarantined() ─► 503 while it lasts
+    a call served ──► served(): the fresh-death count and the back-off start over
+"""
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+from ..core.discovery import Library
+from ..proc import tree_rss
+from .limits import Limits
+from .outcomes import Unavailable
+
+if TYPE_CHECKING:
+    from .process import WorkerProcess
+
+
+class FifoLock:
+    """A lock granted in arrival order (threading.Lock makes no such promise)."""
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._waiters: collections.deque = collections.deque()
+        self._held = False
+
+    def acquire(self, timeout: Optional[float] = None) -> bool:
+        with self._mutex:
+            if not self._held and not self._waiters:
+                self._held = True
+                return True
+            gate = threading.Lock()
+            gate.acquire()
+            self._waiters.append(gate)
+        if gate.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
+            return True
+        with self._mutex:
+            try:
+                self._waiters.remove(gate)
+                return False
+            except ValueError:
+                return True            # handed over just as we gave up: we own it
+
+    def release(self) -> None:
+        with self._mutex:
+            if self._waiters:
+                self._waiters.popleft().release()   # ownership passes directly
+            else:
+                self._held = False
+
+    def __enter__(self) -> "FifoLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+@dataclass
+class CrashPolicy:
+    fresh_deaths: int = 5          # K fresh workers dying in a row before serving a call
+    deaths: int = 50               # or N deaths ...
+    window_s: float = 60.0         # ... within T seconds
+    backoff_s: float = 5.0         # first quarantine; doubles up to backoff_max_s
+    backoff_max_s: float = 300.0
+
+
+@dataclass
+class Slot:
+    tenant: str
+    library: Library
+    limits: Limits
+    root: str = ""                         # confinement root ("" when not confined)
+    lock: FifoLock = field(default_factory=FifoLock)
+    proc: Optional["WorkerProcess"] = None
+    busy: bool = False
+    calls: int = 0
+    starts: int = 0
+    last_exit: Optional[str] = None
+    peak_rss: int = 0
+    # crash-loop bookkeeping
+    fresh_deaths: int = 0
+    deaths: collections.deque = field(default_factory=collections.deque)
+    quarantined_until: float = 0.0
+    backoff_s: float = 0.0
+    last_used: float = 0.0
+
+    @property
+    def restarts(self) -> int:
+        return max(0, self.starts - 1)
+
+    def stats(self, now: float) -> dict:
+        """What Supervisor.stats() says of this slot (see there)."""
+        proc = self.proc
+        alive = proc is not None and proc.exit_status is None and proc.known_pid is not None
+        rss = tree_rss(proc.pid) if alive else 0
+        return {
+            "library": self.library.name, "tenant": self.tenant,
+            "pid": proc.pid if alive else None,
+            "state": ("quarantined" if self.quarantined_until > now else
+                      "busy" if self.busy else "idle" if alive else "stopped"),
+            "calls": self.calls, "restarts": self.restarts, "last_exit": self.last_exit,
+            "rss": rss, "peak_rss": max(self.peak_rss, rss),
+            "protections": proc.protections if alive else {},
+            "workspace_root": self.root or None,
+        }
+
+    def refuse_if_quarantined(self, tool: str, now: float) -> None:
+        if self.quarantined_until > now:
+            raise Unavailable.not_run(
+                self.library.name, tool, f"the library is quarantined after its workers died repeatedly "
+                f"({self.last_exit}); it will be retried in {self.quarantined_until - now:.0f} s.")
+
+    def served(self) -> None:
+        """A worker answered a call: the crash loop, if any, is over."""
+        self.calls += 1
+        self.fresh_deaths = 0
+        self.backoff_s = 0.0
+
+    def record_death(self, policy: CrashPolicy, fresh: bool) -> Optional[float]:
+        """Count a worker's death; returns the quarantine's length when one starts now."""
+        now = time.monotonic()
+        self.fresh_deaths = self.fresh_deaths + 1 if fresh else 0
+        self.deaths.append(now)
+        while self.deaths and now - self.deaths[0] > policy.window_s:
+            self.deaths.popleft()
+        if self.fresh_deaths >= policy.fresh_deaths or len(self.deaths) > policy.deaths:
+            self.backoff_s = min(policy.backoff_max_s,
+                                 self.backoff_s * 2 if self.backoff_s else policy.backoff_s)
+            self.quarantined_until = now + self.backoff_s
+            return self.backoff_s
+        return None
+
+
+def evict_one(slots: list, asking: Slot, tenant: Optional[str],
+              retire: Callable[[Slot, "WorkerProcess", str, str], None]) -> bool:
+    """Retire the least recently used idle worker (of ``tenant`` if given) to make
+    room for ``asking``'s; False when none is idle."""
+    candidates = sorted((s for s in slots if s is not asking and s.proc is not None and not s.busy
+                         and (tenant is None or s.tenant == tenant)), key=lambda s: s.last_used)
+    for victim in candidates:
+        if victim.lock.acquire(timeout=0):
+            try:
+                proc = victim.proc
+                if proc is not None and not victim.busy:
+                    retire(victim, proc, "evict", "evicted to make room for another worker")
+                    return True
+            finally:
+                victim.lock.release()
+    return False

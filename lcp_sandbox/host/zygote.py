@@ -1,0 +1,151 @@
+"""The host's handle on the zygote (worker/zygote.py): start it, ask it to fork,
+kill and signal workers, learn how they ended.
+
+    Zygote() ── python -I -c _BOOT FD ──► zygote process, allowlisted environment
+    fork(sock, log) ── FORK + fds ──────► ◄── FORKED(pid)   (a Future: nobody waits for it)
+    kill / signal(pid) ── KILL / SIGNAL ─►
+    reader thread ◄── EXITED(pid, status) ── wait_exit(), on_exit(pid, status)
+
+Records are protocol/control.py's.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import subprocess
+import sys
+import threading
+from concurrent.futures import Future
+from typing import Callable, Optional
+
+from ..core.policy import ENGINE_DIR, allowed_environment
+from ..protocol.control import EXITED, FORK, FORKED, KILL, MAX_RECORD as _MAXMSG, READY, SIGNAL
+from ..protocol.control import pack as _pack, unpack as _unpack
+
+_BOOT = ("import sys, importlib.util\n"
+         "if importlib.util.find_spec('lcp_sandbox') is None: sys.path.append(sys.argv[2])\n"
+         "from lcp_sandbox.worker.zygote import main; main(int(sys.argv[1]))")
+
+
+class ZygoteGone(Exception):
+    pass
+
+
+class Zygote:
+    """The host's handle on a zygote process.  Thread-safe."""
+
+    def __init__(self, on_exit: Optional[Callable[[int, int], None]] = None) -> None:
+        host_end, zyg_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        # The zygote (and so the memory every worker starts from) never holds the
+        # host's environment: workers get theirs in INIT, whole or filtered.
+        env = allowed_environment(dict(os.environ))
+        env.update({k: os.environ[k] for k in ("LD_LIBRARY_PATH", "PYTHONHOME") if k in os.environ})
+        # -I: neither the host's CWD nor PYTHONPATH nor user site-packages on sys.path.  The
+        # package's own folder is appended only when the installation does not provide it.
+        self.proc = subprocess.Popen(
+            [sys.executable, "-I", "-c", _BOOT, str(zyg_end.fileno()), ENGINE_DIR],
+            pass_fds=(zyg_end.fileno(),), stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        zyg_end.close()
+        self.pid = self.proc.pid
+        self._ctl = host_end
+        self._send_lock = threading.Lock()
+        self._cond = threading.Condition()
+        self._pending: dict[int, Future] = {}
+        self._exits: dict[int, int] = {}
+        self._next = 0
+        self._on_exit = on_exit
+        self.alive = True
+        self._ready = threading.Event()
+        self._reader = threading.Thread(target=self._read, name="lcp-sandbox-zygote", daemon=True)
+        self._reader.start()
+        if not self._ready.wait(60) or not self.alive:
+            self.close()
+            raise ZygoteGone("the zygote process did not start")
+
+    def _read(self) -> None:
+        while True:
+            try:
+                data = self._ctl.recv(_MAXMSG)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            try:
+                msg = _unpack(data)
+            except struct.error:
+                continue
+            if msg[0] == READY:
+                self._ready.set()
+            elif msg[0] == FORKED:
+                fut = self._pending.pop(msg[1], None)
+                if fut:
+                    fut.set_result(msg[2])
+            elif msg[0] == EXITED:
+                with self._cond:
+                    self._exits[msg[1]] = msg[2]
+                    if len(self._exits) > 10000:
+                        self._exits.pop(next(iter(self._exits)))
+                    self._cond.notify_all()
+                if self._on_exit:
+                    self._on_exit(msg[1], msg[2])
+        with self._cond:
+            self.alive = False
+            self._cond.notify_all()
+        self._ready.set()
+        for fut in list(self._pending.values()):
+            fut.set_exception(ZygoteGone("the zygote process is gone"))
+        self._pending.clear()
+
+    def fork(self, sock_fd: int, log_fd: int) -> Future:
+        """Start a worker serving ``sock_fd``; the future's result is its pid.
+
+        The fds are duplicated into the zygote as this returns, so the caller may
+        close its copies and talk to the worker at once, before the pid is known."""
+        fut: Future = Future()
+        with self._send_lock:
+            if not self.alive:
+                raise ZygoteGone("the zygote process is gone")
+            self._next += 1
+            req = self._next
+            self._pending[req] = fut
+            try:
+                socket.send_fds(self._ctl, [_pack(FORK, req)], [sock_fd, log_fd])
+            except OSError as exc:
+                self._pending.pop(req, None)
+                raise ZygoteGone(f"the zygote process is gone ({exc})") from None
+        return fut
+
+    def _send(self, msg: tuple) -> None:
+        with self._send_lock:
+            try:
+                self._ctl.send(_pack(*msg))
+            except OSError:
+                pass
+
+    def kill(self, pid: int) -> None:
+        """Kill a worker and its whole process tree (no-op if already reaped)."""
+        self._send((KILL, pid))
+
+    def signal(self, pid: int, sig: int) -> None:
+        """Send ``sig`` to a live worker (no-op if already reaped, so never a reused pid)."""
+        self._send((SIGNAL, pid, int(sig)))
+
+    def wait_exit(self, pid: int, timeout: float) -> Optional[int]:
+        """The worker's Popen-style return code once the zygote reaped it."""
+        with self._cond:
+            self._cond.wait_for(lambda: pid in self._exits or not self.alive, timeout)
+            return self._exits.pop(pid, None)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Kill every worker and stop the zygote."""
+        try:
+            self._ctl.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._ctl.close()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()

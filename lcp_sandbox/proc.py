@@ -1,0 +1,79 @@
+"""Process trees and exit statuses, read from /proc and wait(2): no side effects.
+
+Shared by the host (the watchdog's RSS of a worker's tree, how a worker
+ended) and the zygote (which processes to kill with a worker, its status).
+"""
+from __future__ import annotations
+
+import os
+import signal
+from typing import Optional
+
+
+def describe_exit(status: Optional[int]) -> str:
+    """'killed by SIGSEGV' / 'exited with code 3' from a Popen-style return code."""
+    if status is None:
+        return "ended for an unknown reason"
+    if status < 0:
+        try:
+            name = signal.Signals(-status).name
+        except ValueError:
+            name = f"signal {-status}"
+        return f"was killed by {name}"
+    return f"exited with code {status}"
+
+
+def status_from_wait(wait_status: int) -> int:
+    """os.waitpid status -> Popen-style return code (negative = signal)."""
+    if os.WIFSIGNALED(wait_status):
+        return -os.WTERMSIG(wait_status)
+    return os.WEXITSTATUS(wait_status)
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def children(pid: int) -> list[int]:
+    """The direct children of ``pid``, from /proc/<pid>/task/<tid>/children."""
+    if not _HAS_CHILDREN_FILES:
+        import psutil                 # kernels without CONFIG_PROC_CHILDREN: slower, same answer
+        try:
+            return [c.pid for c in psutil.Process(pid).children()]
+        except psutil.Error:
+            return []
+    out: list[int] = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                out.extend(int(x) for x in f.read().split())
+    except (OSError, ValueError):
+        pass
+    return out
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its live descendants.
+
+    Reads a few files per process of the tree; psutil's children() reads every
+    process of the machine, which made a watchdog pass over 200 workers cost
+    seconds."""
+    out, i = [pid], 0
+    while i < len(out):
+        out.extend(children(out[i]))
+        i += 1
+    return out
+
+
+_HAS_CHILDREN_FILES = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
+
+
+def tree_rss(pid: int) -> int:
+    """Resident memory of a process and all its descendants, in bytes (0 if gone)."""
+    total = 0
+    for p in process_tree(pid):
+        try:
+            with open(f"/proc/{p}/statm", "rb") as f:
+                total += int(f.read().split()[1]) * _PAGE
+        except (OSError, ValueError, IndexError):
+            pass
+    return total

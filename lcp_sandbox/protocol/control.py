@@ -1,0 +1,28 @@
+"""The zygote's control channel: fixed-size records, never pickled.
+
+    host (host/zygote.py)              zygote process (worker/zygote.py)
+      FORK(req) + [sock, log] fds ──►  hand them to a spare worker
+      ◄── FORKED(req, pid)
+      KILL(pid) / SIGNAL(pid, sig) ──► kill a worker's tree / signal it
+      ◄── EXITED(pid, status)          a worker was reaped
+      ◄── READY(zygote pid)            once, when it can fork
+
+An AF_UNIX SOCK_SEQPACKET pair: one record per datagram, file descriptors
+travel with SCM_RIGHTS.  A record is a kind byte and three integers.
+"""
+from __future__ import annotations
+
+import struct
+
+FORK, KILL, SIGNAL, FORKED, EXITED, READY = 1, 2, 3, 4, 5, 6
+RECORD = struct.Struct("!Bqqq")      # kind, then up to three integers
+MAX_RECORD = 64
+
+
+def pack(kind: int, a: int = 0, b: int = 0, c: int = 0) -> bytes:
+    return RECORD.pack(kind, a, b, c)
+
+
+def unpack(data: bytes) -> tuple:
+    """(kind, a, b, c); struct.error for a record of the wrong size."""
+    return RECORD.unpack(data)

@@ -1,0 +1,100 @@
+"""Landlock: the file system a confined worker may reach, for its whole life.
+
+    read + write   the confinement root (the tenant's workspace root, or the
+                   one workspace this worker serves), a private temp dir
+    read only      the library's folder, the Python installation and
+                   site-packages, /usr /lib /lib64 /bin /sbin /etc, /proc/self,
+                   the extra ``read_paths`` of the library's sandbox config
+    devices        /dev/null, /dev/zero, /dev/urandom, /dev/random
+With Landlock ABI >= 6 the worker also cannot signal processes outside its
+domain, nor reach abstract unix sockets outside it.  The rules cannot be
+widened later; the rule paths are opened now, while they are all reachable.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import struct
+from typing import Iterable
+
+from ..libc import PR_SET_NO_NEW_PRIVS, libc as _libc, prctl
+
+_SYS_create_ruleset, _SYS_add_rule, _SYS_restrict_self = 444, 445, 446   # same on all Linux arches
+_RULE_PATH_BENEATH = 1
+
+FS_EXECUTE, FS_WRITE_FILE, FS_READ_FILE, FS_READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+FS_REMOVE_DIR, FS_REMOVE_FILE, FS_MAKE_CHAR, FS_MAKE_DIR = 1 << 4, 1 << 5, 1 << 6, 1 << 7
+FS_MAKE_REG, FS_MAKE_SOCK, FS_MAKE_FIFO, FS_MAKE_BLOCK = 1 << 8, 1 << 9, 1 << 10, 1 << 11
+FS_MAKE_SYM, FS_REFER, FS_TRUNCATE, FS_IOCTL_DEV = 1 << 12, 1 << 13, 1 << 14, 1 << 15
+_FILE_ONLY = FS_EXECUTE | FS_WRITE_FILE | FS_READ_FILE | FS_TRUNCATE | FS_IOCTL_DEV
+SCOPE_ABSTRACT_UNIX, SCOPE_SIGNAL = 1 << 0, 1 << 1
+DEVICES = ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random", "/dev/full")
+
+
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version, 0 when Landlock is unavailable."""
+    try:
+        v = _libc.syscall(_SYS_create_ruleset, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
+    except Exception:
+        return 0
+    return max(0, int(v))
+
+
+def _handled_fs(abi: int) -> int:
+    rights = (1 << 13) - 1                      # ABI 1: EXECUTE .. MAKE_SYM
+    if abi >= 2:
+        rights |= FS_REFER
+    if abi >= 3:
+        rights |= FS_TRUNCATE
+    if abi >= 5:
+        rights |= FS_IOCTL_DEV
+    return rights
+
+
+def apply_landlock(read_write: Iterable[str], read_only: Iterable[str], devices: Iterable[str]) -> str:
+    """Restrict this process (and its future children); returns a report string."""
+    abi = landlock_abi()
+    if abi < 1:
+        return "unavailable (kernel without Landlock)"
+    handled = _handled_fs(abi)
+    scoped = (SCOPE_ABSTRACT_UNIX | SCOPE_SIGNAL) if abi >= 6 else 0
+    if abi >= 6:
+        attr = struct.pack("QQQ", handled, 0, scoped)
+    else:
+        attr = struct.pack("Q", handled)
+    buf = ctypes.create_string_buffer(attr, len(attr))
+    fd = _libc.syscall(_SYS_create_ruleset, buf, ctypes.c_size_t(len(attr)), ctypes.c_uint32(0))
+    if fd < 0:
+        return f"unavailable (create_ruleset: {os.strerror(ctypes.get_errno())})"
+    ro = FS_EXECUTE | FS_READ_FILE | FS_READ_DIR
+    rw = handled
+    dev = FS_READ_FILE | FS_WRITE_FILE | (FS_IOCTL_DEV if abi >= 5 else 0) | (FS_TRUNCATE if abi >= 3 else 0)
+    try:
+        for paths, rights in ((read_write, rw), (read_only, ro), (devices, dev)):
+            for path in paths:
+                _add_path(fd, path, rights & handled)
+        rc = prctl(PR_SET_NO_NEW_PRIVS, 1)
+        if rc != 0:
+            return f"failed (no_new_privs: {os.strerror(-rc)})"
+        if _libc.syscall(_SYS_restrict_self, ctypes.c_int(fd), ctypes.c_uint32(0)) != 0:
+            return f"failed (restrict_self: {os.strerror(ctypes.get_errno())})"
+    finally:
+        os.close(fd)
+    return f"on (ABI {abi}{', signals and abstract sockets scoped' if scoped else ''})"
+
+
+def _add_path(ruleset_fd: int, path: str, rights: int) -> None:
+    try:
+        pfd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except OSError:
+        return                                   # a missing path grants nothing
+    try:
+        if not os.path.isdir(path):
+            rights &= _FILE_ONLY
+        attr = struct.pack("=Qi", rights, pfd)   # packed struct landlock_path_beneath_attr
+        buf = ctypes.create_string_buffer(attr, len(attr))
+        _libc.syscall(_SYS_add_rule, ctypes.c_int(ruleset_fd), ctypes.c_int(_RULE_PATH_BENEATH), buf,
+                      ctypes.c_uint32(0))
+    finally:
+        os.close(pfd)
+

@@ -1,0 +1,134 @@
+"""Giving up privileges: capabilities, root, the ways to gain them back.
+
+A worker forked from a root host is root with every capability: Landlock does not
+stop reboot(2), module loading, raw sockets, setting the clock...  A confined worker
+gives all of that up (drop_privileges()) once the steps that need it are done (see
+the package docstring).  Capabilities are per thread: prepare() runs single-threaded.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+
+from ...core.policy import DEFAULT_RUN_AS, run_as_ids
+from ..libc import (PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, PR_CAP_AMBIENT_IS_SET, PR_CAPBSET_DROP,
+                    PR_CAPBSET_READ, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_PDEATHSIG,
+                    PR_SET_SECUREBITS, libc as _libc, prctl as _prctl)
+
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+# SECBIT_NOROOT (+ locked): uid 0 gains no capabilities by execve; KEEP_CAPS locked off,
+# NO_SETUID_FIXUP locked off (setuid keeps clearing capabilities); no ambient raise (+ locked).
+_SECUREBITS = (1 << 0) | (1 << 1) | (1 << 3) | (1 << 5) | (1 << 6) | (1 << 7)
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                ("inheritable", ctypes.c_uint32)]
+
+
+def _last_cap() -> int:
+    """The highest capability this kernel knows (/proc/sys may be out of Landlock's reach)."""
+    cap = 0
+    while cap < 63 and _prctl(PR_CAPBSET_READ, cap + 1) >= 0:
+        cap += 1
+    return cap
+
+
+_LAST_CAP = _last_cap()          # once, in the zygote: its workers inherit it
+
+
+def capabilities() -> dict:
+    """This thread's capability sets as integers (as /proc/self/status shows them)."""
+    hdr = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    if _libc.capget(ctypes.byref(hdr), data) != 0:
+        raise OSError(ctypes.get_errno(), f"capget: {os.strerror(ctypes.get_errno())}")
+    out = {k: getattr(data[0], k) | (getattr(data[1], k) << 32) for k in ("effective", "permitted", "inheritable")}
+    out["bounding"] = sum(1 << c for c in range(_LAST_CAP + 1) if _prctl(PR_CAPBSET_READ, c) > 0)
+    out["ambient"] = sum(1 << c for c in range(_LAST_CAP + 1)
+                         if _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_IS_SET, c) > 0)
+    return out
+
+
+def _capset_zero() -> None:
+    hdr = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    if _libc.capset(ctypes.byref(hdr), data) != 0:
+        raise OSError(ctypes.get_errno(), f"capset: {os.strerror(ctypes.get_errno())}")
+
+
+def drop_privileges(run_as=None) -> str:
+    """Give up every capability and, when root, become ``run_as`` (uid, gid).
+
+    Called once in a confined worker, single-threaded, before tool code runs.
+    Never raises: the returned report says what holds, checked afterwards with
+    capget(2), PR_CAPBSET_READ and getresuid(2), not assumed.  Starts with "uid "
+    when everything that could be dropped was, with "failed" otherwise."""
+    errors: list[str] = []
+    try:
+        uid, gid = run_as_ids(DEFAULT_RUN_AS if run_as is None else run_as)
+    except ValueError as exc:
+        errors.append(str(exc))
+        uid = gid = None
+    was_root = os.geteuid() == 0
+    ppid = os.getppid()
+    try:
+        threads = len(os.listdir("/proc/self/task"))
+    except OSError:
+        threads = 1
+    if threads > 1:      # capabilities are per thread: the others would keep theirs
+        errors.append(f"{threads} threads (only this one drops its capabilities)")
+    _prctl(PR_SET_SECUREBITS, _SECUREBITS)          # best effort; needs CAP_SETPCAP
+    no_setpcap = False
+    for cap in range(_LAST_CAP + 1):                 # while CAP_SETPCAP is still held
+        if _prctl(PR_CAPBSET_DROP, cap) < 0:
+            no_setpcap = True
+            break
+    _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)  # EINVAL before Linux 4.3: none to clear
+    if was_root and uid is not None:
+        try:
+            os.setgroups([])
+            os.setresgid(gid, gid, gid)
+            os.setresuid(uid, uid, uid)              # clears effective and permitted
+        except OSError as exc:
+            errors.append(f"setuid {uid}:{gid}: {exc.strerror}")
+    try:
+        _capset_zero()                               # inheritable too
+    except OSError as exc:
+        errors.append(str(exc))
+    if _prctl(PR_SET_NO_NEW_PRIVS, 1) < 0:          # no setuid binary or file capability helps
+        errors.append("no_new_privs refused")
+    _prctl(PR_SET_DUMPABLE, 0)                      # no ptrace or /proc/<pid>/mem by same-uid peers
+    # A change of uid clears the parent-death signal: ask again, and leave if the zygote
+    # went away meanwhile (we would have missed the signal).
+    _prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
+    if os.getppid() != ppid:
+        os._exit(1)
+
+    try:
+        caps = capabilities()
+    except OSError as exc:
+        return f"failed ({'; '.join(errors + [str(exc)])})"
+    ruid, euid, suid = os.getresuid()
+    rgid, egid, sgid = os.getresgid()
+    held = {k: v for k, v in caps.items() if v and k != "bounding"}
+    if was_root and ((ruid, euid, suid, rgid, egid, sgid) != (uid, uid, uid, gid, gid, gid) or os.getgroups()):
+        errors.append(f"ids are {ruid},{euid},{suid}:{rgid},{egid},{sgid} groups {os.getgroups()}")
+    if held or (caps["bounding"] and (was_root or not no_setpcap)):
+        errors.append("capabilities remain")
+    state = f"uid {euid} gid {egid}"
+    if not errors:
+        if not was_root:
+            state += " (the host's: it is not root)"
+        state += ", no capabilities"
+        if caps["bounding"]:
+            state += " (bounding set kept: no CAP_SETPCAP to drop it; no_new_privs stops gaining any)"
+        return state
+    sets = ", ".join(f"{k} {v:#x}" for k, v in caps.items() if v) or "no capabilities"
+    return f"failed ({'; '.join(dict.fromkeys(errors))}): {state}, {sets}"
+
