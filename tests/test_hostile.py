@@ -198,6 +198,20 @@ def test_trickling_worker_cannot_hold_the_call_past_its_deadline(hostile):
     assert_recovered(b, None)
 
 
+class Big:
+    big = "x" * (32 * 1024 * 1024)
+
+
+def test_worker_that_stops_reading_cannot_block_the_hosts_send(hostile):
+    b = hostile(host_tool_configs={"hostile": {"sandbox": {"grace_s": 0.5}}})
+    t0 = time.monotonic()
+    r = b.execute_tool("tool_ask_and_stop_reading", {}, tool_context=Big(), timeout_s=1.0)
+    assert time.monotonic() - t0 < 15                  # the worker would hold it for 120 s
+    assert r["status_code"] in (500, 504) and r["success"] is False
+    assert "[hostile]" in r["error"] and "tool_ask_and_stop_reading" in r["error"]
+    assert_recovered(b, None)
+
+
 # ----------------------------------------------------------------- 6. desync
 def test_garbage_frame_kills_the_worker_and_the_next_call_gets_its_own_result(hostile):
     b = hostile()

@@ -160,9 +160,9 @@ class HostObjects:
         conn = self.conn
         if conn is None:
             raise RuntimeError("the tool's callable can only be called while its call is running")
-        conn.send(P.REQUEST, (P.OP_CALL, wid, None, self.lend(args), self.lend(kwargs)))
         caps = {P.REPLY: P.REQUEST_CAP, P.REQUEST: P.REQUEST_CAP}
         try:
+            conn.send(P.REQUEST, (P.OP_CALL, wid, None, self.lend(args), self.lend(kwargs)), self.deadline)
             while True:
                 kind, payload = conn.recv_frame(self.deadline, caps)
                 msg = P.parse_from_worker(kind, payload, conn.decoder)
@@ -171,12 +171,12 @@ class HostObjects:
                     if not msg.ok:
                         raise rebuild_error(*msg.value)
                     return self.unwrap(msg.value) if saw_ref else msg.value
-                conn.send(P.REPLY, self.handle(msg, saw_ref))
+                conn.send(P.REPLY, self.handle(msg, saw_ref), self.deadline)
         except P.ProtocolViolation as exc:
             conn.broken = conn.broken or str(exc)
             raise
         except TimeoutError:
-            conn.broken = "a callable of the tool did not answer before the call's deadline"
+            conn.broken = conn.broken or "a callable of the tool did not answer before the call's deadline"
             raise P.ProtocolViolation(conn.broken) from None
         except EOFError:
             conn.broken = "the worker went away while the host called back into the tool"

@@ -138,15 +138,18 @@ class WorkerProcess:
         Raises PayloadError (``msg`` could not be sent: nothing was), WorkerGone,
         DeadlinePassed (the tree was killed) or protocol.ProtocolViolation."""
         conn = self.conn
+        grace = limits.grace_s
+        deadline = time.monotonic() + timeout if timeout else None
         try:
-            conn.send(_KIND[type(msg)], msg)
+            # A worker that stops reading cannot hold the host past the hard deadline.
+            conn.send(_KIND[type(msg)], msg, None if deadline is None else deadline + grace)
+        except TimeoutError:
+            raise P.ProtocolViolation(conn.broken) from None
         except OSError:
             pass                                  # the worker is gone: the read below tells how
 
         call_caps = {P.REQUEST: P.REQUEST_CAP,
                      P.RESULT: int(limits.max_result_mb * 1048576) + P.RESULT_OVERHEAD}
-        grace = limits.grace_s
-        deadline = time.monotonic() + timeout if timeout else None
         soft_sent = False
         objects.conn = conn
         try:
@@ -181,9 +184,13 @@ class WorkerProcess:
                 if conn.broken:                   # during a callback into the tool
                     raise P.ProtocolViolation(conn.broken)
                 try:
-                    conn.send(P.REPLY, answer)
-                except P.PayloadError as exc:
-                    conn.send(P.REPLY, (False, ["TypeError", [f"the host's answer cannot be sent: {exc}"]]))
+                    try:
+                        conn.send(P.REPLY, answer, objects.deadline)
+                    except P.PayloadError as exc:
+                        conn.send(P.REPLY, (False, ["TypeError", [f"the host's answer cannot be sent: {exc}"]]),
+                                  objects.deadline)
+                except TimeoutError:
+                    raise P.ProtocolViolation(conn.broken) from None
                 except OSError:
                     pass
                 if deadline is not None:          # time waiting for the host does not count

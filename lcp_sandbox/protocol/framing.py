@@ -34,20 +34,39 @@ class Connection:
         self.broken: Optional[str] = None       # set once the peer broke the protocol
 
     # -- sending -------------------------------------------------------
-    def send(self, kind: int, msg: tuple = ()) -> int:
+    def send(self, kind: int, msg: tuple = (), deadline: Optional[float] = None) -> int:
         """Pickle and send a host -> worker message; returns the payload size."""
-        return self.send_frame(kind, dumps(msg) if msg else b"")
+        return self.send_frame(kind, dumps(msg) if msg else b"", deadline)
 
-    def send_frame(self, kind: int, body: bytes) -> int:
+    def send_frame(self, kind: int, body: bytes, deadline: Optional[float] = None) -> int:
+        """Send one frame.  A peer that stops reading cannot hold the sender past
+        ``deadline`` (time.monotonic()): TimeoutError, and the connection is broken
+        (part of the frame may have gone)."""
         n = len(body)
         if n >= 1 << 32:
             raise PayloadError(f"message of {n} bytes is over the frame limit")
-        if n < _BIG:
-            self.sock.sendall(_HDR.pack(n, kind) + body)
-        else:
-            self.sock.sendall(_HDR.pack(n, kind))
-            self.sock.sendall(body)
+        self._send_all(_HDR.pack(n, kind) + body if n < _BIG else _HDR.pack(n, kind), deadline)
+        if n >= _BIG:
+            self._send_all(body, deadline)
         return n
+
+    def _send_all(self, data: bytes, deadline: Optional[float]) -> None:
+        # Non-blocking sends: a frame that fits in the socket's buffer (nearly all)
+        # costs one syscall; otherwise wait for room, by the deadline.
+        view = memoryview(data)
+        sent, n = 0, len(data)
+        while sent < n:
+            try:
+                sent += self.sock.send(view[sent:], socket.MSG_DONTWAIT)
+                continue
+            except BlockingIOError:
+                pass
+            poll = select.poll()
+            poll.register(self.fd, select.POLLOUT)
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic()) * 1000.0
+            if not poll.poll(wait):
+                self.broken = "it did not read the host's messages before the call's deadline"
+                raise TimeoutError(self.broken)
 
     def send_encoded(self, frame: bytes) -> None:
         """Send a frame made by Encoder.encode (header included)."""

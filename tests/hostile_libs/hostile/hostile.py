@@ -134,3 +134,14 @@ def tool_plant(marker: str) -> dict:
     with open(os.path.join("lcp_sandbox", "__init__.py"), "w") as f:
         f.write(f"import os\nopen({marker!r}, 'w').write(str(os.getpid()))\n")
     return {"success": True, "output": os.getcwd()}
+
+
+def tool_ask_and_stop_reading(tool_context=None) -> dict:
+    """Asks the host for a large attribute with a raw REQUEST, then never reads the
+    answer (and ignores the soft interrupt): the host's send must not block forever."""
+    import msgpack
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    ref = object.__getattribute__(tool_context, "_ref")
+    _channel_socket().sendall(_frame(7, msgpack.packb([1, ref, "big", [], {}])))
+    time.sleep(120)
+    return {"success": True, "output": "never"}
