@@ -629,6 +629,20 @@ class SandboxedBinding:
 
     # ------------------------------------------------------------ lifecycle
 
+    def restart_library(self, library_name: str) -> bool:
+        """Stop the worker(s) of the library ``library_name`` (this binding's tenant), so
+        that its next call starts a fresh worker that imports the library's files again:
+        for a library whose code changed on disk (module state is lost, and
+        ``init_tools_library`` runs again).  Call ``discover_tools(force_refresh=True)``
+        too when its tools may have changed.  Returns whether the library is known
+        (whether or not a worker was running)."""
+        libraries = {r.library.key for r in self._routes.values() if r.library.name == library_name}
+        libraries |= {lib.key for lib, _, _ in self._prompt_providers.values() if lib.name == library_name}
+        libraries |= {lib.key for lib, _ in self._dynamic.values() if lib.name == library_name}
+        for key in libraries:
+            self.supervisor.stop(self.tenant, key)
+        return bool(libraries)
+
     def stats(self) -> list[dict]:
         """One dict per worker slot of this binding's tenant: ``library``, ``pid``,
         ``state``, ``calls``, ``restarts``, ``last_exit``, ``rss``, ``peak_rss``,
