@@ -558,6 +558,19 @@ class SandboxedBinding:
             return call()                   # the closed binding's 503, at once
         return await future
 
+    def interrupt(self, thread_id: int) -> bool:
+        """Interrupt the call of this binding that the host thread ``thread_id``
+        (``threading.get_ident()`` of the thread in ``execute_tool``) is waiting for,
+        as its soft timeout would: ``ToolTimeout`` is raised inside the tool (a tool
+        waiting for the host, e.g. for a confirmation, is interrupted once it has its
+        answer), its worker and module state are kept, and that ``execute_tool``
+        returns a failure with status 499.  For hosts whose user cancelled a call.
+        Returns whether a running call was signalled: False when that thread runs no
+        call of this binding, or its call still waits for its worker."""
+        if self._closed:
+            return False
+        return self.supervisor.interrupt(self.tenant, thread_id)
+
     # ------------------------------------------------------------ handlers
 
     def set_confirm_handler(self, handler: Optional[Callable]) -> None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import builtins
 import operator
 import os
+import signal
 import threading
 import types
 from typing import Any, Callable, Optional
@@ -260,6 +261,7 @@ class Channel:
         self.call_seq = 0        # increases per call; per-call proxies remember theirs
         self.in_call = False
         self.waiting_host = False
+        self.interrupt_pending = False   # the soft-timeout signal came while the host was asked
         self._lock = threading.RLock()
         self._lent: dict[int, Any] = {}   # tool callables the host may call back
         self._describe = describe         # what to send for an object the protocol cannot carry
@@ -297,6 +299,9 @@ class Channel:
                     self._serve(msg)           # the host calls a callable the tool lent
             finally:
                 self.waiting_host = False
+                if self.interrupt_pending:   # deferred: the tool is interrupted now it is back
+                    self.interrupt_pending = False
+                    signal.raise_signal(P.SOFT_TIMEOUT_SIGNAL)
             if not msg.ok:
                 raise rebuild_error(*msg.value)
             return self.wrap(msg.value)
@@ -312,6 +317,7 @@ class Channel:
 
     def end_call(self) -> None:
         self.in_call = False
+        self.interrupt_pending = False
         self._lent.clear()
 
     def wrap(self, value: Any) -> Any:

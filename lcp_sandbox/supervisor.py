@@ -129,6 +129,8 @@ class Slot:
     lock: FifoLock = field(default_factory=FifoLock)
     proc: Optional[_Process] = None
     busy: bool = False
+    caller: Optional[int] = None           # the host thread whose call runs (interrupt() targets it)
+    interrupted: bool = False              # interrupt() signalled the call in flight
     calls: int = 0
     starts: int = 0
     last_exit: Optional[str] = None
@@ -209,7 +211,7 @@ class Supervisor:
         """``confine`` is the default for bindings that do not say (see confine.py);
         ``run_as`` is the (uid, gid) a confined worker of a root host runs as (per
         library: ``"sandbox": {"run_as": ...}``); ``on_event`` gets a dict per
-        lifecycle event (start, stop, evict, idle, crash, timeout, memory,
+        lifecycle event (start, stop, evict, idle, crash, timeout, interrupt, memory,
         quarantine), also logged on ``lcp_sandbox.events``."""
         self.crash_policy = crash_policy or CrashPolicy()
         self.confine = confine
@@ -462,6 +464,7 @@ class Supervisor:
             return self._run_locked(slot, msg, init, objects, tool, timeout, queue_deadline)
         finally:
             slot.busy = False
+            slot.caller = None
             slot.last_used = time.monotonic()
             proc = slot.proc
             if proc is not None and self.pool.limited and self.pool.should_yield(tenant):
@@ -493,6 +496,8 @@ class Supervisor:
             init_msg = init()
             proc = self._spawn(slot, init_msg, queue_deadline, tool)
         slot.busy = True
+        slot.interrupted = False
+        slot.caller = threading.get_ident()
         try:
             result = self._exchange(slot, proc, msg, init_msg, objects, tool, timeout)
         except SandboxEvent:
@@ -564,7 +569,7 @@ class Supervisor:
                 except P.ProtocolViolation as exc:
                     self._violation(slot, proc, tool, str(exc))
                 if kind == P.RESULT:
-                    if reply.outcome == P.TIMED_OUT and not soft_sent:
+                    if reply.outcome == P.TIMED_OUT and not soft_sent and not slot.interrupted:
                         self._violation(slot, proc, tool, "it reported a timeout nobody signalled")
                     if conn.pending():
                         self._violation(slot, proc, tool, "it sent more after its RESULT")
@@ -601,6 +606,11 @@ class Supervisor:
             if why:
                 self._violation(slot, proc, tool, why)
             return value
+        if outcome == P.TIMED_OUT and slot.interrupted:
+            self._event("interrupt", slot, pid=proc.pid, tool=tool)
+            raise SandboxEvent(normalize.failure(
+                f"[{name}] tool '{tool}' was cancelled by the host; it was interrupted and its "
+                f"worker (with its module state) was kept.", normalize.CANCELLED))
         if outcome == P.TIMED_OUT:
             self._event("timeout", slot, pid=proc.pid, tool=tool, stage="soft", seconds=timeout)
             raise SandboxEvent(normalize.failure(
@@ -717,6 +727,22 @@ class Supervisor:
                         self._kill(proc)
                         proc.zygote.wait_exit(proc.pid, 2.0)
         return bool(keys)
+
+    def interrupt(self, tenant: str, thread_id: int) -> bool:
+        """Interrupt the call of ``tenant`` that the host thread ``thread_id`` is waiting
+        for, as its soft timeout would: ``ToolTimeout`` is raised in the tool (once it
+        is back from the host, if it was waiting for it), the worker and its module
+        state are kept, and the call fails with 499.  A call still queued for its
+        worker, or whose worker is not ready yet, is not touched; a tool that does not
+        stop runs on under its own timeout.  Returns whether a call was signalled."""
+        for slot in list(self._slots.values()):
+            proc = slot.proc
+            if (slot.tenant == tenant and slot.caller == thread_id and slot.busy and proc is not None
+                    and proc.ready and proc.exit_status is None):
+                slot.interrupted = True
+                proc.zygote.signal(proc.pid, P.SOFT_TIMEOUT_SIGNAL)
+                return True
+        return False
 
     def stats(self, tenant: Optional[str] = None) -> list[dict]:
         """One dict per worker slot (only ``tenant``'s when given): ``library``,

@@ -375,13 +375,16 @@ def serve(sock) -> None:
         init = P.loads_from_host(kind, payload)
         report = prepare(init)
         worker = Worker(conn, init)
-        conn.send_encoded(worker.ch.encoder.encode(P.READY, [report]))
         ch = worker.ch
 
         def on_soft_timeout(signum: int, frame: Any) -> None:
-            if worker.in_tool and not ch.waiting_host:
-                raise ToolTimeout()
-        signal.signal(P.SOFT_TIMEOUT_SIGNAL, on_soft_timeout)
+            if worker.in_tool:
+                if ch.waiting_host:
+                    ch.interrupt_pending = True      # raised again once the host has answered
+                else:
+                    raise ToolTimeout()
+        signal.signal(P.SOFT_TIMEOUT_SIGNAL, on_soft_timeout)   # before READY: the host may signal then
+        conn.send_encoded(worker.ch.encoder.encode(P.READY, [report]))
 
         recv, loads = conn.recv_frame, P.loads_from_host
         ops = {P.CALL: (worker.call, "tool"), P.MODCALL: (worker.modcall, "function"),

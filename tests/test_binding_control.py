@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import textwrap
+import threading
+import time
+from pathlib import Path
 
 import pytest
 
@@ -48,3 +51,104 @@ def test_restart_of_an_unknown_library_says_so(lib_binding):
     b, _ = lib_binding
     assert b.restart_library("nope") is False
     assert b.restart_library("bumper") is True            # known, no worker running: nothing to stop
+
+
+# ---------------------------------------------------------------- interrupt
+SLEEPER = textwrap.dedent('''
+    import os
+    import time
+    from pathlib import Path
+
+    STATE = {"calls": 0, "interrupted": 0}
+    _CONFIRM_HANDLER = None
+
+    def set_confirm_handler(handler):
+        global _CONFIRM_HANDLER
+        _CONFIRM_HANDLER = handler
+
+    def tool_sleep(marker: str, seconds: float = 30.0, ask: bool = False) -> dict:
+        """Writes the marker file (or asks the confirm handler), then sleeps.
+
+        Args:
+            marker (str): file written when the sleep starts
+            seconds (float): how long to sleep
+            ask (bool): ask the confirm handler first
+        """
+        STATE["calls"] += 1
+        if ask:
+            _CONFIRM_HANDLER("sleep", "sleeper")
+        Path(marker).write_text("sleeping")
+        try:
+            time.sleep(seconds)
+        except BaseException:
+            STATE["interrupted"] += 1
+            raise
+        return {"success": True, "output": "slept"}
+
+    def tool_state() -> dict:
+        """The module state and the worker's pid."""
+        return {"success": True, "output": {**STATE, "pid": os.getpid()}}
+''')
+
+
+@pytest.fixture
+def sleeper(tmp_path, supervisor):
+    (tmp_path / "libs" / "sleeper").mkdir(parents=True)
+    (tmp_path / "libs" / "sleeper" / "sleeper.py").write_text(SLEEPER)
+    b = SandboxedBinding(tools_folders=[tmp_path / "libs"], workspace=str(tmp_path / "ws"),
+                         supervisor=supervisor, tenant=f"interrupt-{tmp_path.name}", timeout_s=60)
+    yield b
+    b.close()
+
+
+def wait_for(path: Path, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.01)
+
+
+def in_thread(fn, *args, **kwargs):
+    box = {}
+    t = threading.Thread(target=lambda: box.setdefault("result", fn(*args, **kwargs)), daemon=True)
+    t.start()
+    return t, box
+
+
+def test_interrupt_stops_the_call_of_that_thread_and_keeps_the_worker(sleeper, tmp_path):
+    pid = sleeper.execute_tool("tool_state")["output"]["pid"]
+    marker = tmp_path / "marker"
+    t, box = in_thread(sleeper.execute_tool, "tool_sleep", {"marker": str(marker)})
+    wait_for(marker)
+    queued, queued_box = in_thread(sleeper.execute_tool, "tool_state")
+    assert sleeper.interrupt(queued.ident) is False          # still waiting for the worker: untouched
+    assert sleeper.interrupt(threading.get_ident()) is False  # this thread runs no call
+    assert sleeper.interrupt(t.ident) is True
+    t.join(30)
+    queued.join(30)
+    r = box["result"]
+    assert r["status_code"] == 499 and r["success"] is False, r
+    assert "cancelled by the host" in r["error"] and "kept" in r["error"]
+    assert queued_box["result"]["output"] == {"calls": 1, "interrupted": 1, "pid": pid}
+
+
+def test_interrupt_while_the_tool_waits_for_the_host_lands_after_the_answer(sleeper, tmp_path):
+    entered, release = threading.Event(), threading.Event()
+    caller = {}
+
+    def confirm(source, script_label, argv=None):
+        caller["thread"] = threading.get_ident()             # handlers run on the calling thread
+        entered.set()
+        release.wait(30)
+        return ("allow", "")
+
+    sleeper.set_confirm_handler(confirm)
+    marker = tmp_path / "marker2"
+    t, box = in_thread(sleeper.execute_tool, "tool_sleep", {"marker": str(marker), "ask": True})
+    assert entered.wait(30)
+    assert sleeper.interrupt(caller["thread"]) is True        # the worker is waiting for this answer
+    release.set()
+    t.join(30)
+    assert box["result"]["status_code"] == 499, box["result"]
+    assert marker.exists() is False              # raised where the answer came back, before the sleep
+    assert sleeper.execute_tool("tool_state")["output"]["calls"] == 1          # same worker, state kept
