@@ -24,6 +24,8 @@ UNKNOWN_TOOL = "Unknown tool: {name}"
 INVALID_INPUT = "Input validation error: {message}"
 
 _MAX_FORM_TEXT = 4000          # characters of a tool's source / prompt shown in a form
+_MAX_TITLE = 300               # characters of a label or title (tools are untrusted: keep forms sane)
+_MAX_OPTIONS = 200             # choices of a select
 
 
 # ---------------------------------------------------------------- JSON safety
@@ -203,13 +205,13 @@ def confirm_request(args: tuple, kwargs: dict) -> tuple[str, str, Any]:
     return str(source), str(label), argv
 
 
-def _clip(text: str) -> str:
-    return text if len(text) <= _MAX_FORM_TEXT else text[:_MAX_FORM_TEXT] + f"\n[... {len(text) - _MAX_FORM_TEXT} more characters]"
+def _clip(text: str, limit: int = _MAX_FORM_TEXT) -> str:
+    return text if len(text) <= limit else text[:limit] + f" [... {len(text) - limit} more characters]"
 
 
 def confirm_form(source: str, script_label: str, argv: Any = None) -> tuple[str, dict]:
     """The elicitation form (message, requestedSchema) of a confirmation."""
-    message = f"A tool asks for your confirmation: {script_label}"
+    message = f"A tool asks for your confirmation: {_clip(script_label, _MAX_TITLE)}"
     if source and source != script_label:
         message += f"\n\n{_clip(source)}"
     if argv:
@@ -269,14 +271,14 @@ def ask_form(request: dict) -> Optional[tuple[str, dict]]:
     kind = str(request.get("type") or "text").lower()
     if kind in ("secret", "password"):
         return None
-    title = str(request.get("title") or "Input requested")
+    title = _clip(str(request.get("title") or "Input requested"), _MAX_TITLE)
     prompt = str(request.get("prompt") or "")
     prop: dict = {"type": "string", "title": title}
     if prompt:
         prop["description"] = _clip(prompt)
     options = request.get("options")
     if kind == "select" and isinstance(options, (list, tuple)) and options:
-        prop["enum"] = [str(o) for o in options]
+        prop["enum"] = [_clip(str(o), _MAX_TITLE) for o in options[:_MAX_OPTIONS]]
     default = request.get("default")
     if isinstance(default, str) and default and ("enum" not in prop or default in prop["enum"]):
         prop["default"] = default
