@@ -149,6 +149,46 @@ def test_interrupt_while_the_tool_waits_for_the_host_lands_after_the_answer(slee
     assert sleeper.interrupt(caller["thread"]) is True        # the worker is waiting for this answer
     release.set()
     t.join(30)
+    # Not dropped: raised once the answer is in (or in the sleep, when the signal, which
+    # travels through the zygote, lands after the answer).
     assert box["result"]["status_code"] == 499, box["result"]
-    assert marker.exists() is False              # raised where the answer came back, before the sleep
     assert sleeper.execute_tool("tool_state")["output"]["calls"] == 1          # same worker, state kept
+
+
+SLOW_IMPORT = textwrap.dedent('''
+    import os
+    import time
+    from pathlib import Path
+
+    _base = Path(os.environ["SLOW_IMPORT_DIR"])
+    (_base / "loading").write_text("yes")
+    _deadline = time.monotonic() + 30
+    while not (_base / "go").exists() and time.monotonic() < _deadline:   # until the test says so
+        time.sleep(0.01)
+
+    def tool_body(seconds: float = 30.0) -> dict:
+        """Sleeps, then says it ran.
+
+        Args:
+            seconds (float): how long
+        """
+        time.sleep(seconds)
+        return {"success": True, "output": "ran"}
+''')
+
+
+def test_interrupt_while_the_library_loads_stops_the_tool_before_it_runs(tmp_path, supervisor, monkeypatch):
+    (tmp_path / "libs" / "slow").mkdir(parents=True)
+    (tmp_path / "libs" / "slow" / "slow.py").write_text(SLOW_IMPORT)
+    monkeypatch.setenv("SLOW_IMPORT_DIR", str(tmp_path))           # the workers get the host's environment
+    with SandboxedBinding(tools_folders=[tmp_path / "libs"], workspace=str(tmp_path / "ws"),
+                          supervisor=supervisor, tenant=f"slow-{tmp_path.name}") as b:
+        t, box = in_thread(b.execute_tool, "tool_body")
+        wait_for(tmp_path / "loading")
+        assert b.interrupt(t.ident) is True
+        (tmp_path / "go").write_text("go")
+        t.join(30)
+        # The signal came while the library loaded (not in a tool): kept, and raised as the
+        # tool starts (a dropped one would let the tool sleep its 30 s and succeed).
+        assert box["result"]["status_code"] == 499, box["result"]
+        assert b.execute_tool("tool_body", {"seconds": 0})["output"] == "ran"   # the same worker goes on
