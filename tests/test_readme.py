@@ -2,7 +2,10 @@
 
 Python blocks run as scripts in a fresh folder holding a copy of the bundled
 tools as ./tools; bash blocks are lcp-sandbox commands, run one after the other
-in such a folder with the entry point of this interpreter's environment.  The
+in such a folder with the entry point of this interpreter's environment, except
+``serve-mcp``, which serves until it is stopped: its command lines are only parsed
+here (tests/test_mcp_server.py runs the server); json blocks (MCP client
+configurations) must parse and start lcp-sandbox serve-mcp.  The
 install commands at the top are what CI itself runs (.ci/run): here only the
 commands they end with are checked to exist.  The one fenced block that is not
 code (the diagram of "How it is built") is checked to be that diagram.
@@ -10,6 +13,7 @@ code (the diagram of "How it is built") is checked to be that diagram.
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import shlex
 import shutil
@@ -21,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
+from lcp_sandbox.fronts.cli import build_parser
 
 README = REPO / "README.md"
 BIN = Path(sys.executable).parent
@@ -78,7 +83,7 @@ def test_the_readme_has_the_blocks_this_test_knows():
     langs = {}
     for b in BLOCKS:
         langs.setdefault(b.lang, []).append(b.section)
-    assert set(langs) == {"python", "bash", ""}, langs
+    assert set(langs) == {"python", "bash", "", "json"}, langs
     assert langs[""] == ["How it is built"]                  # the diagram: not code
     assert "Use" in langs["python"] and "Hosting many users" in langs["python"]
     assert set(EXPECTED_OUTPUT) <= set(langs["python"])
@@ -132,12 +137,23 @@ def test_install_commands_are_what_ci_runs_and_end_in_commands_that_exist():
     assert pytest_ok.returncode == 0
 
 
+@pytest.mark.parametrize("block", [b for b in BLOCKS if b.lang == "json"], ids=lambda b: b.id)
+def test_json_block_is_an_mcp_client_configuration(block):
+    config = json.loads(block.code)
+    for server in config["mcpServers"].values():
+        assert server["command"] == "lcp-sandbox" and server["args"][0] == "serve-mcp", server
+        build_parser().parse_args(server["args"])
+
+
 @pytest.mark.parametrize("block", [b for b in BLOCKS if b.lang == "bash" and b not in INSTALL], ids=lambda b: b.id)
 def test_bash_block_runs(block, folder):
     cmds = commands(block)
     assert cmds
     for argv in cmds:
         assert argv[0] == "lcp-sandbox", f"README.md line {block.line}: not an lcp-sandbox command: {argv}"
+        if argv[1] == "serve-mcp":              # serves until stopped: only parsed (see the docstring)
+            build_parser().parse_args(argv[1:])
+            continue
         p = subprocess.run([str(ENTRY_POINT), *argv[1:]], capture_output=True, text=True, timeout=120,
                            cwd=folder)
         assert p.returncode == 0, f"{shlex.join(argv)}:\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}"
@@ -149,7 +165,7 @@ def test_bash_block_runs(block, folder):
 
 def test_readme_mentions_only_commands_the_cli_has():
     helps = subprocess.run([str(ENTRY_POINT), "--help"], capture_output=True, text=True, timeout=60).stdout
-    used = set(re.findall(r"lcp-sandbox (\w+)", README.read_text(encoding="utf-8")))
-    assert used and used <= {"tools", "call", "demo", "bench"}
+    used = set(re.findall(r"lcp-sandbox ([\w-]+)", README.read_text(encoding="utf-8")))
+    assert used and used <= {"tools", "call", "demo", "bench", "serve-mcp"}
     for name in used:
         assert f"    {name} " in helps, name

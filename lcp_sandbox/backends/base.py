@@ -66,6 +66,10 @@ class Backend(Protocol):
             timeout_s: Optional[float] = None) -> Any:
         """Run one message on the worker of ``spec``; its value, or SandboxEvent."""
 
+    def interrupt(self, tenant: str, thread_id: int) -> bool:
+        """Interrupt ``tenant``'s call that host thread ``thread_id`` waits for, as
+        its soft timeout would; whether a call was signalled."""
+
     def stop(self, tenant: str, library_key: str) -> bool:
         """Stop the worker(s) of one library of one tenant; whether there were any."""
 
@@ -77,3 +81,13 @@ class Backend(Protocol):
 
     def close(self) -> None:
         """Stop every worker; idempotent."""
+
+
+class Closing:
+    """``with backend: ...`` closes it at the end."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -39,8 +39,8 @@ from ..core.normalize import OUT_OF_MEMORY
 from ..core.policy import DEFAULT_RUN_AS, not_in_force, run_as_ids
 from ..host.handover import hand_over_root
 from ..host.objects import HostObjects
-from ..host.outcomes import (CallFailed, OutOfMemory, ProtocolViolated, SandboxEvent,  # noqa: F401 (exported)
-                             TimedOut, Unavailable, WorkerDied)
+from ..host.outcomes import (CallFailed, Cancelled, OutOfMemory, ProtocolViolated,  # noqa: F401 (exported)
+                             SandboxEvent, TimedOut, Unavailable, WorkerDied)
 from ..host.output import OutputPump
 from ..host.pool import Pool
 from ..host.process import DeadlinePassed, WorkerGone, WorkerProcess
@@ -48,7 +48,7 @@ from ..host.slot import CrashPolicy, Slot, evict_one
 from ..host.watchdog import Watchdog
 from ..host.zygote import Zygote, ZygoteGone
 from ..protocol import invalid_answer, is_error, rebuild_error
-from .base import WorkerSpec
+from .base import Closing, WorkerSpec
 
 log = logging.getLogger("lcp_sandbox")
 events_log = logging.getLogger("lcp_sandbox.events")
@@ -62,7 +62,7 @@ def _close_all() -> None:
         sup.close()
 
 
-class Supervisor:
+class Supervisor(Closing):
     """Owns the zygote, the worker slots and the threads that watch them (a Backend)."""
 
     def __init__(self, max_workers: Optional[int] = None, max_workers_per_tenant: Optional[int] = None,
@@ -73,8 +73,8 @@ class Supervisor:
         """``confine`` is the default for bindings that do not say (see worker/confine/);
         ``run_as`` is the (uid, gid) a confined worker of a root host runs as (per
         library: ``"sandbox": {"run_as": ...}``); ``on_event`` gets a dict per
-        lifecycle event (start, stop, evict, idle, crash, timeout, memory,
-        quarantine), also logged on ``lcp_sandbox.events``."""
+        lifecycle event (start, stop, evict, idle, crash, violation, timeout,
+        interrupt, memory, quarantine), also logged on ``lcp_sandbox.events``."""
         self.crash_policy = crash_policy or CrashPolicy()
         self.confine = confine
         self.run_as = run_as_ids(run_as)
@@ -119,6 +119,7 @@ class Supervisor:
             return self._run_locked(slot, spec, msg, objects, tool, timeout, queue_deadline)
         finally:
             slot.busy = False
+            slot.caller = None
             slot.last_used = time.monotonic()
             proc = slot.proc
             if proc is not None and self.pool.limited and self.pool.should_yield(spec.tenant):
@@ -150,7 +151,7 @@ class Supervisor:
             proc = None if slot.proc is not proc else proc
         if proc is None:
             proc = self._spawn(slot, spec.init(), queue_deadline, tool)
-        slot.busy = True
+        slot.begin_call()
         try:
             result = proc.exchange(msg, objects, slot.limits, timeout)
         except WorkerGone:
@@ -187,6 +188,9 @@ class Supervisor:
             if why:
                 self._violation(slot, proc, tool, why)
             return value
+        if outcome == P.TIMED_OUT and slot.interrupted:
+            self._event("interrupt", slot, pid=proc.pid, tool=tool)
+            raise Cancelled(name, tool)
         if outcome == P.TIMED_OUT:
             self._event("timeout", slot, pid=proc.pid, tool=tool, stage="soft", seconds=timeout)
             raise TimedOut(name, tool, timeout, killed=False)
@@ -207,12 +211,14 @@ class Supervisor:
             self._violation(slot, proc, tool, "an exception result for a call that cannot raise")
         raise rebuild_error(*value)
 
-    def _violation(self, slot: Slot, proc: WorkerProcess, tool: str, what: str) -> None:
-        """The worker broke the protocol: kill its tree, never believe it."""
+    def _violation(self, slot: Slot, proc: WorkerProcess, tool: Optional[str], what: str) -> None:
+        """The worker broke the protocol: kill its tree, never believe it (and, during
+        a call, end the call)."""
         proc.kill({"why": f"broke the protocol ({what})", "counts": True})
         self._bury(slot, proc, served_a_call=proc.calls > 0)
         self._event("violation", slot, pid=proc.known_pid, tool=tool, reason=what)
-        raise ProtocolViolated(slot.library.name, tool, what)
+        if tool is not None:
+            raise ProtocolViolated(slot.library.name, tool, what)
 
     def _died(self, slot: Slot, proc: WorkerProcess, tool: str) -> None:
         how = self._bury(slot, proc, served_a_call=proc.calls > 0)
@@ -228,10 +234,9 @@ class Supervisor:
     def _idle_check(self, slot: Slot, proc: WorkerProcess) -> None:
         """An idle worker is readable: it is gone, or it sent what nobody asked for."""
         if proc.exit_status is None and proc.conn.sent_while_idle():
-            what = "it sent a message while no call was running"
-            proc.kill({"why": f"broke the protocol ({what})", "counts": True})
-            self._event("violation", slot, pid=proc.known_pid, reason=what)
-        self._bury(slot, proc, served_a_call=proc.calls > 0)
+            self._violation(slot, proc, None, "it sent a message while no call was running")
+        else:
+            self._bury(slot, proc, served_a_call=proc.calls > 0)
 
     # ------------------------------------------------------------ workers
     def _zyg(self) -> Zygote:
@@ -346,18 +351,17 @@ class Supervisor:
                 proc = slot.proc
                 if proc is not None:
                     self._retire(slot, proc, "stop", "stopped by the host")
-                    if proc.zygote.wait_exit(proc.pid, 2.0) is None:
-                        proc.kill()
-                        proc.zygote.wait_exit(proc.pid, 2.0)
+                    proc.wait_gone(2.0)
         return bool(keys)
 
+    def interrupt(self, tenant: str, thread_id: int) -> bool:
+        """Interrupt ``tenant``'s call that host thread ``thread_id`` waits for, as its
+        soft timeout would (the tool gets ToolTimeout, once back from the host if it
+        was asking it; the worker is kept; the call fails with 499)."""
+        return any(s.interrupt() for s in list(self._slots.values()) if s.tenant == tenant and s.caller == thread_id)
+
     def stats(self, tenant: Optional[str] = None) -> list[dict]:
-        """One dict per worker slot (only ``tenant``'s when given): ``library``,
-        ``tenant``, ``pid`` (None when no worker runs), ``state`` (idle, busy,
-        stopped or quarantined), ``calls``, ``restarts``, ``last_exit`` (how the
-        last worker ended), ``rss`` and ``peak_rss`` (bytes, the worker's whole
-        process tree), ``protections`` (the confinement in force) and
-        ``workspace_root``."""
+        """One dict per worker slot (only ``tenant``'s when given); see Slot.stats."""
         now = time.monotonic()
         return [slot.stats(now) for slot in list(self._slots.values()) if tenant is None or slot.tenant == tenant]
 
@@ -391,9 +395,3 @@ class Supervisor:
         if self._pump is not None:
             self._pump.close()
         _live_supervisors.discard(self)
-
-    def __enter__(self) -> "Supervisor":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()

@@ -23,6 +23,7 @@ _FAILED_STATUSES = ("error", "failure", "failed")
 NOT_FOUND = 404
 TOOL_FAILED = 500
 FORBIDDEN = 403
+CANCELLED = 499          # interrupted at the host's request (SandboxedBinding.interrupt)
 UNAVAILABLE = 503
 TIMED_OUT = 504
 OUT_OF_MEMORY = 507

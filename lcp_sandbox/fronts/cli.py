@@ -4,6 +4,7 @@
   lcp-sandbox call FOLDER TOOL ...     run one tool call, print its result as JSON
   lcp-sandbox demo [FOLDER] ...        discovery, cold and warm calls, a crash the host survives
   lcp-sandbox bench ...                speed figures against baselines
+  lcp-sandbox serve-mcp FOLDER...      serve the tools to MCP clients (stdio or Streamable HTTP)
 
 -v / --verbose (before or after the subcommand) logs the engine and the tools' output.
 """
@@ -23,6 +24,7 @@ from typing import Any, Optional
 
 from ..host.binding import SandboxedBinding
 from ..host.locations import bundled_tools_dir
+from .mcp_cli import add_parser as add_serve_mcp
 
 
 class UsageError(Exception):
@@ -227,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="store_true", default=False,
                         help="log the engine and the tools' output on stderr")
-    sub = parser.add_subparsers(dest="cmd", required=True, metavar="{tools,call,demo,bench}")
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="{tools,call,demo,bench,serve-mcp}")
 
     p = sub.add_parser("tools", help="print the discovered tool specs as JSON", parents=[verbose])
     p.add_argument("folders", nargs="+", metavar="FOLDER", help="folder of tool libraries")
@@ -261,6 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_demo)
 
     _add_bench(sub, verbose)
+    add_serve_mcp(sub, [verbose])
     return parser
 
 

@@ -33,6 +33,7 @@ from ..backends.base import Backend, WorkerSpec
 from ..backends.local import Supervisor
 from ..core import discovery, normalize
 from ..protocol import HANDLER_CONFIRM, HANDLER_UI, HOST_PARAMS
+from .controls import BindingControls
 from .lcp_surface import LcpSurface
 from .limits import Limits
 from .locations import as_paths, bundled_tools_dir, lollms_bindings_dir, lollms_default_tools_dir  # noqa: F401
@@ -60,7 +61,7 @@ def lollms_binding_class() -> type:
 _LOLLMS_TOOLS_MODULE = "lollms_client.lollms_tools_binding"
 
 
-class SandboxedBinding(LcpSurface):
+class SandboxedBinding(LcpSurface, BindingControls):
     """Drop-in for lollms_client's ``LCPBinding`` that runs each tool library in a
     long-lived worker process of its own (module state survives between calls).
 

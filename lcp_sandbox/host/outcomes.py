@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..core.normalize import FORBIDDEN, OUT_OF_MEMORY, TIMED_OUT, TOOL_FAILED, UNAVAILABLE, failure
+from ..core.normalize import CANCELLED, FORBIDDEN, OUT_OF_MEMORY, TIMED_OUT, TOOL_FAILED, UNAVAILABLE, failure
 
 _LOST = "will be replaced on the next call (module state was lost)."
 
@@ -78,6 +78,12 @@ class TimedOut(SandboxEvent):
             text = (f"[{library}] tool '{tool}' timed out after {seconds:g} s; it was interrupted and its "
                     f"worker (with its module state) was kept.")
         super().__init__(failure(text, TIMED_OUT))
+
+
+class Cancelled(SandboxEvent):
+    def __init__(self, library: str, tool: str) -> None:
+        super().__init__(failure(f"[{library}] tool '{tool}' was cancelled by the host; it was interrupted and its "
+                                 f"worker (with its module state) was kept.", CANCELLED))
 
 
 class OutOfMemory(SandboxEvent):

@@ -48,7 +48,7 @@ class DeadlinePassed(Exception):
 
 class WorkerProcess:
     __slots__ = ("forked", "zygote", "conn", "started", "tmpdir", "calls", "exit_status", "kill_reason",
-                 "ready", "report", "on_ready")
+                 "ready", "report", "on_ready", "interrupted")
 
     def __init__(self, forked: Future, zygote: Zygote, conn: P.Connection, tmpdir: Optional[str] = None) -> None:
         self.forked = forked                   # the zygote's answer: the pid
@@ -62,6 +62,7 @@ class WorkerProcess:
         self.ready = False                     # its READY arrived (exactly once, first)
         self.report: dict = {}                 # READY: protections in force
         self.on_ready: Callable[["WorkerProcess"], Any] = lambda proc: None
+        self.interrupted = False               # the host cancelled the call in flight (Slot.interrupt)
 
     @classmethod
     def start(cls, zygote: Zygote, init: P.Init, pump: OutputPump, library: str,
@@ -117,6 +118,12 @@ class WorkerProcess:
             pass
         self.conn.close()
 
+    def wait_gone(self, timeout: float) -> None:
+        """Wait for its end; kill it if it lingers."""
+        if self.zygote.wait_exit(self.pid, timeout) is None:
+            self.kill()
+            self.zygote.wait_exit(self.pid, timeout)
+
     def reap(self) -> str:
         """It is gone or going: close the connection, wait for the zygote's word
         (kill it if it lingers) and say how it ended."""
@@ -168,7 +175,7 @@ class WorkerProcess:
                 except (EOFError, OSError):
                     raise WorkerGone from None
                 if kind == P.RESULT:
-                    if reply.outcome == P.TIMED_OUT and not soft_sent:
+                    if reply.outcome == P.TIMED_OUT and not soft_sent and not self.interrupted:
                         raise P.ProtocolViolation("it reported a timeout nobody signalled")
                     if conn.pending():
                         raise P.ProtocolViolation("it sent more after its RESULT")

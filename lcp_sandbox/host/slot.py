@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from .. import protocol as P
 from ..core.discovery import Library
 from ..proc import tree_rss
 from .limits import Limits
@@ -86,6 +87,8 @@ class Slot:
     lock: FifoLock = field(default_factory=FifoLock)
     proc: Optional["WorkerProcess"] = None
     busy: bool = False
+    caller: Optional[int] = None           # the host thread whose call runs (interrupt() targets it)
+    interrupted: bool = False              # interrupt() signalled the call in flight
     calls: int = 0
     starts: int = 0
     last_exit: Optional[str] = None
@@ -101,8 +104,28 @@ class Slot:
     def restarts(self) -> int:
         return max(0, self.starts - 1)
 
+    def begin_call(self) -> None:
+        """Its worker is about to get a call from this thread."""
+        self.busy = True
+        self.interrupted = False
+        self.caller = threading.get_ident()
+
+    def interrupt(self) -> bool:
+        """Signal the call in flight as its soft timeout would (the host cancelled it).
+        Not a call still queued, nor one whose worker is not ready yet."""
+        proc = self.proc
+        if not self.busy or proc is None or not proc.ready or proc.exit_status is not None:
+            return False
+        self.interrupted = proc.interrupted = True
+        proc.zygote.signal(proc.pid, P.SOFT_TIMEOUT_SIGNAL)
+        return True
+
     def stats(self, now: float) -> dict:
-        """What Supervisor.stats() says of this slot (see there)."""
+        """What Supervisor.stats() says of this slot: ``library``, ``tenant``, ``pid``
+        (None when no worker runs), ``state`` (idle, busy, stopped or quarantined),
+        ``calls``, ``restarts``, ``last_exit`` (how the last worker ended), ``rss`` and
+        ``peak_rss`` (bytes, the worker's whole process tree), ``protections`` (the
+        confinement in force) and ``workspace_root``."""
         proc = self.proc
         alive = proc is not None and proc.exit_status is None and proc.known_pid is not None
         rss = tree_rss(proc.pid) if alive else 0

@@ -50,12 +50,13 @@ class ToolCatalog:
         self.specs = found.specs
         self._on_discover()
 
-    def library_keys(self) -> set:
-        """Every library this catalog may have started a worker for."""
-        keys = {r.library.key for r in self.routes.values()}
-        keys |= {lib.key for lib, _, _ in self.prompt_providers.values()}
-        keys |= {lib.key for lib, _ in self.dynamic.values()}
-        return keys
+    def library_keys(self, name: Optional[str] = None) -> set:
+        """Every library this catalog may have started a worker for (named ``name``
+        when given)."""
+        libs = [r.library for r in self.routes.values()]
+        libs += [lib for lib, _, _ in self.prompt_providers.values()]
+        libs += [lib for lib, _ in self.dynamic.values()]
+        return {lib.key for lib in libs if name is None or lib.name == name}
 
     def file_index(self, lib: discovery.Library, fn: str) -> int:
         """Which file of ``lib`` defines the function ``fn`` (the first one if none)."""

@@ -220,6 +220,9 @@ class Worker:
 
         self.in_tool = True
         try:
+            if self.ch.interrupt_pending:            # signalled while the library loaded
+                self.ch.interrupt_pending = False
+                raise ToolTimeout()
             out = entry.fn(**kwargs)
         except ToolTimeout:
             return [None, P.TIMED_OUT, ""]
@@ -328,13 +331,15 @@ def serve(sock) -> None:
         init = P.loads_from_host(kind, payload)
         report = prepare(init)
         worker = Worker(conn, init)
-        conn.send_encoded(worker.ch.encoder.encode(P.READY, [report]))
         ch = worker.ch
 
         def on_soft_timeout(signum: int, frame: Any) -> None:
             if worker.in_tool and not ch.waiting_host:
                 raise ToolTimeout()
-        signal.signal(P.SOFT_TIMEOUT_SIGNAL, on_soft_timeout)
+            if ch.in_call:          # loading the library, or waiting for the host: raised once
+                ch.interrupt_pending = True          # the tool runs, or has the host's answer
+        signal.signal(P.SOFT_TIMEOUT_SIGNAL, on_soft_timeout)   # before READY: the host may signal then
+        conn.send_encoded(worker.ch.encoder.encode(P.READY, [report]))
 
         recv, loads = conn.recv_frame, P.loads_from_host
         ops = {P.CALL: (worker.call, "tool"), P.MODCALL: (worker.modcall, "function"),

@@ -15,6 +15,7 @@ its own, served here (:meth:`Channel._serve`) while the tool waits.
 """
 from __future__ import annotations
 
+import signal
 import threading
 from typing import Any, Callable, Optional
 
@@ -33,6 +34,7 @@ class Channel:
         self.call_seq = 0        # increases per call; per-call proxies remember theirs
         self.in_call = False
         self.waiting_host = False
+        self.interrupt_pending = False   # the soft-timeout signal came while the host was asked
         self._lock = threading.RLock()
         self._lent: dict[int, Any] = {}   # tool callables the host may call back
         self._describe = describe         # what to send for an object the protocol cannot carry
@@ -70,6 +72,9 @@ class Channel:
                     self._serve(msg)           # the host calls a callable the tool lent
             finally:
                 self.waiting_host = False
+                if self.interrupt_pending:   # deferred: the tool is interrupted now it is back
+                    self.interrupt_pending = False
+                    signal.raise_signal(P.SOFT_TIMEOUT_SIGNAL)
             if not msg.ok:
                 raise rebuild_error(*msg.value)
             return self.wrap(msg.value)
@@ -85,6 +90,7 @@ class Channel:
 
     def end_call(self) -> None:
         self.in_call = False
+        self.interrupt_pending = False
         self._lent.clear()
 
     def wrap(self, value: Any) -> Any:

@@ -1,0 +1,127 @@
+"""``lcp-sandbox serve-mcp``: the command line of the MCP server (mcp_server.py).
+
+Parsing and checks only; the ``mcp`` SDK is imported when the command runs, so
+``lcp-sandbox --help`` works without the ``mcp`` extra.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, Optional
+
+TOKEN_ENV = "LCP_SANDBOX_MCP_TOKEN"
+
+DESCRIPTION = """\
+Serve the tools of FOLDER(s) to MCP clients, each library in isolated worker processes.
+stdio (default): one session, workspace --workspace (default: the current folder); only MCP
+messages are written to stdout. http: Streamable HTTP at /mcp; every MCP session is a tenant of
+its own, with its own workers and its own workspace <workspace-root>/<session id>, stopped when
+the session ends. Host and Origin are checked on every request; on any address but loopback a
+bearer token is required (--token-file, or the environment variable LCP_SANDBOX_MCP_TOKEN)."""
+
+
+def add_parser(sub: Any, parents: list) -> None:
+    """Add ``serve-mcp`` to the ``lcp-sandbox`` subcommands."""
+    p = sub.add_parser("serve-mcp", help="serve the tools to MCP clients (stdio or Streamable HTTP)",
+                       description=DESCRIPTION, parents=parents)
+    p.add_argument("folders", nargs="+", metavar="FOLDER", help="folder of tool libraries")
+    p.add_argument("--transport", choices=("stdio", "http"), default="stdio", help="default: stdio")
+    p.add_argument("--host", default="127.0.0.1", help="http: address to bind (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="http: port (default: 8000; 0: any free port)")
+    p.add_argument("--workspace", metavar="DIR", help="stdio: the tools' workspace (default: the current folder)")
+    p.add_argument("--workspace-root", metavar="DIR", default="mcp-workspaces",
+                   help="http: each session's workspace is DIR/<session id> (default: ./mcp-workspaces)")
+    p.add_argument("--config", metavar="FILE",
+                   help='JSON file with the host_tool_configs ({"host_tool_configs": {...}} or the dict itself)')
+    p.add_argument("--confine", action="store_true", help="confine the workers (see the README)")
+    p.add_argument("--timeout", type=float, default=60.0, metavar="S",
+                   help="timeout of a tool call in seconds (default: 60; 0: none)")
+    p.add_argument("--memory-mb", type=float, default=None, metavar="N", help="memory limit of each worker")
+    p.add_argument("--auto-confirm", choices=("allow", "reject"), default=None,
+                   help="the answer to a tool's confirmation request when the client cannot be asked "
+                        "(no elicitation capability); default: reject")
+    p.add_argument("--token-file", metavar="FILE",
+                   help=f"http: clients must send 'Authorization: Bearer <the file's content>' "
+                        f"(or set {TOKEN_ENV}); required unless bound to loopback")
+    p.add_argument("--allowed-host", action="append", default=[], metavar="HOST:PORT",
+                   help="http: another Host header to accept (repeatable)")
+    p.add_argument("--allowed-origin", action="append", default=[], metavar="ORIGIN",
+                   help="http: an Origin to accept, e.g. http://localhost:6274 (repeatable)")
+    p.set_defaults(fn=cmd_serve_mcp)
+
+
+class _Usage(Exception):
+    """A mistake in the command: one line on stderr, exit status 2 (as cli.UsageError)."""
+
+
+def _usage(message: str) -> Exception:
+    return _Usage(message)
+
+
+def _configs(path: Optional[str]) -> dict:
+    if not path:
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except OSError as exc:
+        raise _usage(f"--config {path!r}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise _usage(f"--config {path!r} is not valid JSON: {exc}") from None
+    if isinstance(data, dict) and isinstance(data.get("host_tool_configs"), dict):
+        data = data["host_tool_configs"]
+    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+        raise _usage(f"--config {path!r} must hold a JSON object of library names to objects "
+                     f"(host_tool_configs)")
+    return data
+
+
+def _token(path: Optional[str]) -> Optional[str]:
+    if path:
+        try:
+            with open(path, encoding="utf-8") as f:
+                token = f.read().strip()
+        except OSError as exc:
+            raise _usage(f"--token-file {path!r}: {exc.strerror or exc}") from None
+        if not token:
+            raise _usage(f"--token-file {path!r} is empty")
+        return token
+    return os.environ.get(TOKEN_ENV, "").strip() or None
+
+
+def cmd_serve_mcp(args: argparse.Namespace) -> int:
+    """``lcp-sandbox serve-mcp``: run the MCP server until the client or a signal stops it;
+    2 for a mistake in the command."""
+    try:
+        return _serve(args)
+    except _Usage as exc:
+        print(f"lcp-sandbox serve-mcp: {exc}", file=sys.stderr)
+        return 2
+
+
+def _serve(args: argparse.Namespace) -> int:
+    for folder in args.folders:
+        if not os.path.isdir(folder):
+            raise _usage(f"tools folder {folder!r} "
+                         f"{'is not a folder' if os.path.exists(folder) else 'does not exist'}")
+    configs = _configs(args.config)
+    token = _token(args.token_file) if args.transport == "http" else None
+    try:
+        from . import mcp_server, mcp_transports
+    except ImportError as exc:
+        raise _usage(f"needs the official 'mcp' package (pip install 'lcp-sandbox[mcp]'): {exc}") from None
+    if args.transport == "http" and token is None and not mcp_transports.is_loopback(args.host):
+        raise _usage(f"refusing to serve on {args.host!r} without a bearer token: anyone who can reach "
+                     f"it could run the tools. Give --token-file FILE (or set {TOKEN_ENV}), or bind to "
+                     f"127.0.0.1.")
+    options = mcp_server.ServeOptions(
+        folders=[os.path.realpath(f) for f in args.folders], host_tool_configs=configs,
+        workspace=args.workspace, workspace_root=os.path.realpath(args.workspace_root),
+        confine=args.confine, timeout_s=args.timeout or None, memory_mb=args.memory_mb,
+        auto_confirm=args.auto_confirm)
+    if args.transport == "stdio":
+        return mcp_transports.serve_stdio(options)
+    return mcp_transports.serve_http(options, args.host, args.port, token, tuple(args.allowed_host),
+                                     tuple(args.allowed_origin))
