@@ -33,6 +33,17 @@ def gone(pid: int) -> bool:
         return True
 
 
+def wait_gone(pid: int, timeout: float = 20.0) -> bool:
+    """Whether the process is gone (or a zombie) within ``timeout``; polls /proc."""
+    import time
+    deadline = time.monotonic() + timeout
+    while not gone(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 @pytest.fixture
 def new_processes():
     """Returns the descendants started since the test began (others' leftovers excluded)."""

@@ -23,6 +23,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from conftest import wait_gone
+
 pytest.importorskip("mcp")
 
 from lcp_sandbox import SandboxedBinding, Supervisor  # noqa: E402
@@ -69,18 +71,6 @@ def worker_pid(b):
     pids = [s["pid"] for s in b.stats() if s["library"] == "mcp_bridge" and s["pid"]]
     assert len(pids) == 1, b.stats()
     return pids[0]
-
-
-def wait_gone(pid, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return True
-        except psutil.NoSuchProcess:
-            return True
-        time.sleep(0.05)
-    return False
 
 
 # ---------------------------------------------------------------- listing

@@ -16,13 +16,13 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
 import pytest
+
+from conftest import wait_gone
 
 pytest.importorskip("mcp")
 
@@ -118,18 +118,6 @@ def out(result: types.CallToolResult):
     """The LCP output of a successful call."""
     assert not result.is_error, result
     return result.structured_content["output"]
-
-
-def wait_gone(pid: int, timeout: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return True
-        except psutil.NoSuchProcess:
-            return True
-        time.sleep(0.05)
-    return False
 
 
 # ---------------------------------------------------------------- tools/list
