@@ -212,6 +212,36 @@ def test_worker_that_stops_reading_cannot_block_the_hosts_send(hostile):
     assert_recovered(b, None)
 
 
+class Ctx:
+    def __init__(self):
+        self.items = {}
+
+    def __setitem__(self, key, value):
+        self.items[key] = value
+
+    def __bool__(self):
+        end = time.perf_counter() + 0.004      # a host answer of 4 ms: were it not counted, a
+        while time.perf_counter() < end:        # flood would stretch the deadline some 25-fold
+            pass
+        return True
+
+
+def test_a_flood_of_quick_requests_cannot_stretch_the_deadline(hostile):
+    b = hostile(host_tool_configs={"hostile": {"sandbox": {"grace_s": 0.5}}})
+    t0 = time.monotonic()
+    r = b.execute_tool("tool_request_flood", {}, tool_context=Ctx(), timeout_s=0.5)
+    assert r["status_code"] == 504 and "did not stop" in r["error"]
+    assert time.monotonic() - t0 < 6
+
+
+def test_a_tool_callable_cannot_be_stored_in_a_host_object(hostile):
+    b = hostile()
+    ctx = Ctx()
+    r = b.execute_tool("tool_store_callable", {}, tool_context=ctx)
+    assert r["output"] == ["a callable of the tool cannot be stored in a host object"] * 2
+    assert not hasattr(ctx, "hook") and ctx.items == {} and ctx.plain == 42
+
+
 # ----------------------------------------------------------------- 6. desync
 def test_garbage_frame_kills_the_worker_and_the_next_call_gets_its_own_result(hostile):
     b = hostile()

@@ -123,6 +123,9 @@ class HostObjects:
             args, kwargs = (self.unwrap(req.args), self.unwrap(req.kwargs)) if saw_ref else (req.args, req.kwargs)
             if op in (P.OP_GETATTR, P.OP_METHOD, P.OP_SETATTR) and (not name or name.startswith("_")):
                 raise AttributeError(f"{name!r}: private attributes are not reachable through a host proxy")
+            if saw_ref and (op == P.OP_SETATTR or name == "setitem") and _holds_tool_callable(args):
+                # Stored in a host object, it would outlive the call that lent it.
+                raise PermissionError("a callable of the tool cannot be stored in a host object")
             if op == P.OP_CALL:
                 if target is None:
                     raise RuntimeError("no handler is configured in the host")
@@ -185,6 +188,12 @@ class HostObjects:
     def release(self) -> None:
         self._objects.clear()
         self.conn = None
+
+
+def _holds_tool_callable(value: Any) -> bool:
+    found = []
+    map_containers(value, lambda v: found.append(v) if type(v) is _ToolCallable else v)
+    return bool(found)
 
 
 class NamedRefs:

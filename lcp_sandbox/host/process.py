@@ -36,6 +36,7 @@ from .zygote import Zygote
 
 _KIND = {P.Call: P.CALL, P.Prompt: P.PROMPT, P.ModCall: P.MODCALL, P.Load: P.LOAD}
 _READY_CAPS = {P.READY: P.READY_CAP}
+HOST_WAIT_PAUSES_S = 0.005     # a REQUEST the host took at least this long to answer pauses the clock
 
 
 class WorkerGone(Exception):
@@ -200,7 +201,10 @@ class WorkerProcess:
                     raise P.ProtocolViolation(conn.broken) from None
                 except OSError:
                     pass
-                if deadline is not None:          # time waiting for the host does not count
-                    deadline += time.monotonic() - t0
+                waited = time.monotonic() - t0
+                if deadline is not None and waited >= HOST_WAIT_PAUSES_S:
+                    # Waiting for the host (a person confirming, an LLM generating) does not
+                    # count; a flood of quick requests does, or it could stretch the deadline.
+                    deadline += waited
         finally:
             objects.release()

@@ -145,3 +145,26 @@ def tool_ask_and_stop_reading(tool_context=None) -> dict:
     _channel_socket().sendall(_frame(7, msgpack.packb([1, ref, "big", [], {}])))
     time.sleep(120)
     return {"success": True, "output": "never"}
+
+
+def tool_request_flood(tool_context=None) -> dict:
+    """Asks the host quick questions forever, with the soft interrupt ignored."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    while True:
+        bool(tool_context)
+
+
+def tool_store_callable(tool_context=None) -> dict:
+    """Tries to leave one of its functions inside a host object."""
+    out = []
+    for how in ("attr", "item"):
+        try:
+            if how == "attr":
+                tool_context.hook = lambda: "tool code"
+            else:
+                tool_context["hook"] = lambda: "tool code"
+            out.append("stored")
+        except PermissionError as exc:
+            out.append(str(exc))
+    tool_context.plain = 42                         # a plain value may be set
+    return {"success": True, "output": out}
