@@ -358,3 +358,28 @@ def test_planted_package_in_a_confined_root_never_runs_in_the_next_zygote(monkey
                               timeout_s=20) as b:
             assert b.execute_tool("tool_ok", {})["status_code"] == 200
     assert not os.path.exists(marker)
+
+
+def test_the_zygote_runs_the_hosts_own_copy_of_the_engine(tmp_path):
+    """Not whichever lcp_sandbox its sys.path would find first."""
+    import shutil
+    import subprocess
+    import sys
+    import lcp_sandbox
+    copy = tmp_path / "copy"
+    shutil.copytree(Path(lcp_sandbox.__file__).parent, copy / "lcp_sandbox",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    libs = tmp_path / "libs"
+    libs.mkdir()
+    (libs / "where.py").write_text("import sys\ndef tool_where() -> dict:\n"
+                                   "    return {'success': True, 'output': sys.modules['lcp_sandbox'].__file__}\n")
+    script = ("import sys; sys.path.insert(0, sys.argv[1])\n"
+              "import lcp_sandbox\n"
+              "from lcp_sandbox import SandboxedBinding\n"
+              "with SandboxedBinding(tools_folders=[sys.argv[2]], workspace=sys.argv[2]) as b:\n"
+              "    print(lcp_sandbox.__file__)\n"
+              "    print(b.execute_tool('tool_where', {})['output'])\n")
+    out = subprocess.run([sys.executable, "-c", script, str(copy), str(libs)], capture_output=True, text=True,
+                         timeout=120)
+    host_file, worker_file = out.stdout.split()[-2:]
+    assert host_file.startswith(str(copy)) and worker_file == host_file, out.stdout + out.stderr

@@ -49,7 +49,7 @@ class DeadlinePassed(Exception):
 
 class WorkerProcess:
     __slots__ = ("forked", "zygote", "conn", "started", "tmpdir", "calls", "exit_status", "kill_reason",
-                 "ready", "report", "on_ready", "interrupted")
+                 "ready", "report", "on_ready", "interrupted", "_caps", "_caps_mb")
 
     def __init__(self, forked: Future, zygote: Zygote, conn: P.Connection, tmpdir: Optional[str] = None) -> None:
         self.forked = forked                   # the zygote's answer: the pid
@@ -64,6 +64,8 @@ class WorkerProcess:
         self.report: dict = {}                 # READY: protections in force
         self.on_ready: Callable[["WorkerProcess"], Any] = lambda proc: None
         self.interrupted = False               # the host cancelled the call in flight (Slot.interrupt)
+        self._caps: dict = {}                  # frame caps during a call, for ...
+        self._caps_mb: Optional[float] = None  # ... this max_result_mb
 
     @classmethod
     def start(cls, zygote: Zygote, init: P.Init, pump: OutputPump, library: str,
@@ -156,8 +158,10 @@ class WorkerProcess:
         except OSError:
             pass                                  # the worker is gone: the read below tells how
 
-        call_caps = {P.REQUEST: P.REQUEST_CAP,
-                     P.RESULT: int(limits.max_result_mb * 1048576) + P.RESULT_OVERHEAD}
+        if self._caps_mb != limits.max_result_mb:          # (built once, not per call)
+            self._caps_mb = limits.max_result_mb
+            self._caps = {P.REQUEST: P.REQUEST_CAP, P.RESULT: int(limits.max_result_mb * 1048576) + P.RESULT_OVERHEAD}
+        call_caps = self._caps
         soft_sent = False
         objects.conn = conn
         try:

@@ -23,8 +23,13 @@ from ..core.policy import ENGINE_DIR, allowed_environment
 from ..protocol.control import EXITED, FORK, FORKED, KILL, MAX_RECORD as _MAXMSG, READY, SIGNAL
 from ..protocol.control import pack as _pack, unpack as _unpack
 
-_BOOT = ("import sys, importlib.util\n"
-         "if importlib.util.find_spec('lcp_sandbox') is None: sys.path.append(sys.argv[2])\n"
+# The zygote runs the host's own copy of the engine, loaded from its folder by path (not
+# whatever `lcp_sandbox` the environment would find first), and adds no folder to sys.path.
+_BOOT = ("import sys, os, importlib.util as u\n"
+         "d = sys.argv[2]\n"
+         "s = u.spec_from_file_location('lcp_sandbox', os.path.join(d, '__init__.py'), "
+         "submodule_search_locations=[d])\n"
+         "m = sys.modules['lcp_sandbox'] = u.module_from_spec(s); s.loader.exec_module(m)\n"
          "from lcp_sandbox.worker.zygote import main; main(int(sys.argv[1]))")
 
 
@@ -44,7 +49,7 @@ class Zygote:
         # -I: neither the host's CWD nor PYTHONPATH nor user site-packages on sys.path.  The
         # package's own folder is appended only when the installation does not provide it.
         self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-c", _BOOT, str(zyg_end.fileno()), ENGINE_DIR],
+            [sys.executable, "-I", "-c", _BOOT, str(zyg_end.fileno()), os.path.join(ENGINE_DIR, "lcp_sandbox")],
             pass_fds=(zyg_end.fileno(),), stdin=subprocess.DEVNULL, env=env, start_new_session=True)
         zyg_end.close()
         self.pid = self.proc.pid

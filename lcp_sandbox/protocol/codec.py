@@ -202,7 +202,8 @@ class Decoder:
         self._nesting = 0
         self.saw_ref = False
         try:
-            return self._unpack(payload)
+            return msgpack.unpackb(payload, ext_hook=self._ext, raw=False, strict_map_key=True,
+                                   unicode_errors="surrogatepass", use_list=True)
         except ProtocolViolation:
             raise
         except Exception as exc:      # msgpack's errors, RecursionError, MemoryError...

@@ -43,18 +43,25 @@ class Connection:
         ``deadline`` (time.monotonic()): TimeoutError, and the connection is broken
         (part of the frame may have gone)."""
         n = len(body)
+        if n < _BIG:
+            data = _HDR.pack(n, kind) + body
+            try:          # the common case: one non-blocking send takes the whole frame
+                sent = self.sock.send(data, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                sent = 0
+            if sent < len(data):
+                self._send_all(data, deadline, sent)
+            return n
         if n >= 1 << 32:
             raise PayloadError(f"message of {n} bytes is over the frame limit")
-        self._send_all(_HDR.pack(n, kind) + body if n < _BIG else _HDR.pack(n, kind), deadline)
-        if n >= _BIG:
-            self._send_all(body, deadline)
+        self._send_all(_HDR.pack(n, kind), deadline)
+        self._send_all(body, deadline)
         return n
 
-    def _send_all(self, data: bytes, deadline: Optional[float]) -> None:
-        # Non-blocking sends: a frame that fits in the socket's buffer (nearly all)
-        # costs one syscall; otherwise wait for room, by the deadline.
+    def _send_all(self, data: bytes, deadline: Optional[float], sent: int = 0) -> None:
+        # Non-blocking sends; when the socket's buffer is full, wait for room by the deadline.
         view = memoryview(data)
-        sent, n = 0, len(data)
+        n = len(data)
         while sent < n:
             try:
                 sent += self.sock.send(view[sent:], socket.MSG_DONTWAIT)
