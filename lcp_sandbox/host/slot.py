@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ..core.discovery import Library
-from ..proc import tree_rss
+from ..proc import tree_memory
 from .limits import Limits
 from .outcomes import Unavailable
 
@@ -90,6 +90,9 @@ class Slot:
     starts: int = 0
     last_exit: Optional[str] = None
     peak_rss: int = 0
+    peak_uss: int = 0
+    start: str = ""                        # how its worker started: "template" | "fresh (why)"
+    template: Optional[tuple] = None       # the key of the template it was forked from
     # crash-loop bookkeeping
     fresh_deaths: int = 0
     deaths: collections.deque = field(default_factory=collections.deque)
@@ -105,14 +108,15 @@ class Slot:
         """What Supervisor.stats() says of this slot (see there)."""
         proc = self.proc
         alive = proc is not None and proc.exit_status is None and proc.known_pid is not None
-        rss = tree_rss(proc.pid) if alive else 0
+        rss, uss = tree_memory(proc.pid) if alive else (0, 0)
         return {
             "library": self.library.name, "tenant": self.tenant,
             "pid": proc.pid if alive else None,
             "state": ("quarantined" if self.quarantined_until > now else
                       "busy" if self.busy else "idle" if alive else "stopped"),
             "calls": self.calls, "restarts": self.restarts, "last_exit": self.last_exit,
-            "rss": rss, "peak_rss": max(self.peak_rss, rss),
+            "rss": rss, "peak_rss": max(self.peak_rss, rss), "uss": uss, "peak_uss": max(self.peak_uss, uss),
+            "start": self.start or None,
             "protections": proc.protections if alive else {},
             "workspace_root": self.root or None,
         }
