@@ -183,10 +183,11 @@ def _spare(chan: socket.socket, zygote_pid: int) -> None:
     pid = os.fork()
     if pid == 0:                                 # the intermediate
         try:
+            me = os.getpid()
             if os.fork() == 0:
                 try:
                     os.close(w)
-                    _spare_child(chan, r, zygote_pid)
+                    _spare_child(chan, r, me, zygote_pid)
                 finally:
                     os._exit(70)
         finally:
@@ -199,14 +200,17 @@ def _spare(chan: socket.socket, zygote_pid: int) -> None:
         pass
 
 
-def _spare_child(chan: socket.socket, r: int, zygote_pid: int) -> None:
-    while True:                                  # EOF: the intermediate is gone
+def _spare_child(chan: socket.socket, r: int, intermediate: int, zygote_pid: int) -> None:
+    while True:                                  # EOF: the intermediate is exiting
         try:
             if not os.read(r, 1):
                 break
         except InterruptedError:
             continue
     os.close(r)
+    # It closed its files before it was gone: the re-parenting follows within moments.
+    while os.getppid() == intermediate:
+        os.sched_yield()
     die_with_parent()
     if os.getppid() != zygote_pid:
         os._exit(1)

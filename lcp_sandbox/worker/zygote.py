@@ -142,8 +142,8 @@ class _Template:
         self.queue: collections.deque = collections.deque()   # (req, [sock, log]) waiting
         self.asked = False                        # a spare is on its way
 
-    def ask(self) -> None:
-        if not self.asked:
+    def ask(self, again: bool = False) -> None:
+        if again or not self.asked:
             try:
                 self.chan.send(b"S")
                 self.asked = True
@@ -324,7 +324,7 @@ def main(fd: int) -> None:
                     handed(tpl, msg[1], fds, *got)
                 else:
                     tpl.queue.append((msg[1], fds))
-                    tpl.ask()
+                    tpl.ask(again=len(tpl.queue) > 1)   # the spare asked for may have died
                 fds = []
             elif msg[0] == TEMPLATE and len(fds) == 1:
                 tpl = _make_template(fds[0], me)
