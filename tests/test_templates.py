@@ -40,22 +40,30 @@ def start_of(sup, tenant, library):
     return next(s["start"] for s in sup.stats(tenant) if s["library"] == library)
 
 
+def warm(sup, folder, tool, tmp_path, **kw):
+    """Two tenants' first calls: the first makes the template, the second waits for it."""
+    for t in ("warm1", "warm2"):
+        assert binding(sup, t, folder, workspace=str(tmp_path), **kw).execute_tool(tool, {})["status_code"] == 200
+
+
 def templates(sup, library):
     return [t for t in sup.pool_stats()["templates"] if t["library"] == library]
 
 
-def test_second_tenant_does_not_import_again(counter, tmp_path):
+def test_later_tenants_do_not_import_again(counter, tmp_path):
     with Supervisor() as sup:
         outs = []
-        for t in ("a", "b", "c"):
+        for t in ("a", "b", "c", "d"):
             b = binding(sup, t, workspace=str(tmp_path), host_tool_configs={"tpl_counter": {"who": t}})
             r = b.execute_tool("tool_touch", {"x": 1})
             assert r["status_code"] == 200, r
             outs.append(r["output"])
-            assert start_of(sup, t, "tpl_counter") == "template"
-        assert imports(counter) == 1                      # the template's import, once
-        assert len({o["pid"] for o in outs}) == 3
-        for t, o in zip("abc", outs):
+        # The first worker imports from the zygote's spare while the template is made.
+        assert start_of(sup, "a", "tpl_counter") == "fresh (first worker: its template is being made)"
+        assert [start_of(sup, t, "tpl_counter") for t in "bcd"] == ["template"] * 3
+        assert imports(counter) == 2                      # the first worker's and the template's
+        assert len({o["pid"] for o in outs}) == 4
+        for t, o in zip("abcd", outs):
             assert o["config"] == t and o["inits"] == 1  # init_tools_library per worker, its own config
             assert o["name"] == "lollms_client.tools_bindings.lcp.persistent_tpl_counter"
             assert o["same_module"] is True
@@ -98,6 +106,7 @@ def test_pipe_opened_at_import_cannot_connect_tenants(tmp_path):
 
 def test_thread_started_at_import_falls_back_to_a_fresh_import(tmp_path):
     with Supervisor() as sup:
+        warm(sup, LIBS, "tool_threads", tmp_path)
         r = binding(sup, "a", workspace=str(tmp_path)).execute_tool("tool_threads", {})
         assert r["status_code"] == 200 and r["output"] == 2
         assert start_of(sup, "a", "tpl_thread") == "fresh (refused: started a thread at import)"
@@ -123,7 +132,7 @@ def test_confined_workers_import_fresh(counter, tmp_path):
 
 def test_dead_template_is_replaced(counter, tmp_path):
     with Supervisor() as sup:
-        binding(sup, "a", workspace=str(tmp_path)).execute_tool("tool_touch", {})
+        warm(sup, LIBS, "tool_touch", tmp_path)
         old = templates(sup, "tpl_counter")[0]["pid"]
         os.kill(old, signal.SIGKILL)
         starts, pids = [], []
@@ -132,8 +141,9 @@ def test_dead_template_is_replaced(counter, tmp_path):
             assert r["status_code"] == 200 and r["output"]["calls"] == [5]
             starts.append(start_of(sup, t, "tpl_counter"))
             pids += [x["pid"] for x in templates(sup, "tpl_counter")]
-        assert "template" in starts[1:] and set(pids) - {old}
-        assert all(s in ("template", "fresh (its template was gone)") for s in starts)
+        assert "template" in starts[1:] and set(pids) - {old, 0}
+        assert all(s in ("template", "fresh (its template was gone)", "fresh (first worker: its template is "
+                         "being made)") for s in starts)
 
 
 def test_changed_file_retires_its_template(counter, tmp_path):
@@ -141,20 +151,22 @@ def test_changed_file_retires_its_template(counter, tmp_path):
     folder.mkdir()
     shutil.copy(LIBS / "tpl_counter.py", folder / "tpl_counter.py")
     with Supervisor() as sup:
-        binding(sup, "a", folder, workspace=str(tmp_path)).execute_tool("tool_touch", {})
+        warm(sup, folder, "tool_touch", tmp_path)
         old = templates(sup, "tpl_counter")[0]["pid"]
         with open(folder / "tpl_counter.py", "a") as f:
             f.write("\nCHANGED = True\n")
-        binding(sup, "b", folder, workspace=str(tmp_path)).execute_tool("tool_touch", {})
+        for t in ("b", "c"):
+            binding(sup, t, folder, workspace=str(tmp_path)).execute_tool("tool_touch", {})
         now = templates(sup, "tpl_counter")
         assert [t["pid"] for t in now] != [old] and len(now) == 1
-        assert imports(counter) == 2
+        assert start_of(sup, "c", "tpl_counter") == "template"
+        assert imports(counter) == 4                      # fresh + template, for each version
         assert sup._zygote.wait_exit(old, 10) is not None      # the old template was killed
 
 
 def test_idle_template_is_evicted(counter, tmp_path):
     with Supervisor(idle_timeout_s=0.2) as sup:
-        binding(sup, "a", workspace=str(tmp_path)).execute_tool("tool_touch", {})
+        warm(sup, LIBS, "tool_touch", tmp_path)
         pid = templates(sup, "tpl_counter")[0]["pid"]
         assert sup._zygote.wait_exit(pid, 30) is not None       # its worker retired, then it
         assert templates(sup, "tpl_counter") == []
@@ -168,6 +180,7 @@ def test_uss_counts_only_private_pages():
 # ----------------------------------------------------------------- hostile workers, templated
 def test_garbage_frame_from_a_templated_worker_is_a_violation(tmp_path):
     with Supervisor() as sup:
+        warm(sup, HOSTILE, "tool_ok", tmp_path)
         b = binding(sup, "mallory", HOSTILE, workspace=str(tmp_path), timeout_s=20)
         r = b.execute_tool("tool_raw", {"frames": [[P.RESULT, "c1c1c1c1"]], "output": "first"})
         assert r["status_code"] == 500 and "protocol violation" in r["error"]
@@ -177,6 +190,7 @@ def test_garbage_frame_from_a_templated_worker_is_a_violation(tmp_path):
 
 def test_huge_frame_from_a_templated_worker_is_refused(tmp_path):
     with Supervisor() as sup:
+        warm(sup, HOSTILE, "tool_ok", tmp_path)
         b = binding(sup, "mallory", HOSTILE, workspace=str(tmp_path), timeout_s=20)
         header = (600 * 1024 * 1024).to_bytes(4, "big") + bytes([P.RESULT])
         r = b.execute_tool("tool_raw", {"frames": [["bytes", header.hex()]]})

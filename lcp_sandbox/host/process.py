@@ -75,7 +75,8 @@ class WorkerProcess:
             # INIT waits in the socket; the worker reads it as soon as it runs.
             # The call itself follows at once: nobody waits for the fork.
             conn.send(P.INIT, init)
-            forked = zygote.fork(worker_sock.fileno(), log_w, template)
+            forked = (zygote.fork(worker_sock.fileno(), log_w, template) if template
+                      else zygote.fork(worker_sock.fileno(), log_w))
         except BaseException:
             conn.close()
             os.close(log_r)

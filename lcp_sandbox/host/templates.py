@@ -3,8 +3,11 @@
     start(zygote, slot, init, pump, deadline)
         why_not(slot, init)?  ─► WorkerProcess.start() as before; slot.start = "fresh (why)"
         key = files (path, mtime, size), sys.path, environment, network
-        no template for key ─► make one: INIT (nothing of a tenant) into a socketpair,
-                               TEMPLATE to the zygote, wait for its READY {"template": verdict}
+        no template for key ─► this worker starts fresh from the zygote's spare (the fastest
+                               cold start), and a thread makes the template meanwhile: INIT
+                               (nothing of a tenant) into a socketpair, TEMPLATE to the
+                               zygote, its READY {"template": verdict}
+        one is being made  ─► wait for it (within the call's deadline: else fresh)
         (an older version of the library's files: its template is retired first)
         verdict "ok"     ─► WorkerProcess.start(template=pid); slot.start = "template"
         verdict refused  ─► fresh, with the reason; remembered until the file changes
@@ -78,7 +81,8 @@ class Templates:
         if not why:
             try:
                 tpl = self._template(zygote, init, deadline)
-                why = "" if tpl.state == "ok" else tpl.state
+                why = "first worker: its template is being made" if tpl is None else \
+                    "" if tpl.state == "ok" else tpl.state
             except OSError as exc:
                 why = f"template not made: {exc}"
         slot.template = None
@@ -96,7 +100,8 @@ class Templates:
         proc.forked.add_done_callback(served)
         return proc
 
-    def _template(self, zygote: Zygote, init: P.Init, deadline: Optional[float]) -> _Template:
+    def _template(self, zygote: Zygote, init: P.Init, deadline: Optional[float]) -> Optional[_Template]:
+        """The library's template, waiting while it is made; None when this call started making it."""
         key = self.key(init)
         stale = []
         with self._lock:
@@ -114,9 +119,10 @@ class Templates:
             if old.pid:
                 zygote.kill(old.pid)
         if mine:
-            self._make(zygote, tpl, init, deadline)
-        else:
-            tpl.ready.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            threading.Thread(target=self._make, args=(zygote, tpl, init, time.monotonic() + 120.0),
+                             name="lcp-sandbox-template", daemon=True).start()
+            return None
+        tpl.ready.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
         return tpl
 
     def _make(self, zygote: Zygote, tpl: _Template, init: P.Init, deadline: Optional[float]) -> None:
@@ -134,7 +140,7 @@ class Templates:
             tpl.state = verdict if isinstance(verdict, str) and (verdict == "ok" or verdict.startswith(
                 "refused: ")) else "refused: it answered out of protocol"
         except TimeoutError:
-            tpl.state = "refused: its import ran past the call's timeout"
+            tpl.state = "refused: its import took over 120 s"
         except Exception as exc:                     # EOF, a protocol violation, the zygote gone
             tpl.state = f"refused: it ended before it was ready ({type(exc).__name__})"
         finally:
