@@ -4,7 +4,9 @@ template vs importing it fresh, next to a plain library's cold start; USS per wo
     rounds, in random order within each: a new tenant of
         numpy library, template exists   (start == "template")
         numpy library, "template": False  (each worker imports numpy itself)
-        plain library, never run          (a new library file: the zygote's rehearsed spare)
+        plain library, never run          (a new library file: the zygote's rehearsed spare;
+                                           a template is made only for its second worker)
+        the same with "template": False   (the same path: checks that templates cost it nothing)
     USS (own pages: private clean + dirty, smaps_rollup) of one worker of each kind after
     its first call, and of the template.  Ratios are within this run.
 
@@ -51,24 +53,27 @@ def measure(rounds: int = 20, seed: int = 1) -> dict:
         ws = os.path.join(tmp, "ws")
         os.makedirs(ws)
         rng = random.Random(seed)
-        times: dict = {"template": [], "fresh": [], "plain": []}
+        times: dict = {"template": [], "fresh": [], "plain": [], "plain_off": []}
         uss: dict = {}
         with Supervisor() as sup:
             sup.start()
-            warm = SandboxedBinding(tools_folders=[np_dir], workspace=ws, supervisor=sup, tenant="bench-tpl-0")
-            assert warm.execute_tool("tool_np", {})["status_code"] == 200          # makes the template
+            for t in ("bench-tpl-0", "bench-tpl-1"):      # the second worker makes the template
+                warm = SandboxedBinding(tools_folders=[np_dir], workspace=ws, supervisor=sup, tenant=t)
+                assert warm.execute_tool("tool_np", {})["status_code"] == 200
             uss["template"] = memory(sup.pool_stats()["templates"][0]["pid"])[1]
             for r in range(rounds):
-                kinds = ["template", "fresh", "plain"]
+                kinds = ["template", "fresh", "plain", "plain_off"]
                 rng.shuffle(kinds)
                 for kind in kinds:
                     gc.collect()
-                    if kind == "plain":
-                        d = os.path.join(tmp, f"plain{r}")
+                    if kind.startswith("plain"):
+                        d = os.path.join(tmp, f"{kind}{r}")
                         os.makedirs(d)
                         with open(os.path.join(d, f"bench_plain_{r}.py"), "w") as f:
                             f.write(PLAIN_LIB.format(i=r))
-                        b = SandboxedBinding(tools_folders=[d], workspace=ws, supervisor=sup, tenant=f"p{r}")
+                        cfg = {f"bench_plain_{r}": {"sandbox": {"template": False}}} if kind == "plain_off" else None
+                        b = SandboxedBinding(tools_folders=[d], workspace=ws, supervisor=sup, tenant=f"{kind}{r}",
+                                             host_tool_configs=cfg)
                         tool = f"tool_plain_{r}"
                     else:
                         cfg = {"bench_np": {"sandbox": {"template": False}}} if kind == "fresh" else None
@@ -96,7 +101,8 @@ def measure(rounds: int = 20, seed: int = 1) -> dict:
 def render(res: dict) -> str:
     out = ["TEMPLATES  first call of a new tenant (ms)      p50      p99"]
     labels = {"template": "numpy library, from its template", "fresh": "numpy library, fresh import",
-              "plain": "plain library, never run (zygote)"}
+              "plain": "plain library, never run (zygote)",
+              "plain_off": "  the same, templates off"}
     for k, label in labels.items():
         row = res["rows"][k]
         out.append(f"  {label:<40} {row['p50']:8.2f} {row['p99']:8.2f}")

@@ -58,8 +58,8 @@ def test_later_tenants_do_not_import_again(counter, tmp_path):
             r = b.execute_tool("tool_touch", {"x": 1})
             assert r["status_code"] == 200, r
             outs.append(r["output"])
-        # The first worker imports from the zygote's spare while the template is made.
-        assert start_of(sup, "a", "tpl_counter") == "fresh (first worker: its template is being made)"
+        # The first worker imports from the zygote's spare; the second makes the template.
+        assert start_of(sup, "a", "tpl_counter") == "fresh (first worker of the library: no template yet)"
         assert [start_of(sup, t, "tpl_counter") for t in "bcd"] == ["template"] * 3
         assert imports(counter) == 2                      # the first worker's and the template's
         assert len({o["pid"] for o in outs}) == 4
@@ -73,6 +73,7 @@ def test_later_tenants_do_not_import_again(counter, tmp_path):
 
 def test_state_is_per_tenant_and_random_is_reseeded(counter, tmp_path):
     with Supervisor() as sup:
+        warm(sup, LIBS, "tool_touch", tmp_path)
         a, b = binding(sup, "a", workspace=str(tmp_path)), binding(sup, "b", workspace=str(tmp_path))
         a.execute_tool("tool_touch", {"x": 1})
         ra = a.execute_tool("tool_touch", {"x": 2})["output"]
@@ -85,11 +86,12 @@ def test_state_is_per_tenant_and_random_is_reseeded(counter, tmp_path):
 def test_numpy_library_shares_its_import_and_reseeds_numpy(tmp_path):
     pytest.importorskip("numpy")
     with Supervisor() as sup:
+        warm(sup, LIBS, "tool_matmul", tmp_path)
         outs = [binding(sup, t, workspace=str(tmp_path)).execute_tool("tool_matmul", {})["output"]
                 for t in ("a", "b")]
         assert [o["sum"] for o in outs] == [512.0, 512.0]
         assert outs[0]["draw"] != outs[1]["draw"]
-        assert start_of(sup, "b", "tpl_numpy") == "template"
+        assert start_of(sup, "a", "tpl_numpy") == start_of(sup, "b", "tpl_numpy") == "template"
         for s in sup.stats():
             assert 0 < s["uss"] < s["rss"]                # charged for its own pages, not numpy's
 
@@ -142,8 +144,8 @@ def test_dead_template_is_replaced(counter, tmp_path):
             starts.append(start_of(sup, t, "tpl_counter"))
             pids += [x["pid"] for x in templates(sup, "tpl_counter")]
         assert "template" in starts[1:] and set(pids) - {old, 0}
-        assert all(s in ("template", "fresh (its template was gone)", "fresh (first worker: its template is "
-                         "being made)") for s in starts)
+        assert all(s in ("template", "fresh (its template was gone)", "fresh (first worker of the library: no "
+                         "template yet)") for s in starts)
 
 
 def test_changed_file_retires_its_template(counter, tmp_path):

@@ -3,11 +3,11 @@
     start(zygote, slot, init, pump, deadline)
         why_not(slot, init)?  ─► WorkerProcess.start() as before; slot.start = "fresh (why)"
         key = files (path, mtime, size), sys.path, environment, network
-        no template for key ─► this worker starts fresh from the zygote's spare (the fastest
-                               cold start), and a thread makes the template meanwhile: INIT
-                               (nothing of a tenant) into a socketpair, TEMPLATE to the
-                               zygote, its READY {"template": verdict}
-        one is being made  ─► wait for it (within the call's deadline: else fresh)
+        the library's first worker ─► fresh, from the zygote's rehearsed spare (the fastest
+                               cold start; a library one tenant uses gets no template)
+        its second, no template ─► a thread makes it: INIT (nothing of a tenant) into a
+                               socketpair, TEMPLATE to the zygote, its READY {"template":
+                               verdict}; this worker waits for it (within its deadline)
         (an older version of the library's files: its template is retired first)
         verdict "ok"     ─► WorkerProcess.start(template=pid); slot.start = "template"
         verdict refused  ─► fresh, with the reason; remembered until the file changes
@@ -51,6 +51,7 @@ class Templates:
         self.idle_timeout_s = idle_timeout_s
         self._lock = threading.Lock()
         self._by_key: dict[tuple, _Template] = {}
+        self._seen: set = set()                 # keys whose first worker has started
 
     @staticmethod
     def why_not(limits: Any, init: P.Init) -> str:
@@ -81,7 +82,7 @@ class Templates:
         if not why:
             try:
                 tpl = self._template(zygote, init, deadline)
-                why = "first worker: its template is being made" if tpl is None else \
+                why = "first worker of the library: no template yet" if tpl is None else \
                     "" if tpl.state == "ok" else tpl.state
             except OSError as exc:
                 why = f"template not made: {exc}"
@@ -101,10 +102,15 @@ class Templates:
         return proc
 
     def _template(self, zygote: Zygote, init: P.Init, deadline: Optional[float]) -> Optional[_Template]:
-        """The library's template, waiting while it is made; None when this call started making it."""
+        """The library's template, waiting while it is made; None for the library's first worker."""
         key = self.key(init)
         stale = []
         with self._lock:
+            if key not in self._seen:
+                if len(self._seen) > 10000:
+                    self._seen.clear()
+                self._seen.add(key)
+                return None
             tpl = self._by_key.get(key)
             if tpl is None:
                 for other in list(self._by_key.values()):
@@ -118,10 +124,9 @@ class Templates:
         for old in stale:
             if old.pid:
                 zygote.kill(old.pid)
-        if mine:
+        if mine:       # made by a thread: a caller whose deadline passes goes fresh, the template lives on
             threading.Thread(target=self._make, args=(zygote, tpl, init, time.monotonic() + 120.0),
                              name="lcp-sandbox-template", daemon=True).start()
-            return None
         tpl.ready.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
         return tpl
 
