@@ -40,7 +40,7 @@ class BenchConfig:
 
 
 SKIPPABLE = ("floor", "pickle", "inprocess", "ppe", "subprocess", "spawn", "routing", "throughput",
-             "memory", "discovery")
+             "memory", "discovery", "templates")
 
 TARGETS = {
     "warm_p50": 1.05, "warm_p99": 1.25, "cold_vs_spawn": 0.06, "parallel": 1.9,

@@ -218,6 +218,9 @@ def render_table(result: dict) -> str:
     if result.get("skipped"):
         lines.append("skipped: " + "; ".join(f"{k}: {v}" for k, v in result["skipped"].items()))
         lines.append("")
+    if result.get("templates"):
+        from .templates import render
+        lines += ["", render(result["templates"])]
     return "\n".join(lines)
 
 

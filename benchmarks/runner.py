@@ -5,6 +5,7 @@
                   one Supervisor whose zygote is started before anything is timed
       warm        warm.py        routing     routing.py     cold      cold.py
       throughput  throughput.py  memory      memory.py      discovery discovery.py
+      templates   templates.py (template vs fresh import vs plain cold start, USS per kind)
       targets     targets.py     report      report.py
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any, Callable, Optional
 
 from lcp_sandbox import SandboxedBinding, Supervisor
 
-from . import cold, discovery, memory, routing, targets, throughput, warm
+from . import cold, discovery, memory, routing, targets, templates, throughput, warm
 from .config import TARGETS, BenchConfig
 from .harness import LIBS, Progress, cpu_busy_jiffies, pin_thread, stop_resource_tracker_if_new, timer_overhead_ns
 from .report import render_table, write_json, write_plot
@@ -180,6 +181,7 @@ class Context:
                 self.section("throughput", lambda: throughput.run(self, prog))
                 self.section("memory", lambda: memory.run(self, prog, ppe))
                 self.section("discovery", lambda: discovery.run(self, prog))
+                self.section("templates", lambda: templates.run(self, prog), catch=True)
             finally:
                 prog.close()
             targets.run(self)

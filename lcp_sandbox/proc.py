@@ -77,3 +77,37 @@ def tree_rss(pid: int) -> int:
         except (OSError, ValueError, IndexError):
             pass
     return total
+
+
+def memory(pid: int) -> tuple[int, int]:
+    """(RSS, USS) of one process in bytes: USS counts only its private pages (what a
+    fork shares copy-on-write with its parent or siblings is not its own); from
+    /proc/<pid>/smaps_rollup, or (RSS, RSS) from statm when that cannot be read."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+            rss = uss = 0
+            for line in f:
+                if line.startswith(b"Rss:"):
+                    rss = int(line.split()[1]) * 1024
+                elif line.startswith((b"Private_Clean:", b"Private_Dirty:")):
+                    uss += int(line.split()[1]) * 1024
+            if rss:
+                return rss, uss
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            rss = int(f.read().split()[1]) * _PAGE
+        return rss, rss
+    except (OSError, ValueError, IndexError):
+        return 0, 0
+
+
+def tree_memory(pid: int) -> tuple[int, int]:
+    """(RSS, USS) of a process and all its descendants, in bytes ((0, 0) if gone)."""
+    rss = uss = 0
+    for p in process_tree(pid):
+        r, u = memory(p)
+        rss += r
+        uss += u
+    return rss, uss

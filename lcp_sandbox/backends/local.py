@@ -12,13 +12,10 @@
                   DeadlinePassed ─► 504 (killed); a soft timeout the tool obeyed: 504, kept
         after the call: a waiting tenant may take this worker's room (pool fairness)
 
-    host/process.py    WorkerProcess: spawn, connection, the exchange, deadlines, kill, reap
-    host/slot.py       Slot: FIFO, counters, crash policy and quarantine
-    host/watchdog.py   idle workers retired, process-tree RSS against memory_mb
-    host/pool.py       max_workers / max_workers_per_tenant, fair queue, LRU eviction
-    host/outcomes.py   SandboxEvent and its kinds, each building its LCP result
-    host/zygote.py     the process that forks (and reaps, and kills) every worker
-    host/output.py     worker stdout/stderr ─► logging
+    host/process.py WorkerProcess (spawn, exchange, deadlines, kill, reap); host/slot.py
+    Slot (FIFO, counters, quarantine); host/watchdog.py idle workers, USS against memory_mb;
+    host/pool.py room and fairness; host/outcomes.py SandboxEvent; host/zygote.py forks,
+    reaps, kills; host/templates.py library templates; host/output.py stdout/stderr
 Calls to one worker are served one at a time in arrival order; calls to
 different slots never wait for each other (no global lock is held while a
 call runs).
@@ -38,6 +35,7 @@ from .. import protocol as P
 from ..core.normalize import OUT_OF_MEMORY
 from ..core.policy import DEFAULT_RUN_AS, not_in_force, run_as_ids
 from ..host.handover import hand_over_root
+from ..host.limits import out_of_descriptors, raise_open_files_limit
 from ..host.objects import HostObjects
 from ..host.outcomes import (CallFailed, Cancelled, OutOfMemory, ProtocolViolated,  # noqa: F401 (exported)
                              SandboxEvent, TimedOut, Unavailable, WorkerDied)
@@ -45,6 +43,7 @@ from ..host.output import OutputPump
 from ..host.pool import Pool
 from ..host.process import DeadlinePassed, WorkerGone, WorkerProcess
 from ..host.slot import CrashPolicy, Slot, evict_one
+from ..host.templates import Templates
 from ..host.watchdog import Watchdog
 from ..host.zygote import Zygote, ZygoteGone
 from ..protocol import invalid_answer, is_error, rebuild_error
@@ -87,7 +86,10 @@ class Supervisor(Closing):
         self._zygote: Optional[Zygote] = None
         self._pump: Optional[OutputPump] = None
         self._closed = False
-        self._watchdog = Watchdog(lambda: self._slots.values(), self._retire, idle_timeout_s, watch_interval_s)
+        self.templates = Templates(idle_timeout_s)
+        self.open_files = raise_open_files_limit()
+        self._watchdog = Watchdog(lambda: self._slots.values(), self._retire, idle_timeout_s, watch_interval_s,
+                                  lambda now: self.templates.tick(now, self._zygote))
         self._warned: set[str] = set()
         _live_supervisors.add(self)
 
@@ -260,6 +262,8 @@ class Supervisor(Closing):
         slot = self._by_pid.pop(pid, None)
         if slot is not None and slot.proc is not None and slot.proc.pid == pid:
             slot.proc.exit_status = status
+        elif slot is None:
+            self.templates.exited(pid)
 
     def _spawn(self, slot: Slot, init: P.Init, deadline: Optional[float], tool: str) -> WorkerProcess:
         name = slot.library.name
@@ -279,9 +283,10 @@ class Supervisor(Closing):
                 if init.confine is not None:
                     init = hand_over_root(init, slot.limits.run_as or self.run_as, name, tool)
                     tmpdir = init.tmpdir
-                proc = WorkerProcess.start(zyg, init, self._pump, name, slot.limits.log_bytes_per_s)
+                proc = self.templates.start(zyg, slot, init, self._pump, deadline)
             except (ZygoteGone, OSError) as exc:
-                raise Unavailable.not_run(name, tool, f"could not start a worker: {exc}") from None
+                raise Unavailable.not_run(name, tool, f"could not start a worker: {exc}" + (
+                    out_of_descriptors(exc) or "")) from None
         except BaseException:
             self.pool.release(slot.tenant)
             if tmpdir:
@@ -290,12 +295,7 @@ class Supervisor(Closing):
         proc.on_ready = functools.partial(self._ready, slot, init)
         slot.proc = proc
         slot.starts += 1
-
-        def known(f: Any) -> None:
-            if f.exception() is None:
-                with self._lock:
-                    self._by_pid[f.result()] = slot
-        proc.forked.add_done_callback(known)
+        proc.forked.add_done_callback(lambda f: f.exception() is None and self._by_pid.__setitem__(f.result(), slot))
         return proc
 
     def _ready(self, slot: Slot, init: P.Init, proc: WorkerProcess) -> None:
@@ -314,6 +314,7 @@ class Supervisor(Closing):
         if slot.proc is proc:
             slot.proc = None
             self.pool.release(slot.tenant)
+            self.templates.released(slot.template)
             if proc.tmpdir:
                 shutil.rmtree(proc.tmpdir, ignore_errors=True)
 
@@ -366,11 +367,12 @@ class Supervisor(Closing):
         return [slot.stats(now) for slot in list(self._slots.values()) if tenant is None or slot.tenant == tenant]
 
     def pool_stats(self) -> dict:
-        """The pool as a whole and per tenant: live workers, calls waiting for room."""
+        """The pool as a whole and per tenant: live workers, calls waiting for room; the
+        library templates (not counted in max_workers); the host's open-files limit."""
         calls: dict[str, int] = {}
         for slot in list(self._slots.values()):
             calls[slot.tenant] = calls.get(slot.tenant, 0) + slot.calls
-        return self.pool.stats(calls)
+        return {**self.pool.stats(calls), "templates": self.templates.stats(), "open_files": self.open_files}
 
     def close(self) -> None:
         """Stop every worker and the zygote; idempotent."""

@@ -30,6 +30,8 @@ class Limits:
     read_paths: tuple = ()                  # extra read-only paths for a confined worker
     run_as: Optional[tuple] = None          # (uid, gid) of a confined worker of a root host;
                                             # None: the supervisor's run_as (65534, 65534)
+    template: bool = True                   # False: every worker imports the library itself
+                                            # (no shared template process, host/templates.py)
 
     def __post_init__(self) -> None:
         if self.run_as is not None:
@@ -41,3 +43,31 @@ class Limits:
             return base
         known = {k: v for k, v in override.items() if k in cls.__dataclass_fields__}
         return cls(**{**asdict(base), **known})
+
+
+def raise_open_files_limit() -> dict:
+    """Raise this process's soft RLIMIT_NOFILE to its hard limit (the host holds two
+    descriptors per worker: its socket and its log pipe); what holds, for pool_stats()."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    out = {"soft": soft, "hard": hard, "raised_from": None}
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            out.update(soft=target, raised_from=soft)
+        except (ValueError, OSError) as exc:
+            out["not_raised"] = str(exc)
+    return out
+
+
+def out_of_descriptors(exc: BaseException) -> str:
+    """A sentence for an OSError that is EMFILE / ENFILE (else "")."""
+    import errno
+    import resource
+    if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        which = "this process's limit of" if exc.errno == errno.EMFILE else "the system's file table, limit"
+        return (f". The host ran out of file descriptors ({which} {soft} open files, RLIMIT_NOFILE; "
+                f"each worker holds two): raise the limit or lower max_workers")
+    return ""

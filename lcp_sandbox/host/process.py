@@ -69,8 +69,9 @@ class WorkerProcess:
 
     @classmethod
     def start(cls, zygote: Zygote, init: P.Init, pump: OutputPump, library: str,
-              log_bytes_per_s: int) -> "WorkerProcess":
-        """Fork a worker that will serve ``init``; raises ZygoteGone or OSError."""
+              log_bytes_per_s: int, template: int = 0) -> "WorkerProcess":
+        """Fork a worker that will serve ``init`` (from the library's ``template``
+        process when given, see host/templates.py); raises ZygoteGone or OSError."""
         host_sock, worker_sock = P.pair()
         log_r, log_w = os.pipe()
         conn = P.Connection(host_sock)
@@ -78,7 +79,8 @@ class WorkerProcess:
             # INIT waits in the socket; the worker reads it as soon as it runs.
             # The call itself follows at once: nobody waits for the fork.
             conn.send(P.INIT, init)
-            forked = zygote.fork(worker_sock.fileno(), log_w)
+            forked = (zygote.fork(worker_sock.fileno(), log_w, template) if template
+                      else zygote.fork(worker_sock.fileno(), log_w))
         except BaseException:
             conn.close()
             os.close(log_r)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .. import protocol as P
 from ..core.discovery import Library
-from ..proc import tree_rss
+from ..proc import tree_memory
 from .limits import Limits
 from .outcomes import Unavailable
 
@@ -93,6 +93,9 @@ class Slot:
     starts: int = 0
     last_exit: Optional[str] = None
     peak_rss: int = 0
+    peak_uss: int = 0
+    start: str = ""                        # how its worker started: "template" | "fresh (why)"
+    template: Optional[tuple] = None       # the key of the template it was forked from
     # crash-loop bookkeeping
     fresh_deaths: int = 0
     deaths: collections.deque = field(default_factory=collections.deque)
@@ -123,19 +126,21 @@ class Slot:
     def stats(self, now: float) -> dict:
         """What Supervisor.stats() says of this slot: ``library``, ``tenant``, ``pid``
         (None when no worker runs), ``state`` (idle, busy, stopped or quarantined),
-        ``calls``, ``restarts``, ``last_exit`` (how the last worker ended), ``rss`` and
-        ``peak_rss`` (bytes, the worker's whole process tree), ``protections`` (the
-        confinement in force) and ``workspace_root``."""
+        ``calls``, ``restarts``, ``last_exit`` (how the last worker ended),
+        ``rss``/``peak_rss`` and ``uss``/``peak_uss`` (bytes, the worker's whole process
+        tree; USS: its own pages only), ``start`` ("template" or "fresh (why)"),
+        ``protections`` (the confinement in force) and ``workspace_root``."""
         proc = self.proc
         alive = proc is not None and proc.exit_status is None and proc.known_pid is not None
-        rss = tree_rss(proc.pid) if alive else 0
+        rss, uss = tree_memory(proc.pid) if alive else (0, 0)
         return {
             "library": self.library.name, "tenant": self.tenant,
             "pid": proc.pid if alive else None,
             "state": ("quarantined" if self.quarantined_until > now else
                       "busy" if self.busy else "idle" if alive else "stopped"),
             "calls": self.calls, "restarts": self.restarts, "last_exit": self.last_exit,
-            "rss": rss, "peak_rss": max(self.peak_rss, rss),
+            "rss": rss, "peak_rss": max(self.peak_rss, rss), "uss": uss, "peak_uss": max(self.peak_uss, uss),
+            "start": self.start or None,
             "protections": proc.protections if alive else {},
             "workspace_root": self.root or None,
         }

@@ -4,9 +4,15 @@
         workers asked to shut down, past their grace ─► killed
         each slot with a live worker:
             idle past idle_timeout_s (and its lock free now) ─► retired ("idle")
-            RSS of its process tree (busy with a memory limit: every tick;
-            the rest: once a second) ─► peak_rss; over memory_mb ─► tree killed,
-            kill_reason 507 (the call in flight reads the EOF and says so)
+            memory of its process tree (busy with a memory limit: every tick;
+            the rest: once a second) ─► peak_rss, peak_uss; USS over memory_mb ─►
+            tree killed, kill_reason 507 (the call in flight reads the EOF and says so)
+        on_tick(now): library templates nobody used for idle_timeout_s ─► retired
+
+A worker is charged for its own pages (USS: private clean + dirty, from
+/proc/<pid>/smaps_rollup), not for the pages it shares copy-on-write with the
+zygote or its library's template: a hundred workers forked from one numpy
+template are not each charged numpy.
 """
 from __future__ import annotations
 
@@ -15,7 +21,7 @@ import time
 from typing import Callable, Iterable, Optional
 
 from ..core.normalize import OUT_OF_MEMORY
-from ..proc import tree_rss
+from ..proc import tree_memory
 from .process import WorkerProcess
 from .slot import Slot
 
@@ -26,8 +32,10 @@ SHUTDOWN_GRACE_S = 2.0
 class Watchdog:
     def __init__(self, slots: Callable[[], Iterable[Slot]],
                  retire: Callable[[Slot, WorkerProcess, str, str], None],
-                 idle_timeout_s: Optional[float], interval: float) -> None:
+                 idle_timeout_s: Optional[float], interval: float,
+                 on_tick: Optional[Callable[[float], None]] = None) -> None:
         self._slots = slots                 # the slots of the moment
+        self._on_tick = on_tick
         self._retire = retire               # retire(slot, proc, event kind, why)
         self.idle_timeout_s = idle_timeout_s
         self._interval = interval
@@ -59,6 +67,8 @@ class Watchdog:
             now = time.monotonic()
             if self._retiring:
                 self._reap_retiring(now)
+            if self._on_tick is not None and tick % 20 == 0:
+                self._on_tick(now)
             for slot in list(self._slots()):
                 proc = slot.proc
                 if proc is None or proc.exit_status is not None:
@@ -73,12 +83,12 @@ class Watchdog:
                 pid = proc.known_pid
                 if pid is None:
                     continue
-                rss = tree_rss(pid)
-                if rss > slot.peak_rss:
-                    slot.peak_rss = rss
-                if limit and rss > limit * 1048576:
+                rss, uss = tree_memory(pid)
+                slot.peak_rss = max(slot.peak_rss, rss)
+                slot.peak_uss = max(slot.peak_uss, uss)
+                if limit and uss > limit * 1048576:
                     proc.kill({"why": f"went over its memory limit of {limit:g} MB (observed "
-                                      f"{rss / 1048576:.0f} MB in its process tree)",
+                                      f"{uss / 1048576:.0f} MB of its own memory in its process tree)",
                                "code": OUT_OF_MEMORY, "counts": False})
 
     def _idle(self, slot: Slot, proc: WorkerProcess, now: float) -> bool:

@@ -3,6 +3,8 @@ kill and signal workers, learn how they ended.
 
     Zygote() ── python -I -c _BOOT FD ──► zygote process, allowlisted environment
     fork(sock, log) ── FORK + fds ──────► ◄── FORKED(pid)   (a Future: nobody waits for it)
+    fork(sock, log, template=tpid) ── TFORK: from a library's template (host/templates.py)
+    template(conn) ── TEMPLATE + fd ────► ◄── FORKED(template pid)
     kill / signal(pid) ── KILL / SIGNAL ─►
     reader thread ◄── EXITED(pid, status) ── wait_exit(), on_exit(pid, status)
 
@@ -20,7 +22,8 @@ from concurrent.futures import Future
 from typing import Callable, Optional
 
 from ..core.policy import ENGINE_DIR, allowed_environment
-from ..protocol.control import EXITED, FORK, FORKED, KILL, MAX_RECORD as _MAXMSG, READY, SIGNAL
+from ..protocol.control import (EXITED, FORK, FORKED, KILL, MAX_RECORD as _MAXMSG, READY, SIGNAL, TEMPLATE,
+                                TFORK)
 from ..protocol.control import pack as _pack, unpack as _unpack
 
 # The zygote runs the host's own copy of the engine, loaded from its folder by path (not
@@ -85,6 +88,7 @@ class Zygote:
             elif msg[0] == FORKED:
                 fut = self._pending.pop(msg[1], None)
                 if fut:
+                    fut.templated = bool(msg[3])     # TFORK: served by the template's spare
                     fut.set_result(msg[2])
             elif msg[0] == EXITED:
                 with self._cond:
@@ -102,11 +106,22 @@ class Zygote:
             fut.set_exception(ZygoteGone("the zygote process is gone"))
         self._pending.clear()
 
-    def fork(self, sock_fd: int, log_fd: int) -> Future:
+    def fork(self, sock_fd: int, log_fd: int, template: int = 0) -> Future:
         """Start a worker serving ``sock_fd``; the future's result is its pid.
 
+        ``template``: the pid of a library template to fork it from (the future's
+        ``templated`` says whether it was; a plain spare serves when the template is gone).
         The fds are duplicated into the zygote as this returns, so the caller may
         close its copies and talk to the worker at once, before the pid is known."""
+        if template:
+            return self._request(TFORK, [sock_fd, log_fd], template)
+        return self._request(FORK, [sock_fd, log_fd])
+
+    def template(self, conn_fd: int) -> Future:
+        """Start a template process reading its INIT from ``conn_fd``; the future's result is its pid."""
+        return self._request(TEMPLATE, [conn_fd])
+
+    def _request(self, kind: int, fds: list, arg: int = 0) -> Future:
         fut: Future = Future()
         with self._send_lock:
             if not self.alive:
@@ -115,7 +130,7 @@ class Zygote:
             req = self._next
             self._pending[req] = fut
             try:
-                socket.send_fds(self._ctl, [_pack(FORK, req)], [sock_fd, log_fd])
+                socket.send_fds(self._ctl, [_pack(kind, req, arg)], fds)
             except OSError as exc:
                 self._pending.pop(req, None)
                 raise ZygoteGone(f"the zygote process is gone ({exc})") from None

@@ -6,6 +6,11 @@
       KILL(pid) / SIGNAL(pid, sig) ──► kill a worker's tree / signal it
       ◄── EXITED(pid, status)          a worker was reaped
       ◄── READY(zygote pid)            once, when it can fork
+      TEMPLATE(req) + [conn] fd ──────► fork a template (worker/template.py) on that
+      ◄── FORKED(req, template pid)    connection: it imports a library, then waits
+      TFORK(req, template pid)         like FORK, from the template's pre-forked spare;
+        + [sock, log] fds ───────────► FORKED's third field is 1 when it came from the
+      ◄── FORKED(req, pid, templated)  template, 0 when a plain spare served it instead
 
 An AF_UNIX SOCK_SEQPACKET pair: one record per datagram, file descriptors
 travel with SCM_RIGHTS.  A record is a kind byte and three integers.
@@ -14,7 +19,7 @@ from __future__ import annotations
 
 import struct
 
-FORK, KILL, SIGNAL, FORKED, EXITED, READY = 1, 2, 3, 4, 5, 6
+FORK, KILL, SIGNAL, FORKED, EXITED, READY, TEMPLATE, TFORK = 1, 2, 3, 4, 5, 6, 7, 8
 RECORD = struct.Struct("!Bqqq")      # kind, then up to three integers
 MAX_RECORD = 64
 

@@ -38,6 +38,7 @@ from .confine import prepare
 from .proxies import Channel, Proxy
 
 PERSISTENT_PREFIX = "lollms_client.tools_bindings.lcp.persistent_"
+PRELOADED: set = set()      # module names the library's template imported before forking us
 HOST_PARAMS = P.HOST_PARAMS
 
 
@@ -137,7 +138,10 @@ class Worker:
         stem = self._stem(index)
         name = (PERSISTENT_PREFIX + stem) if self.files else f"lcp_dynamic_{self.library}"
         try:
-            if self.files:
+            if self.files and name in PRELOADED:
+                PRELOADED.discard(name)           # imported by the template (worker/template.py)
+                mod = sys.modules[name]
+            elif self.files:
                 spec = importlib.util.spec_from_file_location(name, self.files[index])
                 if spec is None or spec.loader is None:
                     raise ImportError(f"cannot import {self.files[index]}")

@@ -11,6 +11,10 @@ them, reports how they ended, and kills process trees.
       FORK(req) + [sock, log fds] ──►  hand them to the spare ─────────► (forked earlier: setsid,
       ◄── FORKED(req, pid)             fork the next spare               die-with-parent) fds 1,2
                                                                          -> log pipe, serve()
+      TEMPLATE(req) + [conn] ────────►  fork a template: it imports one library and
+      ◄── FORKED(req, template pid)     pre-forks spares of it (worker/template.py)
+      TFORK(req, tpid) + [sock, log] ►  hand them to that template's spare (registered
+      ◄── FORKED(req, pid, 1)           with its kernel-given pid); a plain one if none
       KILL(pid) ─────────────────────►  kill the worker's tree
       ◄── EXITED(pid, status)           SIGCHLD: reap; kill orphans left behind
       EOF (host gone or closing) ────►  kill every worker, exit
@@ -27,14 +31,19 @@ killed when their worker is gone.
 """
 from __future__ import annotations
 
+import array
+import collections
 import gc
 import os
 import signal
 import socket
+import struct
 import sys
+from typing import Optional
 
 from ..proc import children, process_tree, status_from_wait
-from ..protocol.control import EXITED, FORK, FORKED, KILL, MAX_RECORD as _MAXMSG, READY, SIGNAL
+from ..protocol.control import (EXITED, FORK, FORKED, KILL, MAX_RECORD as _MAXMSG, READY, SIGNAL, TEMPLATE,
+                                TFORK)
 from ..protocol.control import pack as _pack, unpack as _unpack
 
 
@@ -111,35 +120,79 @@ def _child(ctl: socket.socket, wake_r: int, wake_w: int, inbox: socket.socket, z
     die_with_parent()
     if os.getppid() != zygote_pid:
         os._exit(1)
-    signal.set_wakeup_fd(-1)
-    for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
-        signal.signal(sig, signal.SIG_DFL)
+    from .template import adopt, close_all_but, reset_signals
+    reset_signals()
     ctl.close()
-    os.close(wake_r)
-    os.close(wake_w)
+    close_all_but((inbox.fileno(),))         # the wake pipe, templates' channels, other spares
     from .loop import rehearse
     try:
         rehearse()
     except Exception:
         pass                                     # only an optimization
+    adopt(inbox)
+
+
+class _Template:
+    """The zygote's record of a template process (worker/template.py)."""
+    __slots__ = ("pid", "chan", "spare", "queue", "asked")
+
+    def __init__(self, pid: int, chan: socket.socket) -> None:
+        self.pid, self.chan = pid, chan
+        self.spare: Optional[tuple] = None         # (pid, inbox) of its registered spare
+        self.queue: collections.deque = collections.deque()   # (req, [sock, log]) waiting
+        self.asked = False                        # a spare is on its way
+
+    def ask(self, again: bool = False) -> None:
+        if again or not self.asked:
+            try:
+                self.chan.send(b"S")
+                self.asked = True
+            except OSError:
+                pass
+
+
+def _make_template(conn_fd: int, zygote_pid: int) -> _Template:
+    mine, its = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    mine.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)    # a spare's pid, from the kernel
+    pid = os.fork()
+    if pid == 0:
+        try:
+            from .template import main as template_main
+            template_main(its.fileno(), conn_fd, zygote_pid)
+        finally:
+            os._exit(70)
+    its.close()
+    return _Template(pid, mine)
+
+
+def _from_template(tpl: _Template) -> Optional[tuple]:
+    """A spare's registration: (pid, inbox) if the kernel vouches for it; None otherwise
+    (the channel ended, or the template sent what it should not: it is killed)."""
     try:
-        data, fds, _, _ = socket.recv_fds(inbox, 16, 2)
+        data, anc, _, _ = tpl.chan.recvmsg(16, socket.CMSG_SPACE(16) + socket.CMSG_SPACE(12))
     except OSError:
-        os._exit(0)
-    if not data or len(fds) != 2:
-        os._exit(0)                              # the zygote is gone or closing
-    inbox.close()
-    sock_fd, log_fd = fds
-    os.dup2(log_fd, 1)
-    os.dup2(log_fd, 2)
-    os.close(log_fd)
+        data, anc = b"", []
+    fds: list = []
+    pid = 0
+    for level, kind, payload in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.extend(array.array("i", payload[:len(payload) - len(payload) % 4]))
+        elif level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(payload) >= 12:
+            pid = struct.unpack("3i", payload[:12])[0]
     try:
-        sys.stdout.reconfigure(line_buffering=True)
-        sys.stderr.reconfigure(line_buffering=True)
-    except Exception:
-        pass
-    from .loop import serve
-    serve(socket.socket(fileno=sock_fd))
+        sid = os.getsid(pid) if pid > 0 else -1
+    except OSError:
+        sid = -1
+    if data == b"W" and len(fds) == 1 and pid != tpl.pid and sid == tpl.pid:
+        try:
+            return pid, socket.socket(fileno=fds[0])
+        except OSError:
+            pass
+    for fd in fds:
+        os.close(fd)
+    if data:
+        _kill_tree(tpl.pid)                      # it broke the zygote's protocol
+    return None
 
 
 def main(fd: int) -> None:
@@ -161,17 +214,63 @@ def main(fd: int) -> None:
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *a: None)
     workers: set[int] = set()
+    templates: dict[int, _Template] = {}          # by the fd of its channel
     me = os.getpid()
     gc.collect()
     gc.freeze()
-    spare_pid, spare_inbox = _spare(ctl, wake_r, wake_w, me)
-    workers.add(spare_pid)
+    spare = list(_spare(ctl, wake_r, wake_w, me))
+    workers.add(spare[0])
     ctl.send(_pack(READY, me))
 
     import select
     poller = select.poll()
     poller.register(ctl.fileno(), select.POLLIN)
     poller.register(wake_r, select.POLLIN)
+
+    def plain(req: int, fds: list, kind: int = 0) -> None:
+        # Hand the fds to the spare; if it died, fork one on the spot.
+        try:
+            socket.send_fds(spare[1], [b"go"], fds)
+            pid = spare[0]
+        except OSError:
+            spare[1].close()
+            pid, inbox = _spare(ctl, wake_r, wake_w, me)
+            workers.add(pid)
+            socket.send_fds(inbox, [b"go"], fds)
+            inbox.close()
+        else:
+            spare[1].close()
+        for f in fds:
+            os.close(f)
+        ctl.send(_pack(FORKED, req, pid, kind))
+        spare[:] = _spare(ctl, wake_r, wake_w, me)   # for the next one
+        workers.add(spare[0])
+
+    def handed(tpl: _Template, req: int, fds: list, pid: int, inbox: socket.socket) -> None:
+        try:
+            socket.send_fds(inbox, [b"go"], fds)
+            ok = True
+        except OSError:
+            ok = False                           # it died meanwhile: a plain spare serves
+        inbox.close()
+        if ok:
+            for f in fds:
+                os.close(f)
+            ctl.send(_pack(FORKED, req, pid, 1))
+        else:
+            plain(req, fds)
+        tpl.ask()                                # the next spare, before it is needed
+
+    def template_gone(tpl: _Template) -> None:
+        if templates.pop(tpl.chan.fileno(), None) is None:
+            return
+        poller.unregister(tpl.chan.fileno())
+        tpl.chan.close()
+        if tpl.spare:
+            tpl.spare[1].close()
+        while tpl.queue:
+            plain(*tpl.queue.popleft())
+
     while True:
         try:
             events = poller.poll()
@@ -184,6 +283,21 @@ def main(fd: int) -> None:
                 except BlockingIOError:
                     pass
                 _reap(ctl, workers)
+                for tpl in [t for t in templates.values() if t.pid not in workers]:
+                    template_gone(tpl)
+                continue
+            if efd in templates:
+                tpl = templates[efd]
+                got = _from_template(tpl)
+                if got is None:
+                    template_gone(tpl)
+                    continue
+                workers.add(got[0])
+                tpl.asked = False
+                if tpl.queue:
+                    handed(tpl, *tpl.queue.popleft(), *got)
+                else:
+                    tpl.spare = got
                 continue
             try:
                 data, fds, _, _ = socket.recv_fds(ctl, _MAXMSG, 4)
@@ -198,24 +312,27 @@ def main(fd: int) -> None:
                 msg = _unpack(data)
             except struct.error:
                 msg = (0, 0, 0, 0)
-            if msg[0] == FORK:
-                # Hand the fds to the spare; if it died, fork one on the spot.
-                try:
-                    socket.send_fds(spare_inbox, [b"go"], fds)
-                    pid = spare_pid
-                except OSError:
-                    spare_inbox.close()
-                    pid, inbox = _spare(ctl, wake_r, wake_w, me)
-                    workers.add(pid)
-                    socket.send_fds(inbox, [b"go"], fds)
-                    inbox.close()
+            if msg[0] == FORK and len(fds) == 2:
+                plain(msg[1], fds)
+                fds = []
+            elif msg[0] == TFORK and len(fds) == 2:
+                tpl = next((t for t in templates.values() if t.pid == msg[2]), None)
+                if tpl is None:
+                    plain(msg[1], fds)               # it is gone: a fresh worker imports itself
+                elif tpl.spare:
+                    got, tpl.spare = tpl.spare, None
+                    handed(tpl, msg[1], fds, *got)
                 else:
-                    spare_inbox.close()
-                for f in fds:
-                    os.close(f)
-                ctl.send(_pack(FORKED, msg[1], pid))
-                spare_pid, spare_inbox = _spare(ctl, wake_r, wake_w, me)   # for the next one
-                workers.add(spare_pid)
+                    tpl.queue.append((msg[1], fds))
+                    tpl.ask(again=len(tpl.queue) > 1)   # the spare asked for may have died
+                fds = []
+            elif msg[0] == TEMPLATE and len(fds) == 1:
+                tpl = _make_template(fds[0], me)
+                workers.add(tpl.pid)
+                templates[tpl.chan.fileno()] = tpl
+                poller.register(tpl.chan.fileno(), select.POLLIN)
+                ctl.send(_pack(FORKED, msg[1], tpl.pid))
+                tpl.ask()
             elif msg[0] == KILL:
                 if msg[1] in workers:        # never signal a pid we already reaped
                     _kill_tree(msg[1])
@@ -225,6 +342,5 @@ def main(fd: int) -> None:
                         os.kill(msg[1], msg[2])
                     except OSError:
                         pass
-            for extra in fds if msg[0] != FORK else ():
+            for extra in fds:
                 os.close(extra)
-

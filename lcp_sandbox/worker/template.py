@@ -1,0 +1,235 @@
+"""A library template: a process that imported one library, and forks its workers.
+
+    zygote ──fork──► main(chan, conn)           setsid, die-with-zygote, every other fd closed
+        conn ◄── INIT from the host (files, sys.path, the workers' environment and network;
+                 nothing of a tenant: no configuration, no workspace, no handlers)
+        environment; own network namespace if its workers have no network; CWD "/"
+        import each file as sys.modules[PERSISTENT_PREFIX + stem]: no init_tools_library, no tool
+        checks: a Python thread, a child process, a native thread (OpenBLAS's pool excepted),
+                a descriptor or a shared writable mapping left by the import ─► refused
+        conn ──► READY({"template": "ok" | "refused: why"}); refused: exit
+        then only:  chan "S" (the zygote wants a spare) ─► _spare()
+
+    _spare():  template ─fork─► intermediate ─fork─► spare;  the intermediate exits at once,
+               so the spare is re-parented to the zygote (a subreaper): the zygote reaps it,
+               kills it and reports its end, exactly as for a plain worker.
+    spare:     makes a socketpair (inbox, theirs) and sends ``theirs`` to the zygote over
+               chan; the zygote learns its pid from SCM_CREDENTIALS (the kernel's word, not
+               the template's).  Then it closes every descriptor but ``inbox`` (the template's
+               channel included), reseeds, and waits.  The zygote sends the worker's [sock,
+               log] into ``inbox``; from there on it is a worker like any other (adopt()).
+
+The template ran the library's import: its memory is the library's, so it is as
+untrusted as a worker.  That is why a tenant's descriptors never pass through it:
+they go from the zygote into an inbox the spare created after the fork.
+"""
+from __future__ import annotations
+
+import gc
+import importlib.util
+import os
+import signal
+import socket
+import sys
+import threading
+
+from .. import protocol as P
+from ..proc import children
+from .rlimits import die_with_parent
+
+_MAX_FD = 0x7FFFFFFF
+
+
+def close_all_but(keep) -> None:
+    """Close every descriptor of this process except 0, 1, 2 and ``keep``."""
+    low = 0
+    for fd in sorted({0, 1, 2, *keep}):
+        if fd > low:
+            os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, _MAX_FD)
+
+
+def reset_signals() -> None:
+    signal.set_wakeup_fd(-1)
+    for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_DFL)
+
+
+def adopt(inbox: socket.socket, new_session: bool = False) -> None:
+    """Wait for the worker's [sock, log] descriptors, then serve (never returns).
+
+    A template's spare leaves the template's session only now: until the zygote
+    registered it, that session is what keeps the zygote from taking it for an orphan."""
+    try:
+        data, fds, _, _ = socket.recv_fds(inbox, 16, 2)
+    except OSError:
+        os._exit(0)
+    if not data or len(fds) != 2:
+        os._exit(0)                              # the zygote is gone or closing
+    inbox.close()
+    if new_session:
+        os.setsid()                              # out of the template's group: outlives it
+    sock_fd, log_fd = fds
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.close(log_fd)
+    try:
+        sys.stdout.reconfigure(line_buffering=True)
+        sys.stderr.reconfigure(line_buffering=True)
+    except Exception:
+        pass
+    from .loop import serve
+    serve(socket.socket(fileno=sock_fd))
+
+
+# ------------------------------------------------------------ the template process
+def main(chan_fd: int, conn_fd: int, zygote_pid: int) -> None:
+    os.setsid()
+    die_with_parent()
+    if os.getppid() != zygote_pid:
+        os._exit(1)
+    reset_signals()
+    close_all_but((chan_fd, conn_fd))
+    chan = socket.socket(fileno=chan_fd)
+    conn = P.Connection(socket.socket(fileno=conn_fd))
+    try:
+        kind, payload = conn.recv_frame()
+        init = P.loads_from_host(kind, payload)
+    except Exception:
+        os._exit(0)
+    verdict = _import(init)
+    try:
+        conn.send_encoded(P.Encoder(repr).encode(P.READY, [{"template": verdict}]))
+    except OSError:
+        os._exit(0)
+    conn.close()
+    if verdict != "ok":
+        os._exit(0)
+    gc.collect()
+    gc.freeze()                                  # workers share the imported pages
+    while True:
+        try:
+            data = chan.recv(16)
+        except InterruptedError:
+            continue
+        except OSError:
+            data = b""
+        if not data:
+            os._exit(0)
+        if data == b"S":
+            _spare(chan, zygote_pid)
+
+
+def _fds() -> set:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def _import(init: P.Init) -> str:
+    """Import the library's files as a worker would; "ok" or "refused: why"."""
+    from .loop import PERSISTENT_PREFIX, PRELOADED
+    os.environ.clear()
+    os.environ.update(init.env or {})
+    os.environ.update({str(k): str(v) for k, v in (init.limits.get("env") or {}).items()})
+    if not init.limits.get("network", True) and "netns" not in (init.disabled or ()):
+        from .confine.network import isolate_network
+        state = isolate_network()
+        if not state.startswith("on"):
+            return f"refused: no network namespace for the import ({state})"
+    if init.sys_path:
+        sys.path[:] = init.sys_path
+    os.chdir("/")
+    before = _fds()
+    try:
+        for path in init.files:
+            name = PERSISTENT_PREFIX + os.path.splitext(os.path.basename(path))[0]
+            spec = importlib.util.spec_from_file_location(name, path)
+            if spec is None or spec.loader is None:
+                return f"refused: cannot import {path}"
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules[name] = mod
+            spec.loader.exec_module(mod)
+            PRELOADED.add(name)
+    except BaseException as exc:
+        return f"refused: the import raised {type(exc).__name__}: {exc}"[:300]
+    return _leftovers(before)
+
+
+def _leftovers(before: set) -> str:
+    """What the import left running or open that forked workers would share."""
+    if threading.active_count() > 1:
+        return "refused: started a thread at import"
+    if children(os.getpid()):
+        return "refused: started a child process at import"
+    native = len(os.listdir("/proc/self/task")) - 1
+    maps = open("/proc/self/maps").read()
+    # OpenBLAS (numpy) starts its pool at load and manages it across fork (pthread_atfork:
+    # stopped around fork(), restarted in the child on first use); any other native thread
+    # may hold a lock a forked child would never see released.
+    if native and not ("openblas" in maps.lower() and native < (os.cpu_count() or 1)):
+        return f"refused: started {native} native thread(s) at import"
+    extra = _fds() - before
+    if extra:
+        return f"refused: left {len(extra)} descriptor(s) open at import"
+    for line in maps.splitlines():
+        perms = line.split(None, 2)[1]
+        if perms[1] == "w" and perms[3] == "s":
+            return "refused: left a shared writable mapping at import"
+    return "ok"
+
+
+def _spare(chan: socket.socket, zygote_pid: int) -> None:
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                 # the intermediate
+        try:
+            me = os.getpid()
+            if os.fork() == 0:
+                try:
+                    os.close(w)
+                    _spare_child(chan, r, me, zygote_pid)
+                finally:
+                    os._exit(70)
+        finally:
+            os._exit(0)
+    os.close(r)
+    os.close(w)
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+
+
+def _spare_child(chan: socket.socket, r: int, intermediate: int, zygote_pid: int) -> None:
+    while True:                                  # EOF: the intermediate is exiting
+        try:
+            if not os.read(r, 1):
+                break
+        except InterruptedError:
+            continue
+    os.close(r)
+    # It closed its files before it was gone: the re-parenting follows within moments.
+    while os.getppid() == intermediate:
+        os.sched_yield()
+    die_with_parent()
+    if os.getppid() != zygote_pid:
+        os._exit(1)
+    inbox, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        socket.send_fds(chan, [b"W"], [theirs.fileno()])
+    except OSError:
+        os._exit(0)
+    theirs.close()
+    chan.detach()
+    close_all_but((inbox.fileno(),))
+    null = os.open(os.devnull, os.O_RDONLY)      # stdin: nothing the import left there
+    os.dup2(null, 0)
+    os.close(null)
+    # random reseeds itself at fork (CPython's at-fork hook); numpy's global RandomState does not.
+    nprand = sys.modules.get("numpy.random")
+    if nprand is not None:
+        try:
+            nprand.seed()
+        except Exception:
+            pass
+    adopt(inbox, new_session=True)
