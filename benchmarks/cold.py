@@ -46,6 +46,9 @@ class SandboxCold(ColdPath):
         self.n += 1
         b = SandboxedBinding(tools_folders=self.folders, workspace=self.ws, supervisor=self.sup,
                              tenant=f"bench-cold-{self.key}-{self.n}", **self.kw)
+        for stem in {t["_library"] for t in b.discovered_tools if "_library" in t}:
+            # every start here imports the library itself: templated starts have their own section
+            b.host_tool_configs.setdefault(stem, {}).setdefault("sandbox", {}).setdefault("template", False)
         try:
             p = dict(self.params)
             t0 = time.perf_counter()
