@@ -24,7 +24,7 @@ _EXPORTS = {
     "SandboxedBinding": "host.binding", "bundled_tools_dir": "host.locations",
     "lollms_bindings_dir": "host.locations", "lollms_binding_class": "host.binding",
     "Supervisor": "backends.local", "CrashPolicy": "backends.local", "SandboxEvent": "host.outcomes",
-    "Limits": "host.limits",
+    "Limits": "host.limits", "RaySupervisor": "backends.ray",
 }
 __all__ = sorted(_EXPORTS)
 
