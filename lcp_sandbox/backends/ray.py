@@ -10,8 +10,10 @@
            done       ─► the value (decoded here) | SandboxEvent | the exception
         node lost (its agent died) ─► 503; the slot is placed again at its next call
 
-    one dispatcher thread per node: agent.events() (a streaming call) ─► each call's queue,
-    lifecycle events ─► on_event (with "node")
+    backends/ray_nodes.py   nodes, their agents, placements; per node a dispatcher thread:
+                            agent.events() (a streaming call) ─► each call's queue, events ─► on_event
+    backends/ray_agent.py   the agent: a local Supervisor on its node
+    backends/ray_relay.py   the REQUESTs' relay, both ends
 
 Ray places, starts and watches the agents; each agent's local Supervisor gives
 the guarantees Ray's own workers do not (per-call workspace, soft interrupt,
@@ -28,7 +30,6 @@ import queue
 import threading
 import time
 import weakref
-from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from .. import protocol as P
@@ -36,16 +37,14 @@ from ..core.normalize import UNAVAILABLE, failure
 from ..host.objects import HostObjects
 from ..host.outcomes import CallFailed, SandboxEvent, Unavailable
 from .base import WorkerSpec
-from .ray_relay import (ABORT, ANSWER, EVENT, INIT, NEED_INIT, RAISED, REQUEST, SANDBOX_EVENT, VALUE, RemoteConn,
-                        unpack_outcome)
+from .ray_nodes import Node, Nodes, Placed
+from .ray_relay import ABORT, ANSWER, INIT, NEED_INIT, RAISED, REQUEST, SANDBOX_EVENT, VALUE, RemoteConn, unpack_outcome
 
 log = logging.getLogger("lcp_sandbox")
 events_log = logging.getLogger("lcp_sandbox.events")
 
 _DONE = "done"
 _live: "weakref.WeakSet[RaySupervisor]" = weakref.WeakSet()
-_NODE_REFRESH_S = 10.0          # new nodes are looked for at most this often (when placing a slot)
-_AGENT_START_S = 120.0          # an agent that is not up by then: its node is not used
 
 
 def _import_ray() -> Any:
@@ -71,37 +70,11 @@ def _when_done(ref: Any, callback: Callable[[Any], None]) -> None:
     ref.future().add_done_callback(done)
 
 
-class _Node:
-    """One node and its agent, as the driver knows them."""
-
-    def __init__(self, node_id: str, agent: Any) -> None:
-        self.id = node_id
-        self.agent = agent
-        self.alive = True
-        self.slots = 0                   # slots placed here by this supervisor
-        self.calls: dict[int, _Call] = {}
-        self.dispatcher: Optional[threading.Thread] = None
-
-
-@dataclass
-class _Placed:
-    """Where a slot lives, and what it did on nodes since lost."""
-    tenant: str
-    library: str
-    root: str
-    node: Optional[_Node]
-    calls: int = 0                       # last known on its current node
-    starts: int = 0
-    carried_calls: int = 0               # on nodes that were lost
-    carried_starts: int = 0
-    lost: Optional[str] = None           # how its last node was lost
-
-
 class _Call:
     """The driver's end of one call in flight: what the node sends about it lands in ``q``."""
     __slots__ = ("cid", "node", "q", "done")
 
-    def __init__(self, cid: int, node: _Node) -> None:
+    def __init__(self, cid: int, node: Node) -> None:
         self.cid, self.node = cid, node
         self.q: queue.SimpleQueue = queue.SimpleQueue()
         self.done: Optional[tuple] = None
@@ -146,82 +119,36 @@ class RaySupervisor:
         self.on_event = on_event
         self._ray: Any = None
         self._owns_ray = False
-        self._nodes: dict[str, _Node] = {}
-        self._lost_nodes: set[str] = set()
-        self._placed: dict[tuple, _Placed] = {}
-        self._lock = threading.Lock()           # placements and the node table
-        self._nodes_lock = threading.Lock()     # connecting, finding nodes, starting agents
-        self._refreshed = 0.0
+        self._nodes: Optional[Nodes] = None
+        self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._closed = False
 
-    # ------------------------------------------------------------ nodes and agents
     def start(self) -> None:
         """Connect to Ray and start an agent on every live node now (else the first call does)."""
-        self._refresh(force=True)
+        self._table().refresh(force=True)
 
-    def _connect(self) -> Any:
-        if self._ray is None:
-            ray = _import_ray()
-            if not ray.is_initialized():
-                ray.init(address=self.address)
-                self._owns_ray = True
-            self._ray = ray
-            _live.add(self)
-            _register_atexit()                # after ray.init's own hook: runs before it
-        return self._ray
-
-    def _refresh(self, force: bool = False) -> None:
-        """Start agents on live nodes that have none (at most every few seconds unless forced)."""
-        with self._nodes_lock:
+    def _table(self) -> Nodes:
+        """The node table, connecting to Ray first if need be."""
+        nodes = self._nodes
+        if nodes is not None:
+            return nodes
+        with self._lock:
             if self._closed:
                 raise Unavailable("The sandbox supervisor is closed.")
-            ray = self._connect()
-            now = time.monotonic()
-            if not force and now - self._refreshed < _NODE_REFRESH_S:
-                return
-            self._refreshed = now
-            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-            from .ray_agent import NodeAgent
-            live = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
-            fresh = [nid for nid in live if nid not in self._nodes and nid not in self._lost_nodes]
-            if not fresh and not any(n.alive for n in self._nodes.values()):
-                fresh = [nid for nid in live if nid not in self._nodes]      # lost nodes, as a last resort
-            options = {"max_workers": self.max_workers_per_node, "max_workers_per_tenant": self.max_workers_per_tenant,
-                       "idle_timeout_s": self.idle_timeout_s, "confine": self.confine}
-            started = [(nid, NodeAgent.options(scheduling_strategy=NodeAffinitySchedulingStrategy(nid, soft=False))
-                        .remote(options)) for nid in fresh]
-            for nid, agent in started:
-                try:
-                    got = ray.get(agent.ready.remote(), timeout=_AGENT_START_S)
-                except Exception as exc:                 # noqa: BLE001 (the node went away meanwhile)
-                    log.warning("no sandbox agent could start on Ray node %s: %s", nid, exc)
-                    ray.kill(agent, no_restart=True)
-                    self._lost_nodes.add(nid)
-                    continue
-                node = _Node(got, agent)
-                node.dispatcher = threading.Thread(target=self._dispatch, args=(node,), daemon=True,
-                                                   name=f"lcp-sandbox-ray-{got[:8]}")
-                with self._lock:
-                    self._nodes[got] = node
-                    self._lost_nodes.discard(got)
-                node.dispatcher.start()
-
-    def _dispatch(self, node: _Node) -> None:
-        """What the node's agent streams: to each call's queue, lifecycle events to on_event."""
-        ray = self._ray
-        try:
-            for ref in node.agent.events.options(num_returns="streaming").remote():
-                item = ray.get(ref)
-                if item[1] == EVENT:
-                    self._event(item[2])
-                    continue
-                call = node.calls.get(item[0])
-                if call is not None:
-                    call.q.put(item)
-        except Exception as exc:                         # noqa: BLE001 (the agent is gone)
-            if not self._closed:
-                log.warning("the sandbox agent of Ray node %s stopped streaming: %s", node.id, exc)
+            if self._nodes is None:
+                ray = _import_ray()
+                if not ray.is_initialized():
+                    ray.init(address=self.address)
+                    self._owns_ray = True
+                self._ray = ray
+                _live.add(self)
+                _register_atexit()                # after ray.init's own hook: runs before it
+                self._nodes = Nodes(ray, {"max_workers": self.max_workers_per_node,
+                                          "max_workers_per_tenant": self.max_workers_per_tenant,
+                                          "idle_timeout_s": self.idle_timeout_s, "confine": self.confine},
+                                    self._event)
+            return self._nodes
 
     def _event(self, event: dict) -> None:
         events_log.info("%s", event)
@@ -231,48 +158,6 @@ class RaySupervisor:
             except Exception:
                 log.exception("on_event callback failed")
 
-    def _place(self, spec: WorkerSpec, tool: str) -> tuple[_Node, _Placed]:
-        with self._lock:
-            placed = self._placed.get(spec.key)
-            if placed is not None and placed.node is not None and placed.node.alive:
-                return placed.node, placed
-        self._refresh(force=not any(n.alive for n in list(self._nodes.values())))
-        with self._lock:
-            placed = self._placed.get(spec.key)
-            if placed is not None and placed.node is not None and placed.node.alive:
-                return placed.node, placed
-            live = [n for n in self._nodes.values() if n.alive]
-            if not live:
-                raise Unavailable.not_run(spec.library.name, tool, "no live Ray node has a sandbox agent.")
-            cap = self.max_workers_per_node
-            node = min(live, key=lambda n: (cap is not None and n.slots >= cap, n.slots))
-            if placed is None:
-                placed = self._placed[spec.key] = _Placed(spec.tenant, spec.library.name, spec.root, node)
-            placed.node = node
-            node.slots += 1
-            return node, placed
-
-    def _lose(self, node: _Node, why: str) -> None:
-        """``node``'s agent is gone: its slots are placed again at their next call."""
-        with self._lock:
-            if not node.alive:
-                return
-            node.alive = False
-            self._lost_nodes.add(node.id)
-            self._nodes.pop(node.id, None)
-            for placed in self._placed.values():
-                if placed.node is node:
-                    placed.node = None
-                    placed.carried_calls += placed.calls
-                    placed.carried_starts += placed.starts
-                    placed.calls = placed.starts = 0
-                    placed.lost = why
-        log.error("Ray node %s (its sandbox agent) was lost: %s", node.id, why)
-        try:
-            self._ray.kill(node.agent, no_restart=True)
-        except Exception:                                # noqa: BLE001
-            pass
-
     # ------------------------------------------------------------ calling
     def run(self, spec: WorkerSpec, msg: tuple, objects: HostObjects, *, tool: str,
             timeout_s: Optional[float] = None) -> Any:
@@ -280,7 +165,7 @@ class RaySupervisor:
         name = spec.library.name
         if self._closed:
             raise Unavailable.not_run(name, tool, "the sandbox supervisor is closed.")
-        node, placed = self._place(spec, tool)
+        node, placed = self._table().place(spec, tool)
         call = _Call(next(self._ids), node)
         node.calls[call.cid] = call
         try:
@@ -325,7 +210,7 @@ class RaySupervisor:
             call.reply((ANSWER, (False, ["TypeError", [f"the host's answer cannot be sent: {exc}"]]),
                         conn.broken, []))
 
-    def _outcome(self, result: Any, node: _Node, placed: _Placed, name: str, tool: str) -> Any:
+    def _outcome(self, result: Any, node: Node, placed: Placed, name: str, tool: str) -> Any:
         ray = self._ray
         try:
             if isinstance(result, BaseException):
@@ -337,7 +222,7 @@ class RaySupervisor:
             if self._closed:
                 raise Unavailable(f"[{name}] tool '{tool}' was stopped: the sandbox supervisor was closed "
                                   f"while it ran.") from None
-            self._lose(node, why)
+            self._nodes.lose(node, why)
             raise SandboxEvent(failure(
                 f"[{name}] tool '{tool}' did not complete: Ray node {node.id}, where its worker ran, was lost "
                 f"({why}). The host is unaffected; the next call starts a fresh worker on a live node (module "
@@ -355,49 +240,19 @@ class RaySupervisor:
         raise CallFailed(f"[{name}] tool '{tool}': the node's agent answered something unexpected.")
 
     # ------------------------------------------------------------ the rest of the Backend
-    def _live_nodes(self) -> list[_Node]:
-        with self._lock:
-            return [n for n in self._nodes.values() if n.alive]
-
-    def _gather(self, method: str, *args: Any) -> list:
-        """(node, answer) of every live agent; a node that does not answer is left out."""
-        if self._ray is None:
-            return []
-        refs = [(n, getattr(n.agent, method).remote(*args)) for n in self._live_nodes()]
-        out = []
-        for node, ref in refs:
-            try:
-                out.append((node, self._ray.get(ref, timeout=60)))
-            except Exception as exc:                     # noqa: BLE001
-                log.warning("Ray node %s did not answer %s: %s", node.id, method, exc)
-        return out
-
     def stop(self, tenant: str, library_key: str) -> bool:
         """Stop the worker(s) of one library of one tenant, on whichever node, and forget the slot(s)."""
-        with self._lock:
-            keys = [k for k in self._placed if k[0] == tenant and k[1] == library_key]
-            nodes = {}
-            for k in keys:
-                placed = self._placed.pop(k)
-                if placed.node is not None:
-                    placed.node.slots -= 1
-                    if placed.node.alive:
-                        nodes[placed.node.id] = placed.node
-        for node in nodes.values():
-            try:
-                self._ray.get(node.agent.stop.remote(tenant, library_key), timeout=60)
-            except Exception as exc:                     # noqa: BLE001
-                log.warning("Ray node %s did not stop %s: %s", node.id, library_key, exc)
-        return bool(keys)
+        return self._nodes.stop(tenant, library_key) if self._nodes is not None else False
 
     def stats(self, tenant: Optional[str] = None) -> list[dict]:
         """Supervisor.stats() of every node, each row with ``"node"`` (the Ray node id);
         ``calls`` and ``restarts`` count the slot's workers on nodes since lost, and a slot
         whose node was lost shows as stopped until its next call."""
-        with self._lock:
-            placed = list(self._placed.values())
+        if self._nodes is None:
+            return []
+        placed = list(self._nodes.placed.values())
         rows = []
-        for node, node_rows in self._gather("stats", tenant):
+        for node, node_rows in self._nodes.gather("stats", tenant):
             mine = {(p.tenant, p.library, p.root): p for p in placed if p.node is node}
             for row in node_rows:
                 p = mine.get((row["tenant"], row["library"], row["workspace_root"] or ""))
@@ -415,7 +270,7 @@ class RaySupervisor:
 
     def pool_stats(self) -> dict:
         """The pools of every node summed, per tenant, and per node (``"nodes"``)."""
-        per_node = self._gather("pool_stats")
+        per_node = self._nodes.gather("pool_stats") if self._nodes is not None else []
         tenants: dict[str, dict] = {}
         nodes = {}
         for node, st in per_node:
@@ -424,10 +279,9 @@ class RaySupervisor:
                 acc = tenants.setdefault(t, {"live_workers": 0, "waiting": 0, "calls": 0})
                 for k in acc:
                     acc[k] += row[k]
-        with self._lock:
-            for p in self._placed.values():
-                if p.carried_calls:
-                    tenants.setdefault(p.tenant, {"live_workers": 0, "waiting": 0, "calls": 0})["calls"] += p.carried_calls
+        for p in list(self._nodes.placed.values()) if self._nodes is not None else []:
+            if p.carried_calls:
+                tenants.setdefault(p.tenant, {"live_workers": 0, "waiting": 0, "calls": 0})["calls"] += p.carried_calls
         cap = self.max_workers_per_node
         return {"max_workers": None if cap is None else cap * len(nodes), "max_workers_per_node": cap,
                 "max_workers_per_tenant": self.max_workers_per_tenant,
@@ -438,36 +292,15 @@ class RaySupervisor:
     def close(self) -> None:
         """Stop every worker and every agent (on every node); idempotent.  Disconnects
         from Ray (stopping the local cluster) when this supervisor started it."""
-        with self._nodes_lock:
+        with self._lock:
             if self._closed:
                 return
             self._closed = True
         _live.discard(self)
-        ray = self._ray
-        if ray is None:
-            return
-        with self._lock:
-            nodes = list(self._nodes.values())
-        refs = [(n, n.agent.close.remote()) for n in nodes]
-        for node, ref in refs:
-            try:
-                ray.get(ref, timeout=60)
-            except Exception:                            # noqa: BLE001
-                pass
-        for node in nodes:
-            if node.dispatcher is not None:
-                node.dispatcher.join(10)               # the stream ends after the agent's last events
-            ray.kill(node.agent, no_restart=True)
-        for node in nodes:                              # gone before close() returns
-            for _ in range(10):
-                try:
-                    ray.get(node.agent.ready.remote(), timeout=10)
-                except ray.exceptions.RayActorError:
-                    break
-                except Exception:                        # noqa: BLE001
-                    continue
+        if self._nodes is not None:
+            self._nodes.close()
         if self._owns_ray:
-            ray.shutdown()
+            self._ray.shutdown()
 
     def __enter__(self) -> "RaySupervisor":
         return self
