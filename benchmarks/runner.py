@@ -5,6 +5,7 @@
                   one Supervisor whose zygote is started before anything is timed
       warm        warm.py        routing     routing.py     cold      cold.py
       throughput  throughput.py  memory      memory.py      discovery discovery.py
+      ray         ray_section.py (the ray extra; --skip ray)
       targets     targets.py     report      report.py
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any, Callable, Optional
 
 from lcp_sandbox import SandboxedBinding, Supervisor
 
-from . import cold, discovery, memory, routing, targets, throughput, warm
+from . import cold, discovery, memory, ray_section, routing, targets, throughput, warm
 from .config import TARGETS, BenchConfig
 from .harness import LIBS, Progress, cpu_busy_jiffies, pin_thread, stop_resource_tracker_if_new, timer_overhead_ns
 from .report import render_table, write_json, write_plot
@@ -40,7 +41,7 @@ class Context:
         self.cfg = cfg
         self.rng = random.Random(cfg.seed)
         self.result: dict = {"meta": {}, "skipped": {}, "warm": {}, "routing": {}, "cold": {},
-                             "throughput": [], "memory": [], "discovery": {}, "targets": []}
+                             "throughput": [], "memory": [], "discovery": {}, "ray": {}, "targets": []}
         self.skipped = self.result["skipped"]
         self.cleanup: list[Callable[[], None]] = []
         self.all_cpus = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
@@ -145,6 +146,8 @@ class Context:
             n += 1
         if "discovery" not in cfg.skip:
             n += max(1, cfg.discovery_reps) * (2 if self.lcp_cls else 1)
+        if "ray" not in cfg.skip:
+            n += max(1, cfg.ray_rounds) + max(1, cfg.ray_cold_reps)
         return n
 
     def section(self, name: str, fn: Callable[[], None], catch: bool = False) -> None:
@@ -180,6 +183,7 @@ class Context:
                 self.section("throughput", lambda: throughput.run(self, prog))
                 self.section("memory", lambda: memory.run(self, prog, ppe))
                 self.section("discovery", lambda: discovery.run(self, prog))
+                self.section("ray", lambda: ray_section.run(self, prog), catch=True)
             finally:
                 prog.close()
             targets.run(self)
