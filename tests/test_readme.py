@@ -31,6 +31,7 @@ EXPECTED_OUTPUT = {
     "Use": ["'matches': ['sales.csv']", "Deleted 'sales.csv'", "'library': 'workspace_tools'"],
     "With lollms_client": ["'status_code': 200", "'success': True"],
     "Hosting many users": ["'alice': {'live_workers': 1", "['start', 'stop']"],
+    "More than one machine": ["'status_code': 200", "\nship\n", "'library': 'workspace_tools', 'calls': 2, 'node': '"],
 }
 
 
@@ -93,6 +94,8 @@ def test_the_diagram_is_not_code():
 def test_python_block_runs(block, folder):
     if "lollms_client" in block.code and importlib.util.find_spec("lollms_client") is None:
         pytest.skip("this block needs lollms_client (the lollms or test extra)")
+    if "RaySupervisor" in block.code and importlib.util.find_spec("ray") is None:
+        pytest.skip("this block needs ray (the ray or test extra)")
     script = folder / "block.py"
     script.write_text(block.code, encoding="utf-8")
     p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=folder)
