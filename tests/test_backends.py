@@ -279,7 +279,8 @@ def test_close_leaves_nothing(kind, request, libs, tmp_path, new_processes):
     sup.close()
     assert all(gone(pid) for pid in pids)
     assert _zygotes() - before == set()
-    assert new_processes() == set()
+    left = new_processes()
+    assert left == set(), [(pid, psutil.Process(pid).cmdline()[:3]) for pid in left]
     assert b.execute_tool("tool_increment", {})["status_code"] == 503
     if kind == "ray":
         assert len(mine) == 2 and _live_agents() & mine == set()     # its agents, one per node: gone

@@ -10,6 +10,7 @@ code (the diagram of "How it is built") is checked to be that diagram.
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import shlex
 import shutil
@@ -98,7 +99,11 @@ def test_python_block_runs(block, folder):
         pytest.skip("this block needs ray (the ray or test extra)")
     script = folder / "block.py"
     script.write_text(block.code, encoding="utf-8")
-    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=folder)
+    # A block with RaySupervisor(address=None) would join this session's test cluster, if one
+    # runs (tests/conftest.py ray_cluster): it gets a local Ray instance of its own instead.
+    env = {**os.environ, "RAY_ADDRESS": "local"} if "RaySupervisor" in block.code else None
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=folder,
+                       env=env)
     assert p.returncode == 0, f"README.md line {block.line}:\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}"
     assert "Traceback" not in p.stderr, p.stderr[-3000:]
     for expected in EXPECTED_OUTPUT.get(block.section, []):

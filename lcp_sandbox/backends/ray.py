@@ -187,6 +187,11 @@ class RaySupervisor:
                         call.reply((ABORT, f"{type(exc).__name__}: {exc}"))
         finally:
             node.calls.pop(call.cid, None)
+            if call.done is None:         # this thread stopped waiting (an exception here): free the node's call
+                try:
+                    call.reply((ABORT, "the host stopped waiting for the call"))
+                except Exception:                        # noqa: BLE001
+                    pass
             objects.release()
 
     def _request(self, call: _Call, conn: RemoteConn, objects: HostObjects, item: tuple) -> None:
