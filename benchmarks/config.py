@@ -25,6 +25,9 @@ class BenchConfig:
     routing_calls: int = 5000             # routing: calls per condition (1 live / many live)
     routing_rounds: int = 8               # routing: rounds, the two conditions alternating
     routing_window_s: float = 1.0         # routing: each batch's calls spread over this long
+    ray_calls: int = 300                  # ray: warm calls per path and round
+    ray_rounds: int = 8                   # ray: warm rounds (the paths interleaved)
+    ray_cold_reps: int = 10               # ray: first calls of a new library on the other node
     cpus: Optional[tuple] = None          # (host CPU, worker CPU); default: the first two allowed
     skip: tuple = ()                      # any of SKIPPABLE
     seed: int = 1
@@ -34,17 +37,19 @@ class BenchConfig:
     def quick(cls, **kw: Any) -> "BenchConfig":
         base = dict(calls=2000, rounds=10, subprocess_calls=6, cold_reps=10, zygote_reps=2,
                     duration_s=0.4, throughput_rounds=3, mem_calls=5000, discovery_reps=2,
-                    routing_workers=40, routing_calls=1200, routing_rounds=4, routing_window_s=0.5)
+                    routing_workers=40, routing_calls=1200, routing_rounds=4, routing_window_s=0.5,
+                    ray_calls=150, ray_rounds=4, ray_cold_reps=6)
         base.update(kw)
         return cls(**base)
 
 
 SKIPPABLE = ("floor", "pickle", "inprocess", "ppe", "subprocess", "spawn", "routing", "throughput",
-             "memory", "discovery", "templates")
+             "memory", "discovery", "templates", "ray")
 
 TARGETS = {
     "warm_p50": 1.05, "warm_p99": 1.25, "cold_vs_spawn": 0.06, "parallel": 1.9,
     "uss_mb": 8.0, "discovery_first_s": 1.0, "discovery_again_s": 0.05,
+    "ray_warm_vs_actor": 1.3, "ray_cold_ms": 50.0,
 }
 
 # The sandbox's 2 x 2 scaling may exceed the machine's ceiling measured in the same rounds

@@ -200,6 +200,17 @@ def render_table(result: dict) -> str:
                          f"{fmt(d['user_folder']['first']['p50'] * 1e3)} ms")
         lines.append("")
 
+    ray = result.get("ray") or {}
+    if ray:
+        lines.append(f"RAY  {ray['nodes']} nodes ({ray['cluster']}); warm: microseconds, paths interleaved in "
+                     f"rounds; cold: milliseconds")
+        rows = [[r["label"], r["n"], fmt(r.get("p50")), fmt(r.get("p90")), fmt(r.get("p99")),
+                 x(r.get("x_actor_p50")), x(r.get("x_actor_p50_paired"))] for r in ray["warm"].values()]
+        lines += table(["warm", "n", "p50", "p90", "p99", "x actor p50", "paired"], rows, "lrrrrrr")
+        rows = [[r["label"], r.get("n", 0), fmt(r.get("p50")), fmt(r.get("max"))] for r in ray["cold"].values()]
+        lines += table(["cold", "n", "p50 ms", "max ms"], rows, "lrrr")
+        lines.append("")
+
     tg = result.get("targets", [])
     if tg:
         lines.append("TARGETS")

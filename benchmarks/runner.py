@@ -6,6 +6,7 @@
       warm        warm.py        routing     routing.py     cold      cold.py
       throughput  throughput.py  memory      memory.py      discovery discovery.py
       templates   templates.py (template vs fresh import vs plain cold start, USS per kind)
+      ray         ray_section.py (the ray extra; --skip ray)
       targets     targets.py     report      report.py
 """
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any, Callable, Optional
 
 from lcp_sandbox import SandboxedBinding, Supervisor
 
-from . import cold, discovery, memory, routing, targets, templates, throughput, warm
+from . import cold, discovery, memory, ray_section, routing, targets, templates, throughput, warm
 from .config import TARGETS, BenchConfig
 from .harness import LIBS, Progress, cpu_busy_jiffies, pin_thread, stop_resource_tracker_if_new, timer_overhead_ns
 from .report import render_table, write_json, write_plot
@@ -41,7 +42,7 @@ class Context:
         self.cfg = cfg
         self.rng = random.Random(cfg.seed)
         self.result: dict = {"meta": {}, "skipped": {}, "warm": {}, "routing": {}, "cold": {},
-                             "throughput": [], "memory": [], "discovery": {}, "targets": []}
+                             "throughput": [], "memory": [], "discovery": {}, "ray": {}, "targets": []}
         self.skipped = self.result["skipped"]
         self.cleanup: list[Callable[[], None]] = []
         self.all_cpus = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
@@ -146,6 +147,8 @@ class Context:
             n += 1
         if "discovery" not in cfg.skip:
             n += max(1, cfg.discovery_reps) * (2 if self.lcp_cls else 1)
+        if "ray" not in cfg.skip:
+            n += max(1, cfg.ray_rounds) + max(1, cfg.ray_cold_reps)
         return n
 
     def section(self, name: str, fn: Callable[[], None], catch: bool = False) -> None:
@@ -182,6 +185,7 @@ class Context:
                 self.section("memory", lambda: memory.run(self, prog, ppe))
                 self.section("discovery", lambda: discovery.run(self, prog))
                 self.section("templates", lambda: templates.run(self, prog), catch=True)
+                self.section("ray", lambda: ray_section.run(self, prog), catch=True)
             finally:
                 prog.close()
             targets.run(self)

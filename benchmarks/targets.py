@@ -90,3 +90,13 @@ def run(ctx: Any) -> None:
         d and d["first"]["p50"], T["discovery_first_s"], "<", "s", note)
     add("discovery_again", f"re-discovery of {nfiles:,} unchanged files (p50)",
         d and d["again"]["p50"], T["discovery_again_s"], "<", "s", note)
+    ray = res.get("ray") or {}
+    if ray:
+        rw = ray["warm"]["ray"]
+        add("ray_warm_vs_actor", "RaySupervisor warm call p50 / bare Ray actor call p50 (same node)",
+            rw.get("x_actor_p50"), T["ray_warm_vs_actor"], "<=",
+            note=f"paired by round: {x(rw.get('x_actor_p50_paired'))}; local Supervisor "
+                 f"{x(ray['warm']['local'].get('x_actor_p50'))} of the actor call")
+        add("ray_cold_ms", "RaySupervisor first call of a new library on the other node (p50)",
+            ray["cold"]["ray_remote"].get("p50"), T["ray_cold_ms"], "<=", "ms",
+            note=f"local Supervisor {ray['cold']['local'].get('p50', 0):.1f} ms")

@@ -3,7 +3,8 @@
 ``SandboxedBinding`` is a drop-in for lollms_client's in-process ``LCPBinding``
 (``lollms_binding_class()`` is its ``LollmsToolBinding`` subclass, the class
 lollms' loader gets); ``Supervisor`` owns the worker processes and may be shared
-between bindings.
+between bindings; ``RaySupervisor`` runs a ``Supervisor`` on every node of a Ray
+cluster (the ``ray`` extra; ray is imported only when it is first used).
 
 Attributes are imported lazily: the zygote imports ``lcp_sandbox.worker``
 and must not pay for the binding it never uses.  Nothing here imports
@@ -24,7 +25,7 @@ _EXPORTS = {
     "SandboxedBinding": "host.binding", "bundled_tools_dir": "host.locations",
     "lollms_bindings_dir": "host.locations", "lollms_binding_class": "host.binding",
     "Supervisor": "backends.local", "CrashPolicy": "backends.local", "SandboxEvent": "host.outcomes",
-    "Limits": "host.limits",
+    "Limits": "host.limits", "RaySupervisor": "backends.ray",
 }
 __all__ = sorted(_EXPORTS)
 

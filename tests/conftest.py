@@ -13,8 +13,25 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
 
+# Processes of the session's Ray cluster (see ray_cluster): they and what they start are
+# Ray's, not leftovers of a test, and they start and stop processes on their own schedule.
+_RAY_ROOTS: set = set()
+
+
+def _ray_processes() -> set:
+    out = set()
+    for pid in _RAY_ROOTS:
+        try:
+            root = psutil.Process(pid)
+            out.add(pid)
+            out.update(p.pid for p in root.children(recursive=True))
+        except psutil.Error:
+            pass
+    return out
+
+
 def descendants() -> set:
-    """Pids of the live (non-zombie) descendants of the test process."""
+    """Pids of the live (non-zombie) descendants of the test process (the Ray cluster's excluded)."""
     out = set()
     for p in psutil.Process().children(recursive=True):
         try:
@@ -22,7 +39,7 @@ def descendants() -> set:
                 out.add(p.pid)
         except psutil.Error:
             pass
-    return out
+    return out - _ray_processes() if _RAY_ROOTS else out
 
 
 def gone(pid: int) -> bool:
@@ -104,6 +121,25 @@ def make_binding(libs, tmp_path):
     yield make
     for b in made:
         b.close()
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A local Ray cluster for the session: a head and one more node, one CPU each, every
+    process on this machine (Ray picks the node address).  Shut down at the session's end."""
+    ray = pytest.importorskip("ray", reason="the ray extra is not installed")
+    from ray.cluster_utils import Cluster
+    before = {p.pid for p in psutil.Process().children()}
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    _RAY_ROOTS.update({p.pid for p in psutil.Process().children()} - before)
+    ray.init(address=cluster.address)
+    _RAY_ROOTS.update({p.pid for p in psutil.Process().children()} - before)
+    yield cluster
+    ray.shutdown()
+    cluster.shutdown()
+    _RAY_ROOTS.clear()
 
 
 def pytest_sessionfinish(session):

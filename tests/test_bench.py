@@ -17,7 +17,7 @@ HERE = Path(__file__).resolve().parent
 
 TINY = dict(calls=40, rounds=2, subprocess_calls=2, cold_reps=2, zygote_reps=1, duration_s=0.1,
             throughput_rounds=1, mem_calls=200, discovery_files=30, discovery_reps=1,
-            routing_workers=8, routing_calls=40, routing_rounds=2, routing_window_s=0.05)
+            routing_workers=8, routing_calls=40, routing_rounds=2, routing_window_s=0.05, skip=("ray",))
 
 TARGET_NAMES = {"warm_p50", "warm_p99", "cold_vs_spawn", "parallel", "uss_first", "uss_after",
                 "discovery_first", "discovery_again"}
@@ -127,7 +127,7 @@ def test_bench_command_line_with_a_host_folder(tmp_path, capsys):
     rc = main(["bench", str(folder), "--tool", "tool_other_set", "--params", '{"value": "x"}',
                "--calls", "20", "--rounds", "1", "--cold", "1", "--discovery-files", "5",
                "--mem-calls", "10", "--no-progress", "--json", str(json_path),
-               "--skip", "pickle,ppe,subprocess,spawn,routing,throughput"])
+               "--skip", "pickle,ppe,subprocess,spawn,routing,throughput,ray"])
     assert rc == 0
     data = json.loads(json_path.read_text())
     for rows in data["warm"].values():
@@ -148,3 +148,21 @@ def test_bench_rejects_bad_options():
     assert main(["bench", "--params", "{not json", "--no-progress"]) == 2
     with pytest.raises(TypeError):
         run_bench(no_such_option=1)
+
+
+@pytest.mark.ray
+def test_bench_ray_section(ray_cluster, tmp_path):
+    """The Ray section on the session's cluster: warm rows beside the bare actor call, cold
+    first calls on the other node, its two targets."""
+    pytest.importorskip("ray")
+    skip = ("pickle", "inprocess", "ppe", "subprocess", "spawn", "routing", "throughput", "memory", "discovery")
+    out = io.StringIO()
+    result = run_bench(out=out, **{**TINY, "skip": skip}, ray_calls=20, ray_rounds=2, ray_cold_reps=2)
+    ray = result["ray"]
+    assert "ray" not in result["skipped"] and ray["nodes"] == 2 and ray["cluster"] == "existing"
+    for key in ("ray", "actor", "local"):
+        assert _number(ray["warm"][key]["p50"]) and _number(ray["warm"][key]["x_actor_p50"])
+    assert ray["cold"]["ray_remote"]["n"] == 2 and _number(ray["cold"]["ray_remote"]["p50"])
+    targets = {t["name"]: t for t in result["targets"]}
+    assert targets["ray_warm_vs_actor"]["met"] in (True, False) and targets["ray_cold_ms"]["met"] in (True, False)
+    assert "RAY" in out.getvalue() and "bare Ray actor method" in out.getvalue()

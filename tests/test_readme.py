@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import shlex
 import shutil
@@ -36,6 +37,7 @@ EXPECTED_OUTPUT = {
     "Use": ["'matches': ['sales.csv']", "Deleted 'sales.csv'", "'library': 'workspace_tools'"],
     "With lollms_client": ["'status_code': 200", "'success': True"],
     "Hosting many users": ["'alice': {'live_workers': 1", "['start', 'stop']"],
+    "More than one machine": ["'status_code': 200", "\nship\n", "'library': 'workspace_tools', 'calls': 2, 'node': '"],
 }
 
 
@@ -98,9 +100,15 @@ def test_the_diagram_is_not_code():
 def test_python_block_runs(block, folder):
     if "lollms_client" in block.code and importlib.util.find_spec("lollms_client") is None:
         pytest.skip("this block needs lollms_client (the lollms or test extra)")
+    if "RaySupervisor" in block.code and importlib.util.find_spec("ray") is None:
+        pytest.skip("this block needs ray (the ray or test extra)")
     script = folder / "block.py"
     script.write_text(block.code, encoding="utf-8")
-    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=folder)
+    # A block with RaySupervisor(address=None) would join this session's test cluster, if one
+    # runs (tests/conftest.py ray_cluster): it gets a local Ray instance of its own instead.
+    env = {**os.environ, "RAY_ADDRESS": "local"} if "RaySupervisor" in block.code else None
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=folder,
+                       env=env)
     assert p.returncode == 0, f"README.md line {block.line}:\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}"
     assert "Traceback" not in p.stderr, p.stderr[-3000:]
     for expected in EXPECTED_OUTPUT.get(block.section, []):

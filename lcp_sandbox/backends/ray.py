@@ -1,0 +1,332 @@
+"""The Ray backend: the same engine on every node of a Ray cluster.
+
+    SandboxedBinding ── run(spec, msg, objects) ──► RaySupervisor (the driver, the caller's thread)
+        slot (tenant, library, root) placed once: the live node with the fewest slots
+        (under max_workers_per_node first); it stays there while that node lives
+        agent.run.remote(...) ──────────────────────────► NodeAgent on that node (backends/ray_agent.py)
+        loop on the call's queue:                             local Supervisor.run(spec, msg, Relay)
+           NEED_INIT  ─► spec.init() here ─► agent.reply        zygote, worker, deadlines, memory, crashes
+           REQUEST    ─► HostObjects.handle() here ─► reply     (REQUESTs relayed, ray_relay.py)
+           done       ─► the value (decoded here) | SandboxEvent | the exception
+        node lost (its agent died) ─► 503; the slot is placed again at its next call
+
+    backends/ray_nodes.py   nodes, their agents, placements; per node a dispatcher thread:
+                            agent.events() (a streaming call) ─► each call's queue, events ─► on_event
+    backends/ray_agent.py   the agent: a local Supervisor on its node
+    backends/ray_relay.py   the REQUESTs' relay, both ends
+
+Ray places, starts and watches the agents; each agent's local Supervisor gives
+the guarantees Ray's own workers do not (per-call workspace, soft interrupt,
+per-worker memory limit, crash policy).  Nothing here imports ray until the
+supervisor is used (the ``ray`` extra).
+"""
+from __future__ import annotations
+
+import atexit
+import itertools
+import logging
+import pickle
+import queue
+import threading
+import time
+import weakref
+from typing import Any, Callable, Optional
+
+from .. import protocol as P
+from ..core.normalize import UNAVAILABLE, failure
+from ..host.objects import HostObjects
+from ..host.outcomes import CallFailed, SandboxEvent, Unavailable
+from .base import WorkerSpec
+from .ray_nodes import Node, Nodes, Placed
+from .ray_relay import ABORT, ANSWER, INIT, NEED_INIT, RAISED, REQUEST, SANDBOX_EVENT, VALUE, RemoteConn, unpack_outcome
+
+log = logging.getLogger("lcp_sandbox")
+events_log = logging.getLogger("lcp_sandbox.events")
+
+_DONE = "done"
+_live: "weakref.WeakSet[RaySupervisor]" = weakref.WeakSet()
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:
+        raise ImportError("RaySupervisor needs ray: pip install 'lcp-sandbox[ray]'") from exc
+    return ray
+
+
+def _when_done(ref: Any, callback: Callable[[Any], None]) -> None:
+    """``callback(value or exception)`` once ``ref`` is ready.  Ray's ObjectRef._on_completed
+    (what Ray Serve uses) wakes the waiting thread once, as ray.get does; ``future()``
+    is the public way, a little slower."""
+    on_completed = getattr(ref, "_on_completed", None)
+    if on_completed is not None:
+        on_completed(callback)
+        return
+
+    def done(f: Any) -> None:
+        exc = f.exception()
+        callback(exc if exc is not None else f.result())
+    ref.future().add_done_callback(done)
+
+
+class _Call:
+    """The driver's end of one call in flight: what the node sends about it lands in ``q``."""
+    __slots__ = ("cid", "node", "q", "done")
+
+    def __init__(self, cid: int, node: Node) -> None:
+        self.cid, self.node = cid, node
+        self.q: queue.SimpleQueue = queue.SimpleQueue()
+        self.done: Optional[tuple] = None
+
+    def finished(self, result: Any) -> None:
+        """The agent's answer (bytes), or the exception Ray raised for it."""
+        self.q.put((_DONE, result))
+
+    def reply(self, message: tuple) -> None:
+        self.node.agent.reply.remote(self.cid, message)
+
+    def wait(self, timeout: Optional[float]) -> Optional[tuple]:
+        if self.done is not None:
+            return self.done
+        try:
+            item = self.q.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if item[0] == _DONE:
+            self.done = item
+        return item
+
+
+class RaySupervisor:
+    """A Backend that runs each (tenant, library) on one node of a Ray cluster.
+
+    ``address``: None joins the cluster Ray finds (``RAY_ADDRESS``, or one started
+    with ``ray start`` on this machine) or starts a local one; a string goes to
+    ``ray.init`` as it is; if Ray is already initialized in this process, that is
+    used.  ``max_workers_per_node`` and ``max_workers_per_tenant`` are each node's
+    pool limits; ``idle_timeout_s``, ``confine`` and ``on_event`` as for
+    ``Supervisor`` (events carry ``"node"`` and arrive from a background thread)."""
+
+    def __init__(self, address: Optional[str] = None, max_workers_per_node: Optional[int] = None,
+                 max_workers_per_tenant: Optional[int] = None, idle_timeout_s: Optional[float] = None,
+                 confine: bool = False, on_event: Optional[Callable[[dict], None]] = None) -> None:
+        self.address = address
+        self.max_workers_per_node = max_workers_per_node
+        self.max_workers_per_tenant = max_workers_per_tenant
+        self.idle_timeout_s = idle_timeout_s
+        self.confine = confine
+        self.on_event = on_event
+        self._ray: Any = None
+        self._owns_ray = False
+        self._nodes: Optional[Nodes] = None
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._closed = False
+
+    def start(self) -> None:
+        """Connect to Ray and start an agent on every live node now (else the first call does)."""
+        self._table().refresh(force=True)
+
+    def _table(self) -> Nodes:
+        """The node table, connecting to Ray first if need be."""
+        nodes = self._nodes
+        if nodes is not None:
+            return nodes
+        with self._lock:
+            if self._closed:
+                raise Unavailable("The sandbox supervisor is closed.")
+            if self._nodes is None:
+                ray = _import_ray()
+                if not ray.is_initialized():
+                    ray.init(address=self.address)
+                    self._owns_ray = True
+                self._ray = ray
+                _live.add(self)
+                _register_atexit()                # after ray.init's own hook: runs before it
+                self._nodes = Nodes(ray, {"max_workers": self.max_workers_per_node,
+                                          "max_workers_per_tenant": self.max_workers_per_tenant,
+                                          "idle_timeout_s": self.idle_timeout_s, "confine": self.confine},
+                                    self._event)
+            return self._nodes
+
+    def _event(self, event: dict) -> None:
+        events_log.info("%s", event)
+        if self.on_event is not None:
+            try:
+                self.on_event(event)
+            except Exception:
+                log.exception("on_event callback failed")
+
+    # ------------------------------------------------------------ calling
+    def run(self, spec: WorkerSpec, msg: tuple, objects: HostObjects, *, tool: str,
+            timeout_s: Optional[float] = None) -> Any:
+        """As Supervisor.run, on the node the slot of ``spec`` lives on."""
+        name = spec.library.name
+        if self._closed:
+            raise Unavailable.not_run(name, tool, "the sandbox supervisor is closed.")
+        node, placed = self._table().place(spec, tool)
+        call = _Call(next(self._ids), node)
+        node.calls[call.cid] = call
+        try:
+            ref = node.agent.run.remote(pickle.dumps((call.cid, spec.tenant, spec.library, spec.limits, spec.root,
+                                                      msg, tool, timeout_s), protocol=5))
+            _when_done(ref, call.finished)
+            conn = RemoteConn(call)
+            while True:
+                item = call.wait(None)
+                if item[0] == _DONE:
+                    return self._outcome(item[1], node, placed, name, tool)
+                if item[1] == REQUEST:
+                    self._request(call, conn, objects, item)
+                elif item[1] == NEED_INIT:
+                    try:
+                        call.reply((INIT, spec.init()))
+                    except Exception as exc:             # noqa: BLE001
+                        log.exception("building the INIT of %s failed", name)
+                        call.reply((ABORT, f"{type(exc).__name__}: {exc}"))
+        finally:
+            node.calls.pop(call.cid, None)
+            if call.done is None:         # this thread stopped waiting (an exception here): free the node's call
+                try:
+                    call.reply((ABORT, "the host stopped waiting for the call"))
+                except Exception:                        # noqa: BLE001
+                    pass
+            objects.release()
+
+    def _request(self, call: _Call, conn: RemoteConn, objects: HostObjects, item: tuple) -> None:
+        """One REQUEST of the worker, served here: decoded with this host's Decoder."""
+        _, _, frame, remaining = item
+        objects.conn = conn
+        objects.deadline = None if remaining is None else time.monotonic() + remaining
+        try:
+            size, kind = P.HEADER.unpack_from(frame)
+            if kind != P.REQUEST or size != len(frame) - P.HEADER.size:
+                raise P.ProtocolViolation("a relayed frame that is not one REQUEST")
+            req = P.parse_from_worker(kind, memoryview(frame)[P.HEADER.size:], conn.decoder)
+        except P.ProtocolViolation as exc:
+            conn.broken = conn.broken or str(exc)
+            answer: tuple = (False, ["RuntimeError", ["protocol violation"]])
+        else:
+            answer = objects.handle(req, conn.decoder.saw_ref)
+        try:
+            call.reply((ANSWER, answer, conn.broken, conn.take_sends()))
+        except Exception as exc:                         # noqa: BLE001 (the answer cannot cross)
+            call.reply((ANSWER, (False, ["TypeError", [f"the host's answer cannot be sent: {exc}"]]),
+                        conn.broken, []))
+
+    def _outcome(self, result: Any, node: Node, placed: Placed, name: str, tool: str) -> Any:
+        ray = self._ray
+        try:
+            if isinstance(result, BaseException):
+                raise result
+            tag, payload, calls, starts = unpack_outcome(result)
+        except (ray.exceptions.RayActorError, ray.exceptions.NodeDiedError, ray.exceptions.WorkerCrashedError,
+                ray.exceptions.LocalRayletDiedError) as exc:
+            why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+            if self._closed:
+                raise Unavailable(f"[{name}] tool '{tool}' was stopped: the sandbox supervisor was closed "
+                                  f"while it ran.") from None
+            self._nodes.lose(node, why)
+            raise SandboxEvent(failure(
+                f"[{name}] tool '{tool}' did not complete: Ray node {node.id}, where its worker ran, was lost "
+                f"({why}). The host is unaffected; the next call starts a fresh worker on a live node (module "
+                f"state was lost).", UNAVAILABLE)) from None
+        except Exception as exc:                         # noqa: BLE001
+            raise CallFailed(f"[{name}] tool '{tool}': Ray failed to run the call ({type(exc).__name__}: "
+                             f"{exc})"[:1000]) from None
+        placed.calls, placed.starts = calls, starts
+        if tag == VALUE:
+            return payload
+        if tag == SANDBOX_EVENT and type(payload) is dict and type(payload.get("error")) is str:
+            raise SandboxEvent(payload)
+        if tag == RAISED and P.is_error(payload):
+            raise P.rebuild_error(*payload)
+        raise CallFailed(f"[{name}] tool '{tool}': the node's agent answered something unexpected.")
+
+    # ------------------------------------------------------------ the rest of the Backend
+    def stop(self, tenant: str, library_key: str) -> bool:
+        """Stop the worker(s) of one library of one tenant, on whichever node, and forget the slot(s)."""
+        return self._nodes.stop(tenant, library_key) if self._nodes is not None else False
+
+    def stats(self, tenant: Optional[str] = None) -> list[dict]:
+        """Supervisor.stats() of every node, each row with ``"node"`` (the Ray node id);
+        ``calls`` and ``restarts`` count the slot's workers on nodes since lost, and a slot
+        whose node was lost shows as stopped until its next call."""
+        if self._nodes is None:
+            return []
+        placed = list(self._nodes.placed.values())
+        rows = []
+        for node, node_rows in self._nodes.gather("stats", tenant):
+            mine = {(p.tenant, p.library, p.root): p for p in placed if p.node is node}
+            for row in node_rows:
+                p = mine.get((row["tenant"], row["library"], row["workspace_root"] or ""))
+                if p is not None:
+                    row["calls"] += p.carried_calls
+                    row["restarts"] += p.carried_starts
+                rows.append({**row, "node": node.id})
+        for p in placed:
+            if p.node is None and p.lost and (tenant is None or p.tenant == tenant):
+                rows.append({"library": p.library, "tenant": p.tenant, "pid": None, "state": "stopped",
+                             "calls": p.carried_calls, "restarts": max(0, p.carried_starts - 1),
+                             "last_exit": f"its node was lost ({p.lost})", "rss": 0, "peak_rss": 0,
+                             "protections": {}, "workspace_root": p.root or None, "node": None})
+        return rows
+
+    def pool_stats(self) -> dict:
+        """The pools of every node summed, per tenant, and per node (``"nodes"``)."""
+        per_node = self._nodes.gather("pool_stats") if self._nodes is not None else []
+        tenants: dict[str, dict] = {}
+        nodes = {}
+        for node, st in per_node:
+            nodes[node.id] = {"slots": node.slots, "live_workers": st["live_workers"], "waiting": st["waiting"]}
+            for t, row in st["tenants"].items():
+                acc = tenants.setdefault(t, {"live_workers": 0, "waiting": 0, "calls": 0})
+                for k in acc:
+                    acc[k] += row[k]
+        for p in list(self._nodes.placed.values()) if self._nodes is not None else []:
+            if p.carried_calls:
+                tenants.setdefault(p.tenant, {"live_workers": 0, "waiting": 0, "calls": 0})["calls"] += p.carried_calls
+        cap = self.max_workers_per_node
+        return {"max_workers": None if cap is None else cap * len(nodes), "max_workers_per_node": cap,
+                "max_workers_per_tenant": self.max_workers_per_tenant,
+                "live_workers": sum(n["live_workers"] for n in nodes.values()),
+                "waiting": sum(n["waiting"] for n in nodes.values()),
+                "tenants": dict(sorted(tenants.items())), "nodes": nodes}
+
+    def close(self) -> None:
+        """Stop every worker and every agent (on every node); idempotent.  Disconnects
+        from Ray (stopping the local cluster) when this supervisor started it."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        _live.discard(self)
+        if self._nodes is not None:
+            self._nodes.close()
+        if self._owns_ray:
+            self._ray.shutdown()
+
+    def __enter__(self) -> "RaySupervisor":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+_atexit_registered = False
+
+
+def _register_atexit() -> None:
+    global _atexit_registered
+    if not _atexit_registered:
+        _atexit_registered = True
+        atexit.register(_close_all)
+
+
+def _close_all() -> None:
+    for sup in list(_live):
+        try:
+            sup.close()
+        except Exception:                                # noqa: BLE001
+            pass

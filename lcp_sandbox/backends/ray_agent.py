@@ -1,0 +1,148 @@
+"""The agent of one node (the Ray backend): a long-lived actor running a local Supervisor.
+
+    driver ── agent.run(pickle of cid, spec fields, msg, tool, timeout_s) ─► NodeAgent.run (an actor thread)
+                                                                     workspace on this node? else 500
+                                                                     Supervisor.run(spec, msg, Relay)
+           ◄─ bytes: VALUE | SANDBOX_EVENT | RAISED, calls, starts, the value as Encoder bytes
+    driver ◄── events(): (cid, NEED_INIT | REQUEST | FRAME | FRAME_ERROR, ...), (0, EVENT, dict) ── relays
+    driver ── agent.reply(cid, message) ─► the relay of that call   (see backends/ray_relay.py)
+
+One agent per node, pinned there (NodeAffinitySchedulingStrategy, soft=False),
+``num_cpus=0``, threaded: calls run in the default group's threads (one each
+while in flight); ``reply``, ``stats`` and the like in a group of their own, so
+they are served even when every call thread waits for the driver; the events
+stream has its own thread.  The local Supervisor does everything a call needs
+on this node (zygote, workers, deadlines, memory, crashes, quarantine, pool):
+the agent adds the relay and the check that the workspace exists here.
+
+Trusted code: it decodes the worker's frames with the protocol's Decoder (as the
+local host does) and sends the driver protocol bytes, never objects a worker made.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import queue
+import threading
+from typing import Any, Optional
+
+import ray
+
+from ..core.normalize import TOOL_FAILED, failure
+from ..host.outcomes import SandboxEvent
+from .. import protocol as P
+from ..protocol import error_value
+from .base import WorkerSpec
+from .local import Supervisor
+from .ray_relay import EVENT, RAISED, SANDBOX_EVENT, VALUE, Relay, pack_outcome
+
+#: Threads for calls in flight on one node (a call waiting for the driver holds one).
+CALL_THREADS = 64
+
+
+@ray.remote(num_cpus=0, max_restarts=0, max_concurrency=CALL_THREADS,
+            concurrency_groups={"control": 4, "events": 1})
+class NodeAgent:
+    def __init__(self, options: dict) -> None:
+        self.node_id = ray.get_runtime_context().get_node_id()
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._relays: dict[int, Relay] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        self.sup = Supervisor(max_workers=options.get("max_workers"),
+                              max_workers_per_tenant=options.get("max_workers_per_tenant"),
+                              idle_timeout_s=options.get("idle_timeout_s"), confine=options.get("confine", False),
+                              on_event=self._on_event)
+        self.sup.start()                  # the zygote, before the first call needs it
+
+    def _emit(self, item: tuple) -> None:
+        self._outbox.put(item)
+
+    def _on_event(self, event: dict) -> None:
+        self._emit((0, EVENT, {**event, "node": self.node_id}))
+
+    # ------------------------------------------------------------ calls
+    def run(self, call: bytes) -> bytes:
+        """One call on this node's worker of (tenant, library, root); how it ended.
+
+        ``call`` is the driver's pickle of (cid, tenant, library, limits, root, msg,
+        tool, timeout_s) (host-made); the answer is :func:`ray_relay.pack_outcome`'s
+        bytes (one bytes object each way: Ray moves them cheapest)."""
+        cid, tenant, library, limits, root, msg, tool, timeout_s = pickle.loads(call)
+        relay = Relay(cid, self._emit)
+        spec = WorkerSpec(tenant, library, limits, root, relay.init)
+        cwd = msg.cwd
+        if not os.path.isdir(cwd):
+            return pack_outcome(SANDBOX_EVENT, failure(
+                f"[{library.name}] tool '{tool}' not run: its workspace {cwd!r} does not exist on node "
+                f"{self.node_id}, where its worker runs. Workspaces must live on storage every node "
+                f"shares, at the same path; the call was not run anywhere else.", TOOL_FAILED), *self._counts(spec))
+        with self._lock:
+            self._relays[cid] = relay
+        try:
+            tag, value = VALUE, self.sup.run(spec, msg, relay, tool=tool, timeout_s=timeout_s)
+        except SandboxEvent as ev:
+            tag, value = SANDBOX_EVENT, ev.result
+        except Exception as exc:          # a module function raised (ModCall), or a relay failure
+            tag, value = RAISED, error_value(exc)
+        finally:
+            with self._lock:
+                self._relays.pop(cid, None)
+        try:
+            return pack_outcome(tag, value, *self._counts(spec))
+        except P.Unsendable as exc:
+            return pack_outcome(SANDBOX_EVENT, failure(
+                f"[{library.name}] tool '{tool}': its result could not be relayed from node {self.node_id} "
+                f"({exc}).", TOOL_FAILED), *self._counts(spec))
+
+    def _counts(self, spec: WorkerSpec) -> tuple:
+        """(calls served, workers started) of the slot: the driver carries them over if
+        this node is lost."""
+        slot = self.sup._slots.get(spec.key)      # noqa: SLF001 (the agent owns this supervisor)
+        return (0, 0) if slot is None else (slot.calls, slot.starts)
+
+    @ray.method(concurrency_group="control")
+    def reply(self, cid: int, message: tuple) -> None:
+        """The driver's answer to what the call ``cid`` asked (see ray_relay.py)."""
+        relay = self._relays.get(cid)
+        if relay is not None:
+            relay.inbox.put(message)
+
+    @ray.method(concurrency_group="events")
+    def events(self):
+        """The stream of what calls ask the driver, and lifecycle events; ends at close()."""
+        while True:
+            item = self._outbox.get()
+            if item is None:
+                return
+            yield item
+
+    # ------------------------------------------------------------ the rest of the Backend
+    @ray.method(concurrency_group="control")
+    def ready(self) -> str:
+        return self.node_id
+
+    @ray.method(concurrency_group="control")
+    def stop(self, tenant: str, library_key: str) -> bool:
+        return self.sup.stop(tenant, library_key)
+
+    @ray.method(concurrency_group="control")
+    def stats(self, tenant: Optional[str] = None) -> list:
+        return self.sup.stats(tenant)
+
+    @ray.method(concurrency_group="control")
+    def pool_stats(self) -> dict:
+        return self.sup.pool_stats()
+
+    @ray.method(concurrency_group="control")
+    def close(self) -> None:
+        """Stop every worker and the zygote; end the events stream."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            relays = list(self._relays.values())
+        for relay in relays:                  # calls waiting for the driver give up
+            relay.inbox.put(("abort", "the sandbox supervisor was closed"))
+        self.sup.close()
+        self._outbox.put(None)

@@ -1,0 +1,224 @@
+"""The Ray cluster as the driver sees it (the Ray backend): nodes, their agents, placements.
+
+    refresh()  live nodes (ray.nodes()) without an agent get one, pinned there
+               (NodeAffinitySchedulingStrategy, soft=False); each agent's events stream
+               gets a dispatcher thread: call items to their call's queue, lifecycle
+               events to on_event
+    place()    a slot (tenant, library, root) goes to the live node with the fewest
+               slots, those under max_workers_per_node first, and stays there
+    lose()     a node's agent is gone: its slots are placed again at their next call,
+               what they did there (calls, worker starts) carried over; the node is not
+               used again unless no other is left
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from ..host.outcomes import Unavailable
+from .base import WorkerSpec
+from .ray_relay import EVENT
+
+log = logging.getLogger("lcp_sandbox")
+
+_REFRESH_S = 10.0             # new nodes are looked for at most this often (when a slot is placed)
+_AGENT_START_S = 120.0        # an agent not up by then: its node is not used
+
+
+class Node:
+    """One node and its agent."""
+
+    def __init__(self, node_id: str, agent: Any) -> None:
+        self.id = node_id
+        self.agent = agent
+        self.alive = True
+        self.slots = 0                       # slots placed here
+        self.calls: dict = {}                # call id -> the driver's end of a call in flight here
+        self.dispatcher: Optional[threading.Thread] = None
+
+
+@dataclass
+class Placed:
+    """Where a slot lives, and what it did on nodes since lost."""
+    tenant: str
+    library: str
+    root: str
+    node: Optional[Node]
+    calls: int = 0                       # last known, on its current node
+    starts: int = 0
+    carried_calls: int = 0               # on nodes that were lost
+    carried_starts: int = 0
+    lost: Optional[str] = None           # how its last node was lost
+
+
+class Nodes:
+    """The node table of one RaySupervisor (thread-safe).  ``options`` are the agents'
+    Supervisor settings; ``max_per_node`` steers placement."""
+
+    def __init__(self, ray: Any, options: dict, on_event: Callable[[dict], None]) -> None:
+        self.ray = ray
+        self.options = options
+        self.max_per_node: Optional[int] = options.get("max_workers")
+        self.on_event = on_event
+        self.placed: dict[tuple, Placed] = {}
+        self._nodes: dict[str, Node] = {}
+        self._lost: set[str] = set()
+        self._lock = threading.Lock()            # placements and the node table
+        self._agents_lock = threading.Lock()     # finding nodes, starting agents
+        self._refreshed = 0.0
+        self.closed = False
+
+    def live(self) -> list[Node]:
+        with self._lock:
+            return [n for n in self._nodes.values() if n.alive]
+
+    def refresh(self, force: bool = False) -> None:
+        """Start agents on live nodes that have none (at most every few seconds unless forced)."""
+        ray = self.ray
+        with self._agents_lock:
+            if self.closed:
+                raise Unavailable("The sandbox supervisor is closed.")
+            now = time.monotonic()
+            if not force and now - self._refreshed < _REFRESH_S:
+                return
+            self._refreshed = now
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            from .ray_agent import NodeAgent
+            live = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
+            fresh = [nid for nid in live if nid not in self._nodes and nid not in self._lost]
+            if not fresh and not self.live():
+                fresh = [nid for nid in live if nid not in self._nodes]      # lost nodes, as a last resort
+            started = [(nid, NodeAgent.options(scheduling_strategy=NodeAffinitySchedulingStrategy(nid, soft=False))
+                        .remote(self.options)) for nid in fresh]
+            for nid, agent in started:
+                try:
+                    got = ray.get(agent.ready.remote(), timeout=_AGENT_START_S)
+                except Exception as exc:                 # noqa: BLE001 (the node went away meanwhile)
+                    log.warning("no sandbox agent could start on Ray node %s: %s", nid, exc)
+                    ray.kill(agent, no_restart=True)
+                    self._lost.add(nid)
+                    continue
+                node = Node(got, agent)
+                node.dispatcher = threading.Thread(target=self._dispatch, args=(node,), daemon=True,
+                                                   name=f"lcp-sandbox-ray-{got[:8]}")
+                with self._lock:
+                    self._nodes[got] = node
+                    self._lost.discard(got)
+                node.dispatcher.start()
+
+    def _dispatch(self, node: Node) -> None:
+        """What the node's agent streams: to each call's queue, lifecycle events to on_event."""
+        ray = self.ray
+        try:
+            for ref in node.agent.events.options(num_returns="streaming").remote():
+                item = ray.get(ref)
+                if item[1] == EVENT:
+                    self.on_event(item[2])
+                    continue
+                call = node.calls.get(item[0])
+                if call is not None:
+                    call.q.put(item)
+        except Exception as exc:                         # noqa: BLE001 (the agent is gone)
+            if not self.closed:
+                log.warning("the sandbox agent of Ray node %s stopped streaming: %s", node.id, exc)
+
+    def place(self, spec: WorkerSpec, tool: str) -> tuple[Node, Placed]:
+        """The node of ``spec``'s slot, placing it now if it has none (or lost it)."""
+        with self._lock:
+            placed = self.placed.get(spec.key)
+            if placed is not None and placed.node is not None and placed.node.alive:
+                return placed.node, placed
+        self.refresh(force=not self.live())
+        with self._lock:
+            placed = self.placed.get(spec.key)
+            if placed is not None and placed.node is not None and placed.node.alive:
+                return placed.node, placed
+            live = [n for n in self._nodes.values() if n.alive]
+            if not live:
+                raise Unavailable.not_run(spec.library.name, tool, "no live Ray node has a sandbox agent.")
+            cap = self.max_per_node
+            node = min(live, key=lambda n: (cap is not None and n.slots >= cap, n.slots))
+            if placed is None:
+                placed = self.placed[spec.key] = Placed(spec.tenant, spec.library.name, spec.root, node)
+            placed.node = node
+            node.slots += 1
+            return node, placed
+
+    def lose(self, node: Node, why: str) -> None:
+        """``node``'s agent is gone: its slots are placed again at their next call."""
+        with self._lock:
+            if not node.alive:
+                return
+            node.alive = False
+            self._lost.add(node.id)
+            self._nodes.pop(node.id, None)
+            for placed in self.placed.values():
+                if placed.node is node:
+                    placed.node = None
+                    placed.carried_calls += placed.calls
+                    placed.carried_starts += placed.starts
+                    placed.calls = placed.starts = 0
+                    placed.lost = why
+        log.error("Ray node %s (its sandbox agent) was lost: %s", node.id, why)
+        try:
+            self.ray.kill(node.agent, no_restart=True)
+        except Exception:                                # noqa: BLE001
+            pass
+
+    def gather(self, method: str, *args: Any) -> list:
+        """(node, answer) of every live agent; a node that does not answer is left out."""
+        refs = [(n, getattr(n.agent, method).remote(*args)) for n in self.live()]
+        out = []
+        for node, ref in refs:
+            try:
+                out.append((node, self.ray.get(ref, timeout=60)))
+            except Exception as exc:                     # noqa: BLE001
+                log.warning("Ray node %s did not answer %s: %s", node.id, method, exc)
+        return out
+
+    def stop(self, tenant: str, library_key: str) -> bool:
+        """Stop the worker(s) of one library of one tenant, on whichever node; forget the slot(s)."""
+        with self._lock:
+            keys = [k for k in self.placed if k[0] == tenant and k[1] == library_key]
+            nodes = {}
+            for k in keys:
+                placed = self.placed.pop(k)
+                if placed.node is not None:
+                    placed.node.slots -= 1
+                    if placed.node.alive:
+                        nodes[placed.node.id] = placed.node
+        for node in nodes.values():
+            try:
+                self.ray.get(node.agent.stop.remote(tenant, library_key), timeout=60)
+            except Exception as exc:                     # noqa: BLE001
+                log.warning("Ray node %s did not stop %s: %s", node.id, library_key, exc)
+        return bool(keys)
+
+    def close(self) -> None:
+        """Close every agent (its workers and zygote), deliver its last events, end it, and
+        return once Ray says it is dead."""
+        ray = self.ray
+        with self._agents_lock:
+            self.closed = True
+        nodes = self.live()
+        for node, ref in [(n, n.agent.close.remote()) for n in nodes]:
+            try:
+                ray.get(ref, timeout=60)
+            except Exception:                            # noqa: BLE001
+                pass
+        for node in nodes:
+            if node.dispatcher is not None:
+                node.dispatcher.join(10)               # the stream ends after the agent's last events
+            ray.kill(node.agent, no_restart=True)
+        for node in nodes:
+            for _ in range(10):
+                try:
+                    ray.get(node.agent.ready.remote(), timeout=10)
+                except ray.exceptions.RayActorError:
+                    break
+                except Exception:                        # noqa: BLE001
+                    continue
