@@ -47,20 +47,33 @@ from ..protocol.control import (EXITED, FORK, FORKED, KILL, MAX_RECORD as _MAXMS
 from ..protocol.control import pack as _pack, unpack as _unpack
 
 
-def _kill_tree(pid: int) -> None:
+def _kill_tree(pid: int, keep: frozenset = frozenset()) -> None:
+    """Kill ``pid``'s process group and descendants, except the registered workers in
+    ``keep``: a dead template's group may still hold a spare just handed out as a
+    worker (it leaves the group when it gets its descriptors)."""
     kids = process_tree(pid)[1:]             # taken first: killing re-parents them
-    try:
-        os.killpg(pid, signal.SIGKILL)       # the worker leads its own process group
-    except OSError:
-        pass
+    if not keep:
+        try:
+            os.killpg(pid, signal.SIGKILL)   # the worker leads its own process group
+        except OSError:
+            pass
+    else:
+        for k in children(os.getpid()):
+            try:
+                if k not in keep and os.getpgid(k) == pid:
+                    os.kill(k, signal.SIGKILL)
+            except OSError:
+                pass
     for k in kids:
+        if k in keep:
+            continue
         try:
             os.kill(k, signal.SIGKILL)
         except OSError:
             pass
 
 
-def _reap(ctl: socket.socket, workers: set) -> None:
+def _reap(ctl: socket.socket, workers: set, templates: frozenset = frozenset()) -> None:
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -71,7 +84,7 @@ def _reap(ctl: socket.socket, workers: set) -> None:
         if pid in workers:
             workers.discard(pid)
             code = status_from_wait(status)
-            _kill_tree(pid)                  # its group may outlive it
+            _kill_tree(pid, frozenset(workers) if pid in templates else frozenset())   # its group may outlive it
             try:
                 ctl.send(_pack(EXITED, pid, code))
             except OSError:
@@ -282,7 +295,7 @@ def main(fd: int) -> None:
                     os.read(wake_r, 4096)
                 except BlockingIOError:
                     pass
-                _reap(ctl, workers)
+                _reap(ctl, workers, frozenset(t.pid for t in templates.values()))
                 for tpl in [t for t in templates.values() if t.pid not in workers]:
                     template_gone(tpl)
                 continue
@@ -316,7 +329,9 @@ def main(fd: int) -> None:
                 plain(msg[1], fds)
                 fds = []
             elif msg[0] == TFORK and len(fds) == 2:
-                tpl = next((t for t in templates.values() if t.pid == msg[2]), None)
+                _reap(ctl, workers, frozenset(t.pid for t in templates.values()))   # a template that just
+                # died must not hand out its spare
+                tpl = next((t for t in templates.values() if t.pid == msg[2] and t.pid in workers), None)
                 if tpl is None:
                     plain(msg[1], fds)               # it is gone: a fresh worker imports itself
                 elif tpl.spare:
