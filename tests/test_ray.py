@@ -44,6 +44,11 @@ def test_importing_lcp_sandbox_does_not_import_ray():
     assert p.returncode == 0, p.stderr
 
 
+def test_ray_supervisor_is_a_backend(ray_sup):
+    from lcp_sandbox.backends.base import Backend
+    assert isinstance(ray_sup, Backend)
+
+
 def test_eight_tenants_are_placed_over_both_nodes_and_stay(ray_sup, libs, tmp_path):
     bs = bindings(ray_sup, libs, tmp_path, 8, "spread")
     assert [b.execute_tool("tool_increment", {})["output"] for b in bs] == [1] * 8

@@ -20,6 +20,8 @@ protocol.Call, Prompt, ModCall or Load).  Two things stay in the host:
 """
 from __future__ import annotations
 
+import logging
+
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, runtime_checkable
 
@@ -81,6 +83,17 @@ class Backend(Protocol):
 
     def close(self) -> None:
         """Stop every worker; idempotent."""
+
+
+def emit(on_event: Optional[Callable[[dict], None]], event: dict) -> None:
+    """A lifecycle event: logged on ``lcp_sandbox.events`` and given to ``on_event``
+    (whose failure is logged, never raised into the engine)."""
+    logging.getLogger("lcp_sandbox.events").info("%s", event)
+    if on_event is not None:
+        try:
+            on_event(event)
+        except Exception:
+            logging.getLogger("lcp_sandbox").exception("on_event callback failed")
 
 
 class Closing:

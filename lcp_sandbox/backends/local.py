@@ -47,10 +47,9 @@ from ..host.templates import Templates
 from ..host.watchdog import Watchdog
 from ..host.zygote import Zygote, ZygoteGone
 from ..protocol import invalid_answer, is_error, rebuild_error
-from .base import Closing, WorkerSpec
+from .base import Closing, WorkerSpec, emit
 
 log = logging.getLogger("lcp_sandbox")
-events_log = logging.getLogger("lcp_sandbox.events")
 
 _live_supervisors: "weakref.WeakSet[Supervisor]" = weakref.WeakSet()
 
@@ -94,13 +93,7 @@ class Supervisor(Closing):
         _live_supervisors.add(self)
 
     def _event(self, kind: str, slot: Slot, **details: Any) -> None:
-        event = {"event": kind, "tenant": slot.tenant, "library": slot.library.name, **details}
-        events_log.info("%s", event)
-        if self.on_event is not None:
-            try:
-                self.on_event(event)
-            except Exception:
-                log.exception("on_event callback failed")
+        emit(self.on_event, {"event": kind, "tenant": slot.tenant, "library": slot.library.name, **details})
 
     # ------------------------------------------------------------ calling
     def run(self, spec: WorkerSpec, msg: tuple, objects: HostObjects, *, tool: str,

@@ -36,12 +36,11 @@ from .. import protocol as P
 from ..core.normalize import UNAVAILABLE, failure
 from ..host.objects import HostObjects
 from ..host.outcomes import CallFailed, SandboxEvent, Unavailable
-from .base import WorkerSpec
+from .base import Closing, WorkerSpec, emit
 from .ray_nodes import Node, Nodes, Placed
 from .ray_relay import ABORT, ANSWER, INIT, NEED_INIT, RAISED, REQUEST, SANDBOX_EVENT, VALUE, RemoteConn, unpack_outcome
 
 log = logging.getLogger("lcp_sandbox")
-events_log = logging.getLogger("lcp_sandbox.events")
 
 _DONE = "done"
 _live: "weakref.WeakSet[RaySupervisor]" = weakref.WeakSet()
@@ -98,7 +97,7 @@ class _Call:
         return item
 
 
-class RaySupervisor:
+class RaySupervisor(Closing):
     """A Backend that runs each (tenant, library) on one node of a Ray cluster.
 
     ``address``: None joins the cluster Ray finds (``RAY_ADDRESS``, or one started
@@ -151,12 +150,7 @@ class RaySupervisor:
             return self._nodes
 
     def _event(self, event: dict) -> None:
-        events_log.info("%s", event)
-        if self.on_event is not None:
-            try:
-                self.on_event(event)
-            except Exception:
-                log.exception("on_event callback failed")
+        emit(self.on_event, event)
 
     # ------------------------------------------------------------ calling
     def run(self, spec: WorkerSpec, msg: tuple, objects: HostObjects, *, tool: str,
@@ -307,11 +301,10 @@ class RaySupervisor:
         if self._owns_ray:
             self._ray.shutdown()
 
-    def __enter__(self) -> "RaySupervisor":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def interrupt(self, tenant: str, thread_id: int) -> bool:
+        """Cancelling a call is not relayed to other nodes yet: always False (the
+        call runs on under its own timeout)."""
+        return False
 
 
 _atexit_registered = False

@@ -68,6 +68,7 @@ class NodeAgent:
         ``call`` is the driver's pickle of (cid, tenant, library, limits, root, msg,
         tool, timeout_s) (host-made); the answer is :func:`ray_relay.pack_outcome`'s
         bytes (one bytes object each way: Ray moves them cheapest)."""
+        # The driver (the host) made these bytes: this direction is trusted, as host -> worker.
         cid, tenant, library, limits, root, msg, tool, timeout_s = pickle.loads(call)
         relay = Relay(cid, self._emit)
         spec = WorkerSpec(tenant, library, limits, root, relay.init)
