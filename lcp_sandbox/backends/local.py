@@ -87,8 +87,9 @@ class Supervisor(Closing):
         self._closed = False
         self.templates = Templates(idle_timeout_s)
         self.open_files = raise_open_files_limit()
-        self._watchdog = Watchdog(lambda: self._slots.values(), self._retire, idle_timeout_s, watch_interval_s,
+        self._watchdog = Watchdog(self._retire, idle_timeout_s, watch_interval_s,
                                   lambda now: self.templates.tick(now, self._zygote))
+        self.templates.on_idle = self._watchdog.tick_at
         self._warned: set[str] = set()
         _live_supervisors.add(self)
 
@@ -119,6 +120,7 @@ class Supervisor(Closing):
             proc = slot.proc
             if proc is not None and self.pool.limited and self.pool.should_yield(spec.tenant):
                 self._retire(slot, proc, "evict", "stopped to give its room to a waiting tenant")
+            self._watchdog.call_ended(slot)     # (holding the lock: see Watchdog._idle)
             slot.lock.release()
 
     def _slot(self, spec: WorkerSpec) -> Slot:
@@ -147,6 +149,7 @@ class Supervisor(Closing):
         if proc is None:
             proc = self._spawn(slot, spec.init(), queue_deadline, tool)
         slot.begin_call()
+        self._watchdog.call_started(slot)
         try:
             result = proc.exchange(msg, objects, slot.limits, timeout)
         except WorkerGone:

@@ -102,6 +102,13 @@ class Slot:
     quarantined_until: float = 0.0
     backoff_s: float = 0.0
     last_used: float = 0.0
+    # memory: the last sample of its worker's tree (host/watchdog.py takes them)
+    mem_pid: int = 0                       # the worker it was taken of
+    mem_rss: int = 0
+    mem_uss: int = 0
+    mem_at: float = 0.0                    # when (time.monotonic())
+    sample_due: bool = False               # the watchdog will sample it (a call ended)
+    idle_due: bool = False                 # the watchdog has its idle deadline
 
     @property
     def restarts(self) -> int:
@@ -123,16 +130,36 @@ class Slot:
         proc.zygote.signal(proc.pid, P.SOFT_TIMEOUT_SIGNAL)
         return True
 
+    def measured(self, pid: int, rss: int, uss: int, at: float) -> None:
+        """A sample of the memory of worker ``pid``'s tree."""
+        self.mem_pid, self.mem_rss, self.mem_uss, self.mem_at = pid, rss, uss, at
+        self.peak_rss = max(self.peak_rss, rss)
+        self.peak_uss = max(self.peak_uss, uss)
+
+    def memory(self, pid: int, now: float) -> tuple[int, int, float]:
+        """(rss, uss, age in s) of worker ``pid``'s tree: the last sample if none of its
+        calls ended since (an idle worker's memory is bounded inside it, RLIMIT_DATA),
+        else read now (/proc, about 0.1 ms per process of the tree) and kept."""
+        if self.mem_pid != pid or self.mem_at < self.last_used:
+            rss, uss = tree_memory(pid)
+            self.measured(pid, rss, uss, now)
+        return self.mem_rss, self.mem_uss, max(0.0, now - self.mem_at)
+
     def stats(self, now: float) -> dict:
         """What Supervisor.stats() says of this slot: ``library``, ``tenant``, ``pid``
         (None when no worker runs), ``state`` (idle, busy, stopped or quarantined),
         ``calls``, ``restarts``, ``last_exit`` (how the last worker ended),
         ``rss``/``peak_rss`` and ``uss``/``peak_uss`` (bytes, the worker's whole process
-        tree; USS: its own pages only), ``start`` ("template" or "fresh (why)"),
-        ``protections`` (the confinement in force) and ``workspace_root``."""
+        tree; USS: its own pages only), ``memory_age_s`` (how old ``rss``/``uss`` are),
+        ``start`` ("template" or "fresh (why)"), ``protections`` (the confinement in
+        force) and ``workspace_root``.
+
+        ``rss``/``uss`` are a sample: the one taken about a second after its last call
+        ended (or every 50 ms during a call with a memory limit), else read now when a
+        call ended since; the peaks are the largest samples."""
         proc = self.proc
         alive = proc is not None and proc.exit_status is None and proc.known_pid is not None
-        rss, uss = tree_memory(proc.pid) if alive else (0, 0)
+        rss, uss, age = self.memory(proc.pid, now) if alive else (0, 0, None)
         return {
             "library": self.library.name, "tenant": self.tenant,
             "pid": proc.pid if alive else None,
@@ -140,7 +167,7 @@ class Slot:
                       "busy" if self.busy else "idle" if alive else "stopped"),
             "calls": self.calls, "restarts": self.restarts, "last_exit": self.last_exit,
             "rss": rss, "peak_rss": max(self.peak_rss, rss), "uss": uss, "peak_uss": max(self.peak_uss, uss),
-            "start": self.start or None,
+            "memory_age_s": age, "start": self.start or None,
             "protections": proc.protections if alive else {},
             "workspace_root": self.root or None,
         }

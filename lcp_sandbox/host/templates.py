@@ -13,7 +13,8 @@
         verdict refused  ─► fresh, with the reason; remembered until the file changes
     exited(pid)     a template died: forgotten (the next worker makes a new one)
     released(key)   a worker of it ended;  tick(now) retires templates with no worker
-                    for idle_timeout_s (least recently used first)
+                    for idle_timeout_s (least recently used first) and says when it is
+                    next due; on_idle(at) is told when a template may be retired
 
 A template is made only for workers that are not confined: Landlock rules and a
 dropped uid can only narrow, so a template shared by tenants would either reach
@@ -26,7 +27,7 @@ import os
 import threading
 import time
 from concurrent.futures import Future
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from .. import protocol as P
 from ..proc import tree_memory
@@ -52,6 +53,12 @@ class Templates:
         self._lock = threading.Lock()
         self._by_key: dict[tuple, _Template] = {}
         self._seen: set = set()                 # keys whose first worker has started
+        self.on_idle: Callable[[float], None] = lambda at: None   # tick(at) may retire one
+
+    def _idle_from(self, tpl: _Template, since: float) -> None:
+        tpl.idle_since = since
+        if self.idle_timeout_s is not None:
+            self.on_idle(since + self.idle_timeout_s)
 
     @staticmethod
     def why_not(limits: Any, init: P.Init) -> str:
@@ -152,6 +159,8 @@ class Templates:
             its_sock.close()
             conn.close()
             tpl.ready.set()
+        if tpl.state == "ok":
+            self._idle_from(tpl, tpl.idle_since)     # (its first worker may have gone fresh)
         if tpl.state != "ok" and tpl.pid:
             zygote.kill(tpl.pid)
             if not tpl.state.startswith("refused: the import") and "thread" not in tpl.state \
@@ -180,19 +189,23 @@ class Templates:
             tpl = self._by_key.get(key)
             if tpl is not None:
                 tpl.workers = max(0, tpl.workers - 1)
-                tpl.idle_since = time.monotonic()
+                if not tpl.workers:
+                    self._idle_from(tpl, time.monotonic())
 
-    def tick(self, now: float, zygote: Optional[Zygote]) -> None:
-        """Retire the templates no worker has used for idle_timeout_s (oldest first)."""
-        if self.idle_timeout_s is None or zygote is None:
-            return
+    def tick(self, now: float, zygote: Optional[Zygote]) -> Optional[float]:
+        """Retire the templates no worker has used for idle_timeout_s (oldest first);
+        when the next may be (None: no template is idle)."""
+        idle_s = self.idle_timeout_s
+        if idle_s is None or zygote is None:
+            return None
         with self._lock:
-            idle = sorted((t for t in self._by_key.values() if t.state == "ok" and t.workers == 0
-                           and now - t.idle_since > self.idle_timeout_s), key=lambda t: t.idle_since)
+            unused = [t for t in self._by_key.values() if t.state == "ok" and t.workers == 0]
+            idle = sorted((t for t in unused if now - t.idle_since >= idle_s), key=lambda t: t.idle_since)
             for tpl in idle:
                 del self._by_key[tpl.key]
         for tpl in idle:
             zygote.kill(tpl.pid)
+        return min((t.idle_since + idle_s for t in unused if t not in idle), default=None)
 
     def stats(self) -> list[dict]:
         with self._lock:

@@ -1,13 +1,23 @@
-"""The watchdog: one thread that looks at every worker every ``interval`` seconds.
+"""The watchdog: one thread that sleeps until something is due.
 
-    each tick (50 ms):
-        workers asked to shut down, past their grace ─► killed
-        each slot with a live worker:
-            idle past idle_timeout_s (and its lock free now) ─► retired ("idle")
-            memory of its process tree (busy with a memory limit: every tick;
-            the rest: once a second) ─► peak_rss, peak_uss; USS over memory_mb ─►
-            tree killed, kill_reason 507 (the call in flight reads the EOF and says so)
-        on_tick(now): library templates nobody used for idle_timeout_s ─► retired
+    due, kept in a heap by time:
+        a retiring worker's grace is over            ─► killed
+        a slot's idle deadline (last_used + idle_timeout_s)
+              still idle, its lock free ─► retired ("idle"); called since ─► due again later
+        SAMPLE_DELAY_S after a call ended (once per slot until taken)
+              ─► its tree's memory sampled (what stats() shows, peak_rss, peak_uss)
+        templates (on_tick(now), which says when it is next due)
+              ─► library templates nobody used for idle_timeout_s retired
+    while calls with a memory limit run: every ``interval`` (50 ms) their trees' USS;
+        over memory_mb ─► tree killed, kill_reason 507 (the call reads the EOF, says so)
+    nothing due, no such call ─► it blocks: no CPU at all
+
+A call starting or ending (``call_started`` / ``call_ended``), a worker retiring
+and a template going idle add what they make due, and wake the thread only when
+that is due before it would wake anyway.  The cost of a wakeup is what is due
+then plus the memory-limited calls in flight: idle workers cost nothing however
+many there are (their memory is bounded inside them by RLIMIT_DATA, see
+worker/rlimits.py, and is sampled after their last call).
 
 A worker is charged for its own pages (USS: private clean + dirty, from
 /proc/<pid>/smaps_rollup), not for the pages it shares copy-on-write with the
@@ -16,34 +26,47 @@ template are not each charged numpy.
 """
 from __future__ import annotations
 
+import heapq
+import itertools
+import logging
+import math
 import threading
 import time
-from typing import Callable, Iterable, Optional
+from typing import Any, Callable, Optional
 
 from ..core.normalize import OUT_OF_MEMORY
 from ..proc import tree_memory
 from .process import WorkerProcess
 from .slot import Slot
 
+log = logging.getLogger("lcp_sandbox")
+
 #: How long a worker asked to shut down has for its atexit work.
 SHUTDOWN_GRACE_S = 2.0
+#: A slot's memory is sampled this long after a call ended (calls in between share the sample).
+SAMPLE_DELAY_S = 1.0
+
+_GRACE, _IDLE, _SAMPLE, _TICK = range(4)
 
 
 class Watchdog:
-    def __init__(self, slots: Callable[[], Iterable[Slot]],
-                 retire: Callable[[Slot, WorkerProcess, str, str], None],
+    def __init__(self, retire: Callable[[Slot, WorkerProcess, str, str], None],
                  idle_timeout_s: Optional[float], interval: float,
-                 on_tick: Optional[Callable[[float], None]] = None) -> None:
-        self._slots = slots                 # the slots of the moment
-        self._on_tick = on_tick
+                 on_tick: Optional[Callable[[float], Optional[float]]] = None) -> None:
         self._retire = retire               # retire(slot, proc, event kind, why)
+        self._on_tick = on_tick             # on_tick(now) -> when it is next due (None: not)
         self.idle_timeout_s = idle_timeout_s
         self._interval = interval
-        self._wake = threading.Event()
+        self._cond = threading.Condition(threading.Lock())
+        self._heap: list[tuple[float, int, int, Any]] = []    # (due at, seq, what, slot | proc)
+        self._seq = itertools.count()
+        self._limited: dict[int, Slot] = {}  # id -> slot busy with a memory-limited call
+        self._busy_due = math.inf            # next sample of the memory-limited calls
+        self._tick_due = math.inf            # next on_tick already in the heap
+        self._wakes_at = -math.inf           # when the thread wakes next (-inf: it is awake)
         self._stopped = False
-        self._lock = threading.Lock()
-        self._retiring: list[tuple[WorkerProcess, float]] = []   # (worker, kill if still alive at)
         self._thread: Optional[threading.Thread] = None
+        self.wakeups = 0                     # times the thread woke (tests read it)
 
     def start(self) -> None:
         if self._thread is None:
@@ -51,63 +74,139 @@ class Watchdog:
             self._thread.start()
 
     def stop(self) -> None:
-        self._stopped = True
-        self._wake.set()
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+
+    # ------------------------------------------------------------ what becomes due
+    def _due(self, at: float, what: int, obj: Any) -> None:
+        """(holding the condition) ``obj`` is due ``at``; wake the thread if it would sleep past it."""
+        heapq.heappush(self._heap, (at, next(self._seq), what, obj))
+        if at < self._wakes_at:
+            self._cond.notify()
 
     def retiring(self, proc: WorkerProcess) -> None:
         """``proc`` was asked to shut down: kill it if it is still there after the grace."""
-        with self._lock:
-            self._retiring.append((proc, time.monotonic() + SHUTDOWN_GRACE_S))
+        with self._cond:
+            self._due(time.monotonic() + SHUTDOWN_GRACE_S, _GRACE, proc)
 
+    def tick_at(self, at: float) -> None:
+        """on_tick has something due ``at`` (a template went idle)."""
+        with self._cond:
+            if at < self._tick_due:
+                self._tick_due = at
+                self._due(at, _TICK, None)
+
+    def call_started(self, slot: Slot) -> None:
+        """A call is sent to ``slot``'s worker (it is busy): with a memory limit, its tree
+        is sampled every interval until it ends."""
+        if slot.limits.memory_mb:
+            with self._cond:
+                self._limited[id(slot)] = slot
+                if self._busy_due == math.inf:
+                    self._busy_due = time.monotonic() + self._interval
+                    if self._busy_due < self._wakes_at:
+                        self._cond.notify()
+
+    def call_ended(self, slot: Slot) -> None:
+        """``slot``'s call ended (``last_used`` is set): its memory sample and its idle
+        deadline become due, unless they already are (the common case: nothing to do)."""
+        if id(slot) in self._limited or not slot.sample_due or (
+                not slot.idle_due and self.idle_timeout_s is not None):
+            with self._cond:
+                self._limited.pop(id(slot), None)
+                if not slot.sample_due:
+                    slot.sample_due = True
+                    self._due(slot.last_used + SAMPLE_DELAY_S, _SAMPLE, slot)
+                if not slot.idle_due and self.idle_timeout_s is not None:
+                    slot.idle_due = True
+                    self._due(slot.last_used + self.idle_timeout_s, _IDLE, slot)
+
+    # ------------------------------------------------------------ the thread
     def _run(self) -> None:
-        tick = 0
-        while not self._stopped:
-            self._wake.wait(self._interval)
-            tick += 1
-            now = time.monotonic()
-            if self._retiring:
-                self._reap_retiring(now)
-            if self._on_tick is not None and tick % 20 == 0:
-                self._on_tick(now)
-            for slot in list(self._slots()):
-                proc = slot.proc
-                if proc is None or proc.exit_status is not None:
-                    continue
-                if self._idle(slot, proc, now):
-                    continue
-                limit = slot.limits.memory_mb
-                # Busy workers with a limit are measured every tick; the rest once a
-                # second (a /proc walk per worker is not free, and it holds the GIL).
-                if not ((slot.busy and limit) or tick % 20 == 0):
-                    continue
-                pid = proc.known_pid
-                if pid is None:
-                    continue
-                rss, uss = tree_memory(pid)
-                slot.peak_rss = max(slot.peak_rss, rss)
-                slot.peak_uss = max(slot.peak_uss, uss)
-                if limit and uss > limit * 1048576:
-                    proc.kill({"why": f"went over its memory limit of {limit:g} MB (observed "
-                                      f"{uss / 1048576:.0f} MB of its own memory in its process tree)",
-                               "code": OUT_OF_MEMORY, "counts": False})
+        while True:
+            with self._cond:
+                if self._stopped:
+                    return
+                if not self._limited:
+                    self._busy_due = math.inf
+                nxt = min(self._heap[0][0] if self._heap else math.inf, self._busy_due)
+                now = time.monotonic()
+                if nxt > now:
+                    self._wakes_at = nxt
+                    self._cond.wait(None if nxt == math.inf else nxt - now)
+                    self._wakes_at = -math.inf
+                    if self._stopped:
+                        return
+                self.wakeups += 1
+                now = time.monotonic()
+                due = []
+                while self._heap and self._heap[0][0] <= now:
+                    due.append(heapq.heappop(self._heap))
+                busy = list(self._limited.values()) if self._busy_due <= now else []
+                if busy:
+                    self._busy_due = now + self._interval
+                if any(what == _TICK for _, _, what, _ in due):
+                    self._tick_due = math.inf
+            for _, _, what, obj in due:
+                self._guarded(self._handle, what, obj, now)
+            for slot in busy:
+                self._guarded(self._measure, slot)
 
-    def _idle(self, slot: Slot, proc: WorkerProcess, now: float) -> bool:
-        """Retire ``proc`` if it sat idle past the idle timeout; True if it did."""
-        idle_s = self.idle_timeout_s
-        if (idle_s is None or slot.busy or now - slot.last_used <= idle_s
-                or not slot.lock.acquire(timeout=0)):
-            return False
+    def _guarded(self, fn: Callable, *args: Any) -> None:
         try:
-            if slot.proc is proc and not slot.busy:
+            fn(*args)
+        except Exception:                    # the watchdog outlives any one worker's trouble
+            log.exception("watchdog: %s failed", fn.__name__)
+
+    def _handle(self, what: int, obj: Any, now: float) -> None:
+        if what == _GRACE:
+            obj.zygote.kill(obj.pid)
+        elif what == _SAMPLE:
+            obj.sample_due = False
+            self._measure(obj)
+        elif what == _IDLE:
+            self._idle(obj, now)
+        elif self._on_tick is not None:
+            nxt = self._on_tick(now)
+            if nxt is not None:
+                self.tick_at(nxt)
+
+    def _measure(self, slot: Slot) -> None:
+        """Sample the memory of ``slot``'s worker tree; over its limit, kill it (507)."""
+        proc = slot.proc
+        pid = None if proc is None or proc.exit_status is not None else proc.known_pid
+        if pid is None:
+            return
+        rss, uss = tree_memory(pid)
+        slot.measured(pid, rss, uss, time.monotonic())
+        limit = slot.limits.memory_mb
+        if limit and uss > limit * 1048576:
+            proc.kill({"why": f"went over its memory limit of {limit:g} MB (observed "
+                              f"{uss / 1048576:.0f} MB of its own memory in its process tree)",
+                       "code": OUT_OF_MEMORY, "counts": False})
+
+    def _idle(self, slot: Slot, now: float) -> None:
+        """The idle deadline of ``slot`` came: retire its worker if it is still idle.
+
+        Decided holding the slot's lock: no call is then between its start and its
+        call_ended, so ``idle_due`` cannot be dropped while a call would count on it."""
+        idle_s = self.idle_timeout_s
+        if idle_s is None:
+            return
+        if not slot.lock.acquire(timeout=0):          # a call runs: look again later
+            with self._cond:
+                self._due(now + idle_s, _IDLE, slot)
+            return
+        try:
+            proc = slot.proc
+            if proc is None or proc.exit_status is not None:
+                slot.idle_due = False                 # the next call's end sets it again
+            elif time.monotonic() - slot.last_used <= idle_s:
+                with self._cond:
+                    self._due(slot.last_used + idle_s, _IDLE, slot)
+            else:
+                slot.idle_due = False
                 self._retire(slot, proc, "idle", f"stopped after {idle_s:g} s idle")
-                return True
         finally:
             slot.lock.release()
-        return False
-
-    def _reap_retiring(self, now: float) -> None:
-        with self._lock:
-            due = [proc for proc, at in self._retiring if at <= now]
-            self._retiring = [(proc, at) for proc, at in self._retiring if at > now]
-        for proc in due:
-            proc.zygote.kill(proc.pid)
