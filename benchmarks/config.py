@@ -25,6 +25,12 @@ class BenchConfig:
     routing_calls: int = 5000             # routing: calls per condition (1 live / many live)
     routing_rounds: int = 8               # routing: rounds, the two conditions alternating
     routing_window_s: float = 1.0         # routing: each batch's calls spread over this long
+    density_tenants: int = 250            # density: tenants x 4 libraries = live workers
+    density_idle_tenants: int = 50        # density: the idle pool measured first (200 workers)
+    density_idle_s: float = 3.0           # density: seconds of idle CPU measured
+    density_calls: int = 2000             # density: warm calls per condition (1 live / all live)
+    density_rounds: int = 4               # density: rounds, the two conditions alternating
+    density_window_s: float = 1.0         # density: each batch's calls spread over this long
     ray_calls: int = 300                  # ray: warm calls per path and round
     ray_rounds: int = 8                   # ray: warm rounds (the paths interleaved)
     ray_cold_reps: int = 10               # ray: first calls of a new library on the other node
@@ -38,18 +44,22 @@ class BenchConfig:
         base = dict(calls=2000, rounds=10, subprocess_calls=6, cold_reps=10, zygote_reps=2,
                     duration_s=0.4, throughput_rounds=3, mem_calls=5000, discovery_reps=2,
                     routing_workers=40, routing_calls=1200, routing_rounds=4, routing_window_s=0.5,
+                    density_tenants=50, density_idle_tenants=25, density_idle_s=1.0, density_calls=400,
+                    density_rounds=2, density_window_s=0.3,
                     ray_calls=150, ray_rounds=4, ray_cold_reps=6)
         base.update(kw)
         return cls(**base)
 
 
-SKIPPABLE = ("floor", "pickle", "inprocess", "ppe", "subprocess", "spawn", "routing", "throughput",
-             "memory", "discovery", "templates", "ray")
+SKIPPABLE = ("floor", "pickle", "inprocess", "ppe", "subprocess", "spawn", "routing", "density",
+             "throughput", "memory", "discovery", "templates", "ray")
 
 TARGETS = {
     "warm_p50": 1.05, "warm_p99": 1.25, "cold_vs_spawn": 0.06, "parallel": 1.9,
     "uss_mb": 8.0, "discovery_first_s": 1.0, "discovery_again_s": 0.05,
     "ray_warm_vs_actor": 1.3, "ray_cold_ms": 50.0,
+    "density_uss_mb": 4096.0, "density_warm_p50": 1.1, "density_host_idle_cpu": 0.01,
+    "density_pool_idle_runs": 0, "density_stats_ms": 20.0,
 }
 
 # The sandbox's 2 x 2 scaling may exceed the machine's ceiling measured in the same rounds

@@ -118,8 +118,8 @@ def pin_process(pid: Optional[int], cpus: Optional[set]) -> None:
 
 
 def sched(pid: Optional[int], tid: Optional[int] = None, exclude_tid: Optional[int] = None) -> Optional[tuple]:
-    """(ns on a CPU, ns waiting on a run queue) so far, summed over the threads of ``pid``
-    (or of one thread ``tid``), from /proc/PID/task/TID/schedstat."""
+    """(ns on a CPU, ns waiting on a run queue, times it ran) so far, summed over the
+    threads of ``pid`` (or of one thread ``tid``), from /proc/PID/task/TID/schedstat."""
     if not pid:
         return None
     if tid is not None:
@@ -129,7 +129,7 @@ def sched(pid: Optional[int], tid: Optional[int] = None, exclude_tid: Optional[i
             tids = os.listdir(f"/proc/{pid}/task")
         except OSError:
             return None
-    run = wait = 0
+    run = wait = slices = 0
     for t in tids:
         if exclude_tid is not None and int(t) == exclude_tid:
             continue
@@ -138,10 +138,11 @@ def sched(pid: Optional[int], tid: Optional[int] = None, exclude_tid: Optional[i
                 v = f.read().split()
             run += int(v[0])
             wait += int(v[1])
+            slices += int(v[2])
         except (OSError, ValueError, IndexError):
             if tid is not None:
                 return None
-    return run, wait
+    return run, wait, slices
 
 
 def cpu_snapshot(pids: list) -> list:

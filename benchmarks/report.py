@@ -49,6 +49,51 @@ def table(headers: list, rows: list, align: str) -> list:
     return [line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows]
 
 
+def live_table(sec: dict) -> list:
+    """The rows of a 1 live vs many live comparison (routing, density) and their ratios."""
+    hdr = ["pool", "n", "p50", "p90", "p99", "max", "x 1 live p50", "p90", "p99", "cpu: host", "+threads",
+           "worker", "runq"]
+    rows = []
+    for r in sec["rows"].values():
+        c = r.get("cpu_us_per_call") or {}
+        rows.append([r["label"], r["n"], fmt(r.get("p50")), fmt(r.get("p90")), fmt(r.get("p99")),
+                     fmt(r.get("max")), x(r.get("x_one_p50")), x(r.get("x_one_p90")), x(r.get("x_one_p99")),
+                     fmt(c.get("host_thread")), fmt(c.get("host_other_threads")), fmt(c.get("worker")),
+                     fmt(sum(v for v in (r.get("runq_wait_us_per_call") or {}).values() if v) or None)])
+    ra = sec.get("ratio", {})
+    return table(hdr, rows, "lr" + "r" * (len(hdr) - 2)) + [
+        f"  {sec['workers']} live vs 1 live: p50 {x(ra.get('p50'))}, p90 {x(ra.get('p90'))}, "
+        f"p99 {x(ra.get('p99'))}; paired by round: p50 {x(ra.get('p50_paired'))}, "
+        f"p90 {x(ra.get('p90_paired'))}, p99 {x(ra.get('p99_paired'))}"]
+
+
+def density_lines(d: dict) -> list:
+    """DENSITY: many live workers in one Supervisor (benchmarks/density.py)."""
+    n, u, f, st = d["workers"], d.get("uss_mb", {}), d.get("fds", {}), d.get("stats_ms", {})
+
+    def idle(i: dict) -> str:
+        return (f"host threads {i.get('host_cpu_fraction', 0):.2%} of one CPU ({i.get('host_runs')} runs), "
+                f"the pool's {i.get('processes')} processes {i.get('pool_cpu_fraction', 0):.2%} "
+                f"({i.get('pool_runs')} runs)")
+    left = d.get("left", {})
+    return [f"DENSITY  one Supervisor, {n} live workers ({d['tenants']} tenants x 4 small libraries, one imports "
+            f"numpy): all {d.get('answered')} answered; started in {fmt(d.get('start_s'))} s "
+            f"({fmt(d.get('start_ms_per_worker'))} ms per worker)",
+            f"  USS, MB: workers {fmt(u.get('workers'))} ({fmt(u.get('per_worker'))} each), templates "
+            f"{fmt(u.get('templates'))} ({u.get('template_count')}), zygote {fmt(u.get('zygote'))}, host "
+            f"{fmt(u.get('host'))}; total {fmt(u.get('total'))}",
+            f"  idle {fmt(d.get('idle_all', {}).get('seconds'))} s, {n} workers: {idle(d.get('idle_all', {}))}",
+            f"  idle {fmt(d.get('idle_pool', {}).get('seconds'))} s, {d['idle_pool_workers']} workers: "
+            f"{idle(d.get('idle_pool', {}))}",
+            f"  stats() over {n} workers p50 {fmt(st.get('p50'))} ms (p90 {fmt(st.get('p90'))}); pool_stats() "
+            f"p50 {fmt(d.get('pool_stats_ms', {}).get('p50'))} ms; host descriptors per worker "
+            f"{fmt(f.get('per_worker'))} (its socket, its output pipe), soft RLIMIT_NOFILE "
+            f"{f.get('open_files_soft_limit')}"] + live_table(d) + [
+            f"  closed in {fmt(d.get('close_s'))} s, its processes gone {fmt(d.get('processes_gone_s'))} s later; "
+            f"left: {left.get('processes')} processes, {left.get('fds')} "
+            f"descriptors, {left.get('tmpdirs')} temporary directories", ""]
+
+
 def render_table(result: dict) -> str:
     """The readable report: warm, routing, cold, throughput, memory, discovery, targets."""
     m = result.get("meta", {})
@@ -112,26 +157,15 @@ def render_table(result: dict) -> str:
                      f"live workers; microseconds; {where}; {rt['rounds']} rounds, conditions alternating, "
                      f"each batch in runs of {rt.get('sub_batch')} calls at random moments of "
                      f"{fmt(rt.get('window_s'))} s")
-        hdr = ["pool", "n", "p50", "p90", "p99", "max", "x 1 live p50", "p90", "p99", "cpu: host", "+threads",
-               "worker", "runq"]
-        rows = []
-        for r in rt["rows"].values():
-            c = r.get("cpu_us_per_call") or {}
-            rows.append([r["label"], r["n"], fmt(r.get("p50")), fmt(r.get("p90")), fmt(r.get("p99")),
-                         fmt(r.get("max")), x(r.get("x_one_p50")), x(r.get("x_one_p90")), x(r.get("x_one_p99")),
-                         fmt(c.get("host_thread")), fmt(c.get("host_other_threads")), fmt(c.get("worker")),
-                         fmt(sum(v for v in (r.get("runq_wait_us_per_call") or {}).values() if v) or None)])
-        lines += table(hdr, rows, "lr" + "r" * (len(hdr) - 2))
-        ra = rt.get("ratio", {})
-        lines.append(f"  {rt['workers']} live vs 1 live: p50 {x(ra.get('p50'))}, p90 {x(ra.get('p90'))}, "
-                     f"p99 {x(ra.get('p99'))}; paired by round: p50 {x(ra.get('p50_paired'))}, "
-                     f"p90 {x(ra.get('p90_paired'))}, p99 {x(ra.get('p99_paired'))}")
+        lines += live_table(rt)
         tr = rt.get("transitions_s", {})
         st, sp = tr.get("start_others", {}), tr.get("stop_others", {})
         lines.append(f"  between batches, never timed: the other {rt['workers'] - 1} workers started (one call "
                      f"each, p50 {fmt(st.get('p50'))} s) or stopped (p50 {fmt(sp.get('p50'))} s); "
                      f"+threads: CPU of the host's other threads per call (the supervisors' watchdogs...)")
         lines.append("")
+    if (result.get("density") or {}).get("rows"):
+        lines += density_lines(result["density"])
 
     cold = result.get("cold", {})
     if cold:

@@ -3,7 +3,8 @@
     run_bench(...) ─► dict  (also --json, a table on stdout, --plot PNG)
       setup       temp dir: bundled libraries copied and byte-compiled, a workspace;
                   one Supervisor whose zygote is started before anything is timed
-      warm        warm.py        routing     routing.py     cold      cold.py
+      warm        warm.py        routing     routing.py     density   density.py
+      cold        cold.py
       throughput  throughput.py  memory      memory.py      discovery discovery.py
       templates   templates.py (template vs fresh import vs plain cold start, USS per kind)
       ray         ray_section.py (the ray extra; --skip ray)
@@ -27,7 +28,7 @@ from typing import Any, Callable, Optional
 
 from lcp_sandbox import SandboxedBinding, Supervisor
 
-from . import cold, discovery, memory, ray_section, routing, targets, templates, throughput, warm
+from . import cold, density, discovery, memory, ray_section, routing, targets, templates, throughput, warm
 from .config import TARGETS, BenchConfig
 from .harness import LIBS, Progress, cpu_busy_jiffies, pin_thread, stop_resource_tracker_if_new, timer_overhead_ns
 from .report import render_table, write_json, write_plot
@@ -41,7 +42,7 @@ class Context:
     def __init__(self, cfg: BenchConfig) -> None:
         self.cfg = cfg
         self.rng = random.Random(cfg.seed)
-        self.result: dict = {"meta": {}, "skipped": {}, "warm": {}, "routing": {}, "cold": {},
+        self.result: dict = {"meta": {}, "skipped": {}, "warm": {}, "routing": {}, "density": {}, "cold": {},
                              "throughput": [], "memory": [], "discovery": {}, "ray": {}, "targets": []}
         self.skipped = self.result["skipped"]
         self.cleanup: list[Callable[[], None]] = []
@@ -54,7 +55,7 @@ class Context:
         self.tmp = Path(tempfile.mkdtemp(prefix="lcp-bench-"))
         self.cleanup.append(lambda: shutil.rmtree(self.tmp, ignore_errors=True))
         self.libs = self.tmp / "libs"
-        shutil.copytree(LIBS, self.libs, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        shutil.copytree(LIBS, self.libs, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "density"))
         # Installed libraries usually have their bytecode cached; compile the copies now so no
         # path pays for compiling them (the import system reads a .pyc even when
         # PYTHONDONTWRITEBYTECODE keeps it from writing one).
@@ -141,6 +142,8 @@ class Context:
         n += max(1, cfg.cold_reps) * len(cpaths) + max(0, cfg.zygote_reps)
         if "routing" not in cfg.skip:
             n += 2 * max(1, cfg.routing_rounds) + 2
+        if "density" not in cfg.skip:
+            n += 2 * max(1, cfg.density_rounds) + 3
         if "throughput" not in cfg.skip:
             n += (9 + (2 if self.lcp_cls else 0) + (2 if self.user else 0)) * max(1, cfg.throughput_rounds)
         if "memory" not in cfg.skip:
@@ -178,6 +181,7 @@ class Context:
                     if p is not ppe:
                         p.close()
                 self.section("routing", lambda: routing.run(self, prog), catch=True)
+                self.section("density", lambda: density.run(self, prog), catch=True)
                 cold.run(self, cpaths, prog)
                 cold.zygote(self, prog)
                 cold.ratios(self)

@@ -100,3 +100,19 @@ def run(ctx: Any) -> None:
         add("ray_cold_ms", "RaySupervisor first call of a new library on the other node (p50)",
             ray["cold"]["ray_remote"].get("p50"), T["ray_cold_ms"], "<=", "ms",
             note=f"local Supervisor {ray['cold']['local'].get('p50', 0):.1f} ms")
+    dens = res.get("density") or {}
+    if dens.get("rows"):
+        n = dens["workers"]
+        note = "" if n >= 1000 else "target is for 1,000 workers"
+        add("density_uss", f"USS of workers + templates + zygote + host, {n} live workers",
+            dens["uss_mb"]["total"], T["density_uss_mb"], "<=", "MB", note)
+        add("density_warm_p50", f"warm call p50, {n} live / 1 live", dens["ratio"]["p50"], T["density_warm_p50"],
+            "<=", note=f"paired by round: {x(dens['ratio']['p50_paired'])}" + (f"; {note}" if note else ""))
+        add("density_host_idle_cpu", f"host threads' CPU, {n} workers idle (fraction of one CPU)",
+            dens["idle_all"]["host_cpu_fraction"], T["density_host_idle_cpu"], "<=", "", note)
+        pool = dens["idle_pool"]
+        add("density_pool_idle_runs", f"times any process of the pool ran, {dens['idle_pool_workers']} workers "
+            f"idle for {pool['seconds']:.1f} s", pool["host_runs"] + pool["pool_runs"], T["density_pool_idle_runs"],
+            "<=", "", f"host threads {pool['host_runs']}, pool {pool['pool_runs']}")
+        add("density_stats_ms", f"Supervisor.stats() over {n} workers (p50)", dens["stats_ms"]["p50"],
+            T["density_stats_ms"], "<=", "ms", note)

@@ -17,10 +17,13 @@ HERE = Path(__file__).resolve().parent
 
 TINY = dict(calls=40, rounds=2, subprocess_calls=2, cold_reps=2, zygote_reps=1, duration_s=0.1,
             throughput_rounds=1, mem_calls=200, discovery_files=30, discovery_reps=1,
-            routing_workers=8, routing_calls=40, routing_rounds=2, routing_window_s=0.05, skip=("ray",))
+            routing_workers=8, routing_calls=40, routing_rounds=2, routing_window_s=0.05,
+            density_tenants=3, density_idle_tenants=1, density_idle_s=0.1, density_calls=40, density_rounds=1,
+            density_window_s=0.05, skip=("ray",))
 
 TARGET_NAMES = {"warm_p50", "warm_p99", "cold_vs_spawn", "parallel", "uss_first", "uss_after",
-                "discovery_first", "discovery_again"}
+                "discovery_first", "discovery_again", "density_uss", "density_warm_p50", "density_host_idle_cpu",
+                "density_pool_idle_runs", "density_stats_ms"}
 
 
 def _has_matplotlib() -> bool:
@@ -50,7 +53,7 @@ def test_bench_end_to_end(tmp_path, new_processes):
     assert new_processes() == set()            # every worker, zygote and baseline process is gone
 
     data = json.loads(json_path.read_text())
-    assert set(data) >= {"meta", "warm", "routing", "cold", "throughput", "memory", "discovery", "targets",
+    assert set(data) >= {"meta", "warm", "routing", "density", "cold", "throughput", "memory", "discovery", "targets",
                          "skipped"}
     assert data["meta"]["timer_overhead_ns"] >= 0
 
@@ -82,6 +85,19 @@ def test_bench_end_to_end(tmp_path, new_processes):
     for k in ("p50", "p90", "p99", "p50_paired", "p99_paired"):
         assert _number(rt["ratio"][k]) and rt["ratio"][k] > 0, k
 
+    # density: 3 tenants x 4 libraries live in one supervisor, the first tenant's idle alone
+    dn = data["density"]
+    assert "density" not in data["skipped"]
+    assert dn["workers"] == dn["answered"] == 12 and dn["idle_pool_workers"] == 4
+    assert dn["uss_mb"]["live_workers"] == 12 and dn["uss_mb"]["template_count"] >= 1
+    for k in ("workers", "templates", "zygote", "host", "total"):
+        assert _number(dn["uss_mb"][k]), k
+    assert dn["fds"]["per_worker"] >= 1 and dn["left"] == {"processes": 0, "fds": 0, "tmpdirs": 0}
+    for idle in (dn["idle_all"], dn["idle_pool"]):
+        assert _number(idle["host_cpu_fraction"]) and _number(idle["pool_runs"])
+    assert _number(dn["stats_ms"]["p50"]) and _number(dn["ratio"]["p50"])
+    assert dn["rows"]["many"]["live_workers_seen"] == [12] and dn["rows"]["one"]["live_workers_seen"] == [1]
+
     # cold: phases from the stamps, ratios to spawn
     cold = data["cold"]
     for key in ("sandbox", "sandbox_heavy", "spawn", "subprocess", "ppe", "zygote_start", "new_host"):
@@ -108,7 +124,7 @@ def test_bench_end_to_end(tmp_path, new_processes):
         assert t["met"] in (True, False)
 
     table = out.getvalue()
-    for heading in ("WARM", "ROUTING", "COLD", "THROUGHPUT", "MEMORY", "DISCOVERY", "TARGETS"):
+    for heading in ("WARM", "ROUTING", "DENSITY", "COLD", "THROUGHPUT", "MEMORY", "DISCOVERY", "TARGETS"):
         assert heading in table
     assert "pickle RPC (no engine)" in table
     assert result["targets"] == data["targets"]
@@ -127,7 +143,7 @@ def test_bench_command_line_with_a_host_folder(tmp_path, capsys):
     rc = main(["bench", str(folder), "--tool", "tool_other_set", "--params", '{"value": "x"}',
                "--calls", "20", "--rounds", "1", "--cold", "1", "--discovery-files", "5",
                "--mem-calls", "10", "--no-progress", "--json", str(json_path),
-               "--skip", "pickle,ppe,subprocess,spawn,routing,throughput,ray"])
+               "--skip", "pickle,ppe,subprocess,spawn,routing,density,throughput,ray"])
     assert rc == 0
     data = json.loads(json_path.read_text())
     for rows in data["warm"].values():
@@ -155,7 +171,8 @@ def test_bench_ray_section(ray_cluster, tmp_path):
     """The Ray section on the session's cluster: warm rows beside the bare actor call, cold
     first calls on the other node, its two targets."""
     pytest.importorskip("ray")
-    skip = ("pickle", "inprocess", "ppe", "subprocess", "spawn", "routing", "throughput", "memory", "discovery")
+    skip = ("pickle", "inprocess", "ppe", "subprocess", "spawn", "routing", "density", "throughput", "memory",
+            "discovery")
     out = io.StringIO()
     result = run_bench(out=out, **{**TINY, "skip": skip}, ray_calls=20, ray_rounds=2, ray_cold_reps=2)
     ray = result["ray"]

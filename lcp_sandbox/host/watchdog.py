@@ -161,7 +161,8 @@ class Watchdog:
 
     def _handle(self, what: int, obj: Any, now: float) -> None:
         if what == _GRACE:
-            obj.zygote.kill(obj.pid)
+            if not obj.zygote.reaped(obj.pid):      # (most have exited long before)
+                obj.zygote.kill(obj.pid)
         elif what == _SAMPLE:
             obj.sample_due = False
             self._measure(obj)

@@ -151,6 +151,10 @@ class Zygote:
         """Send ``sig`` to a live worker (no-op if already reaped, so never a reused pid)."""
         self._send((SIGNAL, pid, int(sig)))
 
+    def reaped(self, pid: int) -> bool:
+        """Whether the zygote said ``pid`` ended (never waits)."""
+        return pid in self._exits
+
     def wait_exit(self, pid: int, timeout: float) -> Optional[int]:
         """The worker's Popen-style return code once the zygote reaped it."""
         with self._cond:

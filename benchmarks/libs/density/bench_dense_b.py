@@ -1,0 +1,10 @@
+"""Density benchmark library b: one tool that does nothing."""
+
+
+def tool_dense_b_noop() -> dict:
+    """Does nothing and returns a tiny result.
+
+    Returns:
+        dict: {"ok": True}
+    """
+    return {"ok": True}
