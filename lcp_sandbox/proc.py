@@ -103,11 +103,17 @@ def memory(pid: int) -> tuple[int, int]:
         return 0, 0
 
 
-def tree_memory(pid: int) -> tuple[int, int]:
-    """(RSS, USS) of a process and all its descendants, in bytes ((0, 0) if gone)."""
+def tree_usage(pid: int) -> tuple[int, int, int]:
+    """(RSS, USS, processes) of a process and all its descendants, bytes ((0, 0, 1) if gone)."""
     rss = uss = 0
-    for p in process_tree(pid):
+    tree = process_tree(pid)
+    for p in tree:
         r, u = memory(p)
         rss += r
         uss += u
-    return rss, uss
+    return rss, uss, len(tree)
+
+
+def tree_memory(pid: int) -> tuple[int, int]:
+    """(RSS, USS) of a process and all its descendants, in bytes ((0, 0) if gone)."""
+    return tree_usage(pid)[:2]

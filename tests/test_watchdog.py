@@ -118,3 +118,20 @@ def test_template_eviction_is_scheduled_not_polled(tmp_path, idle_timeout_s):
         dog = sup._watchdog
         due = [at for at, _, what, _ in list(dog._heap) if what == watchdog._TICK]
         assert due == [] if idle_timeout_s is None else all(at > time.monotonic() + 500 for at in due)
+
+
+def test_children_left_by_a_call_are_watched_against_the_limit(tmp_path):
+    """A call returns at once; the processes it left take memory later, each under its own
+    RLIMIT_DATA but together over memory_mb: the idle worker's tree is killed (507 recorded)."""
+    from conftest import wait_gone
+    with Supervisor(idle_timeout_s=600) as sup:
+        b = SandboxedBinding(tools_folders=[str(HERE / "watchdog_libs")], supervisor=sup,
+                             workspace=str(tmp_path), host_tool_configs={"late_hogs": {"sandbox": {"memory_mb": 250}}})
+        r = b.execute_tool("tool_late_hogs", {"count": 3, "mb": 120, "after_s": 1.5})
+        assert r["status_code"] == 200
+        stat = lambda: b.stats()[0]                                          # noqa: E731
+        assert poll(lambda: stat()["pid"] is None)                          # killed while idle
+        assert all(wait_gone(pid) for pid in r["output"]["children"])
+        assert b.execute_tool("tool_late_hogs", {"count": 0})["status_code"] == 200      # a fresh worker
+        s = stat()
+        assert "memory limit of 250 MB" in s["last_exit"] and s["restarts"] == 1

@@ -5,7 +5,9 @@
         a slot's idle deadline (last_used + idle_timeout_s)
               still idle, its lock free ─► retired ("idle"); called since ─► due again later
         SAMPLE_DELAY_S after a call ended (once per slot until taken)
-              ─► its tree's memory sampled (what stats() shows, peak_rss, peak_uss)
+              ─► its tree's memory sampled (what stats() shows, peak_rss, peak_uss);
+                 over memory_mb ─► killed; with a memory limit and processes the tool
+                 left in its tree ─► sampled again each SAMPLE_DELAY_S while they are there
         templates (on_tick(now), which says when it is next due)
               ─► library templates nobody used for idle_timeout_s retired
     while calls with a memory limit run: every ``interval`` (50 ms) their trees' USS;
@@ -17,7 +19,9 @@ and a template going idle add what they make due, and wake the thread only when
 that is due before it would wake anyway.  The cost of a wakeup is what is due
 then plus the memory-limited calls in flight: idle workers cost nothing however
 many there are (their memory is bounded inside them by RLIMIT_DATA, see
-worker/rlimits.py, and is sampled after their last call).
+worker/rlimits.py, and is sampled after their last call).  The exception is a
+memory-limited worker whose tool left processes behind: each of them may grow to
+its own RLIMIT_DATA, so their sum is watched while they live.
 
 A worker is charged for its own pages (USS: private clean + dirty, from
 /proc/<pid>/smaps_rollup), not for the pages it shares copy-on-write with the
@@ -35,7 +39,7 @@ import time
 from typing import Any, Callable, Optional
 
 from ..core.normalize import OUT_OF_MEMORY
-from ..proc import tree_memory
+from ..proc import tree_usage
 from .process import WorkerProcess
 from .slot import Slot
 
@@ -165,7 +169,11 @@ class Watchdog:
                 obj.zygote.kill(obj.pid)
         elif what == _SAMPLE:
             obj.sample_due = False
-            self._measure(obj)
+            if self._measure(obj) > 1 and obj.limits.memory_mb:     # its tool left processes
+                with self._cond:
+                    if not obj.sample_due:
+                        obj.sample_due = True
+                        self._due(now + SAMPLE_DELAY_S, _SAMPLE, obj)
         elif what == _IDLE:
             self._idle(obj, now)
         elif self._on_tick is not None:
@@ -173,19 +181,21 @@ class Watchdog:
             if nxt is not None:
                 self.tick_at(nxt)
 
-    def _measure(self, slot: Slot) -> None:
-        """Sample the memory of ``slot``'s worker tree; over its limit, kill it (507)."""
+    def _measure(self, slot: Slot) -> int:
+        """Sample the memory of ``slot``'s worker tree; over its limit, kill it (507).
+        Returns how many processes the tree has (0: no worker)."""
         proc = slot.proc
         pid = None if proc is None or proc.exit_status is not None else proc.known_pid
         if pid is None:
-            return
-        rss, uss = tree_memory(pid)
+            return 0
+        rss, uss, processes = tree_usage(pid)
         slot.measured(pid, rss, uss, time.monotonic())
         limit = slot.limits.memory_mb
         if limit and uss > limit * 1048576:
             proc.kill({"why": f"went over its memory limit of {limit:g} MB (observed "
                               f"{uss / 1048576:.0f} MB of its own memory in its process tree)",
                        "code": OUT_OF_MEMORY, "counts": False})
+        return processes
 
     def _idle(self, slot: Slot, now: float) -> None:
         """The idle deadline of ``slot`` came: retire its worker if it is still idle.
