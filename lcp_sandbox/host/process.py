@@ -49,7 +49,7 @@ class DeadlinePassed(Exception):
 
 class WorkerProcess:
     __slots__ = ("forked", "zygote", "conn", "started", "tmpdir", "calls", "exit_status", "kill_reason",
-                 "ready", "report", "on_ready", "interrupted", "_caps", "_caps_mb")
+                 "ready", "report", "on_ready", "interrupted", "_caps", "_caps_mb", "_pid")
 
     def __init__(self, forked: Future, zygote: Zygote, conn: P.Connection, tmpdir: Optional[str] = None) -> None:
         self.forked = forked                   # the zygote's answer: the pid
@@ -66,6 +66,7 @@ class WorkerProcess:
         self.interrupted = False               # the host cancelled the call in flight (Slot.interrupt)
         self._caps: dict = {}                  # frame caps during a call, for ...
         self._caps_mb: Optional[float] = None  # ... this max_result_mb
+        self._pid: Optional[int] = None        # the pid, once the zygote said it
 
     @classmethod
     def start(cls, zygote: Zygote, init: P.Init, pump: OutputPump, library: str,
@@ -98,8 +99,11 @@ class WorkerProcess:
     @property
     def known_pid(self) -> Optional[int]:
         """The pid if the zygote already said it (never waits)."""
-        f = self.forked
-        return f.result() if f.done() and f.exception() is None else None
+        if self._pid is None:
+            f = self.forked
+            if f.done() and f.exception() is None:
+                self._pid = f.result()
+        return self._pid
 
     @property
     def protections(self) -> dict:

@@ -158,11 +158,12 @@ class Slot:
         ended (or every 50 ms during a call with a memory limit), else read now when a
         call ended since; the peaks are the largest samples."""
         proc = self.proc
-        alive = proc is not None and proc.exit_status is None and proc.known_pid is not None
-        rss, uss, age = self.memory(proc.pid, now) if alive else (0, 0, None)
+        pid = proc.known_pid if proc is not None and proc.exit_status is None else None
+        alive = pid is not None
+        rss, uss, age = self.memory(pid, now) if alive else (0, 0, None)
         return {
             "library": self.library.name, "tenant": self.tenant,
-            "pid": proc.pid if alive else None,
+            "pid": pid,
             "state": ("quarantined" if self.quarantined_until > now else
                       "busy" if self.busy else "idle" if alive else "stopped"),
             "calls": self.calls, "restarts": self.restarts, "last_exit": self.last_exit,
