@@ -28,8 +28,8 @@ class BenchConfig:
     density_tenants: int = 250            # density: tenants x 4 libraries = live workers
     density_idle_tenants: int = 50        # density: the idle pool measured first (200 workers)
     density_idle_s: float = 3.0           # density: seconds of idle CPU measured
-    density_calls: int = 2000             # density: warm calls per condition (1 live / all live)
-    density_rounds: int = 4               # density: rounds, the two conditions alternating
+    density_calls: int = 3000             # density: warm calls per condition (1 live / all live)
+    density_rounds: int = 6               # density: rounds, the two conditions alternating
     density_window_s: float = 1.0         # density: each batch's calls spread over this long
     ray_calls: int = 300                  # ray: warm calls per path and round
     ray_rounds: int = 8                   # ray: warm rounds (the paths interleaved)
