@@ -148,7 +148,7 @@ class Supervisor(Closing):
             proc = self._spawn(slot, spec.init(), queue_deadline, tool)
         slot.begin_call()
         try:
-            result = proc.exchange(msg, objects, slot.limits, timeout)
+            result = proc.exchange(msg, objects, slot.limits, timeout, slot.spin)
         except WorkerGone:
             self._died(slot, proc, tool)
         except P.ProtocolViolation as exc:

@@ -24,6 +24,7 @@ from ..core.discovery import Library
 from ..proc import tree_memory
 from .limits import Limits
 from .outcomes import Unavailable
+from .spin import SpinPolicy
 
 if TYPE_CHECKING:
     from .process import WorkerProcess
@@ -102,6 +103,7 @@ class Slot:
     quarantined_until: float = 0.0
     backoff_s: float = 0.0
     last_used: float = 0.0
+    spin: SpinPolicy = field(default_factory=SpinPolicy)     # its warm calls' spin windows
 
     @property
     def restarts(self) -> int:
@@ -129,7 +131,13 @@ class Slot:
         ``calls``, ``restarts``, ``last_exit`` (how the last worker ended),
         ``rss``/``peak_rss`` and ``uss``/``peak_uss`` (bytes, the worker's whole process
         tree; USS: its own pages only), ``start`` ("template" or "fresh (why)"),
-        ``protections`` (the confinement in force) and ``workspace_root``."""
+        ``protections`` (the confinement in force), ``workspace_root``, and ``spin``
+        (host/spin.py): ``host_window_us`` / ``worker_window_us``, how long the host
+        polled for the last call's answer and the worker for the next call after it
+        (0: not at all); ``host_hits`` / ``host_misses``, calls whose answer the
+        host's poll caught / did not; ``worker_hits`` / ``worker_misses``, calls sent
+        within / after the worker's window; ``off_busy``, calls sent with spinning
+        off because as many calls as usable CPUs were in flight."""
         proc = self.proc
         alive = proc is not None and proc.exit_status is None and proc.known_pid is not None
         rss, uss = tree_memory(proc.pid) if alive else (0, 0)
@@ -143,6 +151,7 @@ class Slot:
             "start": self.start or None,
             "protections": proc.protections if alive else {},
             "workspace_root": self.root or None,
+            "spin": self.spin.stats(),
         }
 
     def refuse_if_quarantined(self, tool: str, now: float) -> None:

@@ -167,6 +167,18 @@ class Connection:
         if not self._poller().poll(max(0.0, deadline - time.monotonic()) * 1000.0):
             raise TimeoutError
 
+    def spin(self, until: float) -> bool:
+        """Poll for the peer's next bytes, without sleeping, until ``until``
+        (time.monotonic()): True as soon as there are some (or the peer hung up),
+        False when the window passed.  Reads nothing: recv_frame does."""
+        if self._buf or self._big is not None:
+            return True
+        poll, clock = self._poller().poll, time.monotonic
+        while not poll(0):
+            if clock() >= until:
+                return False
+        return True
+
     def readable_now(self) -> bool:
         """True if the peer sent something or hung up (an idle worker never does)."""
         return bool(self._buf) or self._big is not None or bool(self._poller().poll(0))

@@ -26,6 +26,7 @@ import inspect
 import os
 import signal
 import sys
+import time
 import traceback
 import types
 from pathlib import Path
@@ -345,7 +346,7 @@ def serve(sock) -> None:
         signal.signal(P.SOFT_TIMEOUT_SIGNAL, on_soft_timeout)   # before READY: the host may signal then
         conn.send_encoded(worker.ch.encoder.encode(P.READY, [report]))
 
-        recv, loads = conn.recv_frame, P.loads_from_host
+        recv, loads, spin, monotonic = conn.recv_frame, P.loads_from_host, conn.spin, time.monotonic
         ops = {P.CALL: (worker.call, "tool"), P.MODCALL: (worker.modcall, "function"),
                P.PROMPT: (worker.prompt, "prompt provider"), P.LOAD: (worker.load, "load")}
         while True:
@@ -366,6 +367,8 @@ def serve(sock) -> None:
             worker.reply(op[1], msg[0] if kind != P.LOAD else worker.library, fields)
             if fields[1] == P.LOAD_FAILED:       # the library failed to load: start afresh
                 break
+            if kind == P.CALL and msg.spin_us:   # the host expects the next call soon
+                spin(monotonic() + msg.spin_us * 1e-6)
     except BaseException:
         code = 70
         try:
