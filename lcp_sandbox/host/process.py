@@ -152,11 +152,12 @@ class WorkerProcess:
 
         Raises PayloadError (``msg`` could not be sent: nothing was), WorkerGone,
         DeadlinePassed (the tree was killed) or protocol.ProtocolViolation."""
-        in_flight = calls_in_flight.enter()
+        token = id(self)                          # (one call at a time per worker)
+        in_flight = calls_in_flight.enter(token)
         try:
             return self._exchange(msg, objects, limits, timeout, spin, in_flight)
         finally:
-            calls_in_flight.leave()
+            calls_in_flight.leave(token)
 
     def _exchange(self, msg: tuple, objects: HostObjects, limits: Limits, timeout: Optional[float],
                   spin: Optional[SpinPolicy], in_flight: int) -> P.Result:

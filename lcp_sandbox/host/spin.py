@@ -26,7 +26,6 @@ anything the worker says.
 from __future__ import annotations
 
 import os
-import threading
 from typing import Optional
 
 SPIN_CAP_S = 200e-6            # the longest either side ever polls for one message
@@ -36,21 +35,22 @@ USABLE_CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") e
 
 
 class InFlight:
-    """How many calls are in flight in this host process (every Supervisor's)."""
+    """Which calls are in flight in this host process (every Supervisor's): a set
+    of tokens, one per call, whose add and discard the GIL makes atomic (no lock)."""
+
+    __slots__ = ("_calls",)
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.n = 0
+        self._calls: set = set()
 
-    def enter(self) -> int:
-        """Count one more; returns the count with it."""
-        with self._lock:
-            self.n += 1
-            return self.n
+    def enter(self, token: int) -> int:
+        """Count the call ``token`` (unique while it runs); returns the count with it."""
+        calls = self._calls
+        calls.add(token)
+        return len(calls)
 
-    def leave(self) -> None:
-        with self._lock:
-            self.n -= 1
+    def leave(self, token: int) -> None:
+        self._calls.discard(token)
 
 
 calls_in_flight = InFlight()

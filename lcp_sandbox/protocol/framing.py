@@ -94,13 +94,7 @@ class Connection:
             if len(buf) >= 5:
                 n, kind = _HDR.unpack_from(buf)
                 if caps is not None:
-                    cap = caps.get(kind)
-                    if cap is None:
-                        self.broken = f"a message of kind {kind} it may not send now"
-                        raise ProtocolViolation(self.broken)
-                    if n > cap:
-                        self.broken = f"a frame of {n} bytes announced, over the {cap}-byte cap of its kind"
-                        raise ProtocolViolation(self.broken)
+                    self._check(kind, n, caps)
                 if len(buf) >= 5 + n:
                     data = bytes(buf[5:5 + n])
                     del buf[:5 + n]
@@ -115,7 +109,22 @@ class Connection:
             chunk = self._recv(deadline)
             if not chunk:
                 raise EOFError("peer closed the connection")
+            if not buf and len(chunk) >= 5:       # the common case: one read, one whole frame
+                n, kind = _HDR.unpack_from(chunk)
+                if len(chunk) == 5 + n:
+                    if caps is not None:
+                        self._check(kind, n, caps)
+                    return kind, chunk[5:]
             buf += chunk
+
+    def _check(self, kind: int, n: int, caps: dict) -> None:
+        cap = caps.get(kind)
+        if cap is None:
+            self.broken = f"a message of kind {kind} it may not send now"
+            raise ProtocolViolation(self.broken)
+        if n > cap:
+            self.broken = f"a frame of {n} bytes announced, over the {cap}-byte cap of its kind"
+            raise ProtocolViolation(self.broken)
 
     def _recv_big(self, deadline: Optional[float]) -> tuple[int, bytes]:
         # Large frames are read straight into their final buffer.
