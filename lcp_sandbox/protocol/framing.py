@@ -20,7 +20,7 @@ class Connection:
     trickles bytes cannot stretch a read past it.  A frame cut short by a
     timeout stays buffered and the next read continues it."""
 
-    __slots__ = ("sock", "fd", "_buf", "_big", "_poll", "_rcvtimeo", "decoder", "broken")
+    __slots__ = ("sock", "fd", "_buf", "_big", "_poll", "_rcvtimeo", "_spun", "decoder", "broken")
 
     def __init__(self, sock: socket.socket) -> None:
         sock.setblocking(True)
@@ -30,6 +30,7 @@ class Connection:
         self._big: Optional[list] = None        # [kind, bytearray, bytes read] of a large frame
         self._poll: Optional[select.poll] = None
         self._rcvtimeo: Optional[float] = None
+        self._spun: Optional[bytes] = None      # what spin() read, for the next read
         self.decoder = Decoder()
         self.broken: Optional[str] = None       # set once the peer broke the protocol
 
@@ -146,6 +147,10 @@ class Connection:
         # A timeout is a socket option (SO_RCVTIMEO), not a poll() before each
         # read: one syscall per message.  The option is only changed when it is
         # more than 10 ms off, so calls with the same timeout set it once.
+        spun = self._spun
+        if spun is not None:
+            self._spun = None
+            return spun
         if deadline is None:
             if self._rcvtimeo is not None:
                 self._set_rcvtimeo(None)
@@ -179,26 +184,32 @@ class Connection:
     def spin(self, until: float) -> bool:
         """Poll for the peer's next bytes, without sleeping, until ``until``
         (time.monotonic()): True as soon as there are some (or the peer hung up),
-        False when the window passed.  Reads nothing: recv_frame does."""
-        if self._buf or self._big is not None:
+        False when the window passed.  What it reads is kept for recv_frame (a
+        non-blocking read per turn: when the bytes come, no second syscall)."""
+        if self._buf or self._big is not None or self._spun is not None:
             return True
-        poll, clock = self._poller().poll, time.monotonic
-        while not poll(0):
-            if clock() >= until:
-                return False
-        return True
+        recv, clock, flags = self.sock.recv, time.monotonic, socket.MSG_DONTWAIT
+        while True:
+            try:
+                self._spun = recv(_BIG, flags)
+                return True
+            except BlockingIOError:
+                if clock() >= until:
+                    return False
+            except OSError:
+                return True                       # recv_frame's read says what
 
     def readable_now(self) -> bool:
         """True if the peer sent something or hung up (an idle worker never does)."""
-        return bool(self._buf) or self._big is not None or bool(self._poller().poll(0))
+        return self.pending() or bool(self._poller().poll(0))
 
     def pending(self) -> bool:
         """Bytes already read that belong to no message yet."""
-        return bool(self._buf) or self._big is not None
+        return bool(self._buf) or self._big is not None or self._spun is not None
 
     def sent_while_idle(self) -> bool:
         """True if the peer sent bytes (not just hung up) when it had nothing to say."""
-        if self._buf or self._big is not None:
+        if self._buf or self._big is not None or self._spun:
             return True
         try:
             return bool(self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
