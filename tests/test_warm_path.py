@@ -199,7 +199,6 @@ def test_an_idle_worker_sleeps_after_its_window(make_binding):
     b = make_binding()
     for _ in range(50):                       # back to back: both sides learn to poll
         b.execute_tool("tool_whoami", {})
-    assert _slot(b)["spin"]["worker_window_us"] > 0 or S.USABLE_CPUS < 2
     pid = _slot(b)["pid"]
     assert _sleeping(pid), "the worker still runs after its spin window"
     _, ran = _state_and_runtime(pid)
@@ -220,19 +219,20 @@ def test_a_recreated_workspace_is_the_next_calls_cwd(make_binding, tmp_path):
     assert (ws / "marker").exists(), "the worker still stood in the removed directory"
 
 
-@pytest.mark.skipif(S.USABLE_CPUS < 2, reason="one CPU: nothing ever spins")
-def test_a_slow_answer_after_fast_ones_ends_the_host_spin_at_its_window(make_binding, tmp_path):
-    # Calls that answer at once teach the host to poll; then one that takes long: its poll
-    # gives up within the cap and the host sleeps; the call still ends with its own result.
+def test_a_slow_answer_ends_the_host_spin_at_its_window(make_binding, tmp_path):
+    # The slot learned that its calls answer at once (set here: on a loaded machine it might
+    # not have); then one takes long: the host's poll gives up within its window and the host
+    # sleeps (or, with the CPUs taken, never polled); the call ends with its own result.
     b = make_binding()
-    for _ in range(30):
-        b.execute_tool("tool_whoami", {})
+    b.execute_tool("tool_whoami", {})
+    slot = next(s for s in b.supervisor._slots.values() if s.library.name == "stateful")
+    slot.spin.service = 1e-6
     before = _slot(b)["spin"]
-    assert before["host_window_us"] > 0
     marker = tmp_path / "marker"
     threading.Timer(0.05, marker.touch).start()       # what the tool waits for, made a little later
     r = b.execute_tool("tool_wait_for", {"path": str(marker), "seconds": 30})
     assert r["status_code"] == 200
     after = _slot(b)["spin"]
-    assert after["host_misses"] == before["host_misses"] + 1
+    assert after["host_hits"] == before["host_hits"]
+    assert (after["host_misses"] - before["host_misses"]) + (after["off_busy"] - before["off_busy"]) == 1
     assert after["host_window_us"] <= S.SPIN_CAP_S * 1e6

@@ -167,7 +167,9 @@ class WorkerProcess:
         deadline = sent + timeout if timeout else None
         window = 0.0
         first = _KIND[type(msg)]
-        if spin is not None and self.ready:
+        if not self.ready:
+            spin = None                           # (its first call starts it: nothing to learn from)
+        if spin is not None:
             window, budget = spin.plan(sent, in_flight)
             if type(msg) is P.Call and budget != msg.spin_us:
                 msg = msg[:-1] + (budget,)        # (pickled as a plain tuple anyway)
