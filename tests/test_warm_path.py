@@ -77,6 +77,29 @@ def test_spinning_turns_off_where_it_does_not_pay():
     assert 0 < host <= S.SPIN_CAP_S and 0 < worker_us <= S.SPIN_CAP_S * 1e6
 
 
+@pytest.mark.skipif(S.USABLE_CPUS < 2, reason="one CPU: nothing ever spins")
+def test_polls_that_keep_missing_pause_for_longer_and_longer():
+    policy = S.SpinPolicy()
+    t = 0.0
+    windows = []
+    for _ in range(40):                      # quick answers, yet never caught by the poll
+        host, _ = policy.plan(t, 1)
+        windows.append(host)
+        policy.answered(t, t + 5e-6, caught=False if host else None)
+        t += 10e-6
+    polled = [i for i, w in enumerate(windows) if w]
+    assert polled[:2] == [0, 1] and len(polled) < 10      # 2 misses, then pauses of 1, 2, 4, 8 ... calls
+    gaps = [b - a for a, b in zip(polled, polled[1:])]
+    assert gaps == sorted(gaps) and gaps[-1] > 4
+    host, _ = policy.plan(t, 1)
+    while not host:                          # a caught answer ends the pause
+        policy.answered(t, t + 5e-6, caught=None)
+        t += 10e-6
+        host, _ = policy.plan(t, 1)
+    policy.answered(t, t + 5e-6, caught=True)
+    assert all(policy.plan(t + i, 1)[0] for i in range(1, 4))
+
+
 def test_no_spinning_when_calls_in_flight_reach_the_cpus():
     policy = S.SpinPolicy()
     assert policy.plan(1.0, S.USABLE_CPUS) == (0.0, 0)

@@ -15,6 +15,8 @@ same).  Per slot, from what its recent calls did:
 Both are running averages of recent calls (a long sample counts as 2 x the
 cap, so a few long ones turn spinning off), capped at ``SPIN_CAP_S``, and 0
 when the typical wait is longer than the cap: spinning only where it pays off.
+Polls that miss twice in a row pause that side's polling for 1, 2, 4 ... 64
+calls (when both sides share one CPU, a poll only delays the other side).
 Nothing spins when at least as many calls are in flight in this host process
 as it has usable CPUs (``calls_in_flight``), and nothing spins outside the
 window right after a call: an idle worker sleeps in a blocking read.
@@ -60,13 +62,39 @@ def _window(typical: float) -> float:
     return 0.0 if typical > SPIN_CAP_S else min(SPIN_CAP_S, 2.0 * typical + _SLACK_S)
 
 
+class _Backoff:
+    """Misses in a row pause one side's polling for 1, 2, 4 ... 64 calls; a hit ends
+    the pause.  A poll that keeps missing is most likely on the CPU the other side
+    needs (the scheduler put both on one CPU): it would only delay the answer."""
+
+    __slots__ = ("streak", "hold")
+
+    def __init__(self) -> None:
+        self.streak = 0
+        self.hold = 0
+
+    def record(self, hit: bool) -> None:
+        if hit:
+            self.streak = 0
+        else:
+            self.streak += 1
+            if self.streak >= 2:
+                self.hold = min(64, 1 << (self.streak - 2))
+
+    def paused(self) -> bool:
+        if self.hold:
+            self.hold -= 1
+            return True
+        return False
+
+
 class SpinPolicy:
     """One slot's spin windows, learned from its calls, and what they caught.
 
     ``plan`` before a call is sent, ``answered`` when its RESULT arrived."""
 
     __slots__ = ("service", "gap", "last_answer", "host_window", "worker_budget", "host_hits", "host_misses",
-                 "worker_hits", "worker_misses", "off_busy")
+                 "worker_hits", "worker_misses", "off_busy", "host_backoff", "worker_backoff")
 
     def __init__(self) -> None:
         self.service = SPIN_CAP_S        # running averages (s): optimistic until measured
@@ -77,6 +105,8 @@ class SpinPolicy:
         self.host_hits = self.host_misses = 0
         self.worker_hits = self.worker_misses = 0
         self.off_busy = 0                # calls sent with spinning off: too many calls in flight
+        self.host_backoff = _Backoff()
+        self.worker_backoff = _Backoff()
 
     def plan(self, now: float, in_flight: int) -> tuple[float, int]:
         """For a call sent at ``now`` with ``in_flight`` calls running (this one
@@ -85,7 +115,9 @@ class SpinPolicy:
         if self.last_answer:
             gap = now - self.last_answer
             if self.worker_budget:               # did the worker's poll catch this call?
-                if gap <= self.worker_budget:
+                hit = gap <= self.worker_budget
+                self.worker_backoff.record(hit)
+                if hit:
                     self.worker_hits += 1
                 else:
                     self.worker_misses += 1
@@ -95,8 +127,8 @@ class SpinPolicy:
             self.off_busy += 1
             self.host_window = self.worker_budget = 0.0
             return 0.0, 0
-        self.host_window = _window(self.service)
-        self.worker_budget = _window(self.gap)
+        self.host_window = 0.0 if self.host_backoff.paused() else _window(self.service)
+        self.worker_budget = 0.0 if self.worker_backoff.paused() else _window(self.gap)
         return self.host_window, int(self.worker_budget * 1e6)
 
     def answered(self, sent: float, now: float, caught: Optional[bool]) -> None:
@@ -105,6 +137,7 @@ class SpinPolicy:
         self.service += (min(now - sent, 2 * SPIN_CAP_S) - self.service) * _WEIGHT
         self.last_answer = now
         if caught is not None:
+            self.host_backoff.record(caught)
             if caught:
                 self.host_hits += 1
             else:
