@@ -240,6 +240,10 @@ def test_a_recreated_workspace_is_the_next_calls_cwd(make_binding, tmp_path):
     r = b.execute_tool("tool_touch", {"path": "marker"})
     assert r["status_code"] == 200 and r["output"] == str(ws)
     assert (ws / "marker").exists(), "the worker still stood in the removed directory"
+    ws.rename(tmp_path / "old")               # moved away, with a new one in its place
+    ws.mkdir()
+    r = b.execute_tool("tool_touch", {"path": "marker2"})
+    assert r["status_code"] == 200 and (ws / "marker2").exists() and not (tmp_path / "old" / "marker2").exists()
 
 
 def test_a_slow_answer_ends_the_host_spin_at_its_window(make_binding, tmp_path):

@@ -191,6 +191,15 @@ class Worker:
             for mod in self.modules:
                 if mod is not None:
                     self._hooks(mod, None)
+        # Already there?  getcwd() is the kernel's path of the current directory, equal to
+        # ``cwd`` only while that path leads to it: a removed workspace raises, a renamed one
+        # (or one under a renamed parent) differs, and a recreated one is entered anew.
+        # Half the cost of a chdir.
+        try:
+            if os.getcwd() == cwd:
+                return
+        except OSError:
+            pass
         os.chdir(cwd)
 
     # ------------------------------------------------------------ calling
