@@ -5,7 +5,8 @@
                 the output pump
     exchange()  one call, as a protocol state machine:
 
-        send CALL | PROMPT | MODCALL | LOAD
+        send CALL | PROMPT | MODCALL | LOAD      (a CALL carries the worker's spin budget)
+        poll the socket for the slot's spin window (host/spin.py), then:
         loop:  READY (first, exactly once)  ─► on_ready(report)
                REQUEST ─► HostObjects.handle() here, REPLY   (clock paused meanwhile)
                RESULT  ─► checked, returned

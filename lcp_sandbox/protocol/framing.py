@@ -18,7 +18,8 @@ class Connection:
 
     ``recv_frame`` reads one whole frame by an absolute deadline: a peer that
     trickles bytes cannot stretch a read past it.  A frame cut short by a
-    timeout stays buffered and the next read continues it."""
+    timeout stays buffered and the next read continues it.  ``spin`` polls for
+    the next bytes for a bounded window before a read would sleep."""
 
     __slots__ = ("sock", "fd", "_buf", "_big", "_poll", "_rcvtimeo", "_spun", "decoder", "broken")
 

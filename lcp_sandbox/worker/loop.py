@@ -2,11 +2,13 @@
 
     serve(sock) ── INIT ──► prepare(): environment, confinement, limits
                  ◄── READY (what is in force)
-        loop:  CALL ──► chdir(workspace) ─► lazy load file (import, hooks,
+        loop:  CALL ──► enter the workspace ─► lazy load file (import, hooks,
                         init_tools_library) ─► filter params, inject host
                         objects ─► tool(**kwargs) ─► normalize ─► RESULT
                PROMPT / MODCALL / LOAD ─► the same, for a prompt provider,
                         a module function, or the import alone ─► RESULT
+               after a CALL's RESULT: poll for the next message for the CALL's
+                        spin_us (the host's budget), then sleep in a blocking read
                SHUTDOWN / EOF ─► exit
 
 Everything a tool does to the host (confirm, ask the user, use a host
