@@ -107,6 +107,22 @@ def test_no_spinning_when_calls_in_flight_reach_the_cpus():
     assert policy.stats()["off_busy"] == 2 and policy.stats()["host_window_us"] == 0
 
 
+def test_usable_cpus_follow_a_cgroup_quota(tmp_path):
+    affinity = len(os.sched_getaffinity(0))
+    (tmp_path / "cpu.max").write_text("50000 100000\n")            # cgroup v2: half a CPU
+    assert S.usable_cpus(str(tmp_path)) == 1
+    (tmp_path / "cpu.max").write_text("max 100000\n")              # no quota
+    assert S.usable_cpus(str(tmp_path)) == affinity
+    (tmp_path / "cpu.max").unlink()
+    (tmp_path / "cpu").mkdir()                                      # cgroup v1
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("100000\n")
+    (tmp_path / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert S.usable_cpus(str(tmp_path)) == 1
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    assert S.usable_cpus(str(tmp_path)) == affinity
+    assert S.usable_cpus(str(tmp_path / "none")) == affinity
+
+
 def test_in_flight_counts_each_call_once():
     flight = S.InFlight()
     assert flight.enter(1) == 1 and flight.enter(2) == 2

@@ -33,7 +33,29 @@ from typing import Optional
 SPIN_CAP_S = 200e-6            # the longest either side ever polls for one message
 _SLACK_S = 10e-6               # added to a window: a typical wait is not a bound
 _WEIGHT = 0.25                 # of a new sample in the running averages
-USABLE_CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def usable_cpus(cgroup: str = "/sys/fs/cgroup") -> int:
+    """CPUs this process may run on: its affinity, lowered by a cgroup CPU quota
+    (a container limited to 1 CPU on a 2-CPU machine must not spin on both)."""
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    for quota_file, period_file in (("cpu.max", None), ("cpu/cpu.cfs_quota_us", "cpu/cpu.cfs_period_us")):
+        try:
+            with open(os.path.join(cgroup, quota_file)) as f:
+                words = f.read().split()
+            quota, period = words[0], words[1] if period_file is None else None
+            if period_file is not None:
+                with open(os.path.join(cgroup, period_file)) as f:
+                    period = f.read().strip()
+            if quota not in ("max", "-1") and int(period) > 0:
+                n = min(n, max(1, -(-int(quota) // int(period))))
+            break
+        except (OSError, ValueError, IndexError):
+            continue
+    return n
+
+
+USABLE_CPUS = usable_cpus()
 
 
 class InFlight:
