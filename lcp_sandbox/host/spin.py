@@ -18,7 +18,7 @@ when the typical wait is longer than the cap: spinning only where it pays off.
 Polls that miss twice in a row pause that side's polling for 1, 2, 4 ... 64
 calls (when both sides share one CPU, a poll only delays the other side).
 Nothing spins when at least as many calls are in flight in this host process
-as it has usable CPUs (``calls_in_flight``), and nothing spins outside the
+as it has usable CPUs (its affinity, or a cgroup quota; ``calls_in_flight``), and nothing spins outside the
 window right after a call: an idle worker sleeps in a blocking read.
 
 The worker's reads are bounded by what the host told it (the host's message
