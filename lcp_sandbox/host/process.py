@@ -173,7 +173,7 @@ class WorkerProcess:
         if spin is not None:
             window, budget = spin.plan(sent, in_flight)
             if type(msg) is P.Call and budget != msg.spin_us:
-                msg = msg[:-1] + (budget,)        # (pickled as a plain tuple anyway)
+                msg = msg[:-1] + (budget,)        # spin_us, its last field (sent as a plain tuple anyway)
         try:
             # A worker that stops reading cannot hold the host past the hard deadline.
             conn.send(first, msg, None if deadline is None else deadline + grace)
