@@ -55,7 +55,7 @@ SKIPPABLE = ("floor", "pickle", "inprocess", "ppe", "subprocess", "spawn", "rout
              "throughput", "memory", "discovery", "templates", "ray")
 
 TARGETS = {
-    "warm_p50": 1.05, "warm_p99": 1.25, "cold_vs_spawn": 0.06, "parallel": 1.9,
+    "warm_p50": 1.05, "warm_p99": 1.25, "warm_p50_inprocess": 1.0, "cold_vs_spawn": 0.06, "parallel": 1.9,
     "uss_mb": 8.0, "discovery_first_s": 1.0, "discovery_again_s": 0.05,
     "ray_warm_vs_actor": 1.3, "ray_cold_ms": 50.0,
     "density_uss_mb": 4096.0, "density_warm_p50": 1.1, "density_host_idle_cpu": 0.01,

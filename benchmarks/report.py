@@ -37,6 +37,10 @@ def x(v: Optional[float]) -> str:
     return "-" if v is None else (f"{v:,.0f}x" if v >= 100 else f"{v:.2f}x")
 
 
+def pct(v: Optional[float]) -> str:
+    return "-" if v is None else f"{100 * v:.0f}%"
+
+
 def table(headers: list, rows: list, align: str) -> list:
     widths = [max(len(str(h)), *(len(str(r[i])) for r in rows)) if rows else len(str(h))
               for i, h in enumerate(headers)]
@@ -124,7 +128,7 @@ def render_table(result: dict) -> str:
         lines.append(f"WARM  one small call on a live process, microseconds; {cpus}; "
                      f"{cfg.get('rounds')} interleaved rounds")
         hdr = ["path", "n", "p50", "p90", "p99", "max", "x floor p50", "x floor p99", "paired p50", "p99",
-               "cpu: host", "+threads", "worker", "runq"]
+               "cpu: host", "+threads", "worker", "runq", "spin: host", "worker"]
         for name in other:
             hdr += [f"{name} p50", f"{name} p99", f"{name} x floor"]
         rows = []
@@ -134,7 +138,8 @@ def render_table(result: dict) -> str:
                    fmt(r.get("max")), x(r.get("x_floor_p50")), x(r.get("x_floor_p99")),
                    x(r.get("x_floor_p50_paired")), x(r.get("x_floor_p99_paired")),
                    fmt(c.get("host_thread")), fmt(c.get("host_other_threads")), fmt(c.get("worker")),
-                   fmt(sum(v for v in (r.get("runq_wait_us_per_call") or {}).values() if v) or None)]
+                   fmt(sum(v for v in (r.get("runq_wait_us_per_call") or {}).values() if v) or None),
+                   pct((r.get("spin") or {}).get("host_hit_rate")), pct((r.get("spin") or {}).get("worker_hit_rate"))]
             for name, rs in other.items():
                 o = rs.get(key, {})
                 row += [fmt(o.get("p50")), fmt(o.get("p99")), x(o.get("x_floor_p50"))]
@@ -145,6 +150,8 @@ def render_table(result: dict) -> str:
         lines.append("  cpu: CPU time per call (us) of the calling thread, the host's other threads and the "
                      "serving process; runq: run-queue wait per call of the calling thread + the serving process "
                      "(/proc schedstat)")
+        lines.append("  spin: share of the waits for an answer (host) and for the next call (worker) that ended "
+                     "while polling, before sleeping (stats()[i]['spin'])")
         lines.append("")
 
     rt = result.get("routing") or {}

@@ -70,6 +70,9 @@ def run(ctx: Any) -> None:
         note=paired(50))
     add("warm_p99", f"warm call p99 / floor p99 ({pl})", ratio(sb.get("p99"), fl.get("p99")), T["warm_p99"], "<=",
         note=paired(99))
+    inp = warm.get("inprocess", {})
+    add("warm_p50_inprocess", f"warm call p50 / in-process LCPBinding p50 ({pl})", ratio(sb.get("p50"), inp.get("p50")),
+        T["warm_p50_inprocess"], "<=")
     cold = res["cold"]
     add("cold_vs_spawn", "cold first call p50 / spawn p50",
         ratio(cold.get("sandbox", {}).get("p50"), cold.get("spawn", {}).get("p50")), T["cold_vs_spawn"], "<=")

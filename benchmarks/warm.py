@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional
 
 from .harness import CpuAccount, latency_rows, now_ns, pin_process, pin_thread, pin_tid, share, timed_calls
 from .loader import child_code, load_tool_file
+from .spin_stats import add_spin, spin_summary
 
 # ---------------------------------------------------------------- code run in other processes
 
@@ -105,6 +106,10 @@ class WarmPath:
 
     def run(self, n: int) -> list:
         raise NotImplementedError
+
+    def spin_counters(self) -> Optional[dict]:
+        """The serving slot's spin counters (``stats()["spin"]``), for the sandbox's paths."""
+        return None
 
     def close(self) -> None:
         pass
@@ -216,6 +221,9 @@ class SandboxPath(WarmPath):
 
     def run(self, n: int) -> list:
         return timed_calls(self.b.execute_tool, (self.tool, self.params), n)
+
+    def spin_counters(self) -> Optional[dict]:
+        return next((s["spin"] for s in self.b.stats() if s["library"] == self.library and "spin" in s), None)
 
 
 class InProcessPath(WarmPath):
@@ -339,6 +347,7 @@ def run(ctx: Any, paths: list, prog: Any) -> None:
     rounds = max(1, cfg.rounds)
     samples = {pl: {p.key: [] for p in paths} for pl in ctx.placements}
     cpu = {pl: CpuAccount() for pl in ctx.placements}
+    spin: dict = {pl: {} for pl in ctx.placements}
     try:
         for r in range(rounds):
             for pl, (host, worker) in ctx.placements.items():
@@ -352,7 +361,9 @@ def run(ctx: Any, paths: list, prog: Any) -> None:
                     p.place(host, worker)
                     if p.warmup:
                         p.run(p.warmup)
+                    before = p.spin_counters()
                     samples[pl][p.key].append((r, cpu[pl].batch(p.key, p.cpu_pids(), p.run, n)))
+                    add_spin(spin[pl], p.key, before, p.spin_counters())
                     prog.step("warm", f"round {r + 1}/{rounds} {pl:<8} {p.label}")
     finally:
         pin_thread(ctx.all_cpus)
@@ -365,4 +376,7 @@ def run(ctx: Any, paths: list, prog: Any) -> None:
                             cpu[pl], served=lambda key: kinds[key] in ("floor", "pickle", "sandbox", "ppe"))
         for p in paths:
             rows[p.key].update(label=p.label, kind=p.kind)
+            if p.key in spin[pl]:
+                rows[p.key]["spin"] = spin_summary(spin[pl][p.key])
         ctx.result["warm"][pl] = rows
+

@@ -151,7 +151,7 @@ class Supervisor(Closing):
         slot.begin_call()
         self._watchdog.call_started(slot)
         try:
-            result = proc.exchange(msg, objects, slot.limits, timeout)
+            result = proc.exchange(msg, objects, slot.limits, timeout, slot.spin)
         except WorkerGone:
             self._died(slot, proc, tool)
         except P.ProtocolViolation as exc:

@@ -5,7 +5,8 @@
                 the output pump
     exchange()  one call, as a protocol state machine:
 
-        send CALL | PROMPT | MODCALL | LOAD
+        send CALL | PROMPT | MODCALL | LOAD      (a CALL carries the worker's spin budget)
+        poll the socket for the slot's spin window (host/spin.py), then:
         loop:  READY (first, exactly once)  ─► on_ready(report)
                REQUEST ─► HostObjects.handle() here, REPLY   (clock paused meanwhile)
                RESULT  ─► checked, returned
@@ -32,6 +33,7 @@ from ..proc import describe_exit
 from .limits import Limits
 from .objects import HostObjects
 from .output import OutputPump
+from .spin import SpinPolicy, calls_in_flight
 from .zygote import Zygote
 
 _KIND = {P.Call: P.CALL, P.Prompt: P.PROMPT, P.ModCall: P.MODCALL, P.Load: P.LOAD}
@@ -146,23 +148,45 @@ class WorkerProcess:
         return describe_exit(status)
 
     # ------------------------------------------------------------ a call
-    def exchange(self, msg: tuple, objects: HostObjects, limits: Limits, timeout: Optional[float]) -> P.Result:
+    def exchange(self, msg: tuple, objects: HostObjects, limits: Limits, timeout: Optional[float],
+                 spin: Optional[SpinPolicy] = None) -> P.Result:
         """Send ``msg`` and serve the worker until its RESULT: READY first (once),
         REQUESTs answered meanwhile; anything else, or a frame over its cap, is a
-        protocol violation.  Every read ends by the call's hard deadline.
+        protocol violation.  Every read ends by the call's hard deadline.  With
+        ``spin`` (the slot's), the first wait polls before it blocks (host/spin.py).
 
         Raises PayloadError (``msg`` could not be sent: nothing was), WorkerGone,
         DeadlinePassed (the tree was killed) or protocol.ProtocolViolation."""
+        token = id(self)                          # (one call at a time per worker)
+        in_flight = calls_in_flight.enter(token)
+        try:
+            return self._exchange(msg, objects, limits, timeout, spin, in_flight)
+        finally:
+            calls_in_flight.leave(token)
+
+    def _exchange(self, msg: tuple, objects: HostObjects, limits: Limits, timeout: Optional[float],
+                  spin: Optional[SpinPolicy], in_flight: int) -> P.Result:
         conn = self.conn
         grace = limits.grace_s
-        deadline = time.monotonic() + timeout if timeout else None
+        sent = time.monotonic()
+        deadline = sent + timeout if timeout else None
+        window = 0.0
+        first = _KIND[type(msg)]
+        if not self.ready:
+            spin = None                           # (its first call starts it: nothing to learn from)
+        if spin is not None:
+            window, budget = spin.plan(sent, in_flight)
+            if type(msg) is P.Call and budget != msg.spin_us:
+                msg = msg[:-1] + (budget,)        # spin_us, its last field (sent as a plain tuple anyway)
         try:
             # A worker that stops reading cannot hold the host past the hard deadline.
-            conn.send(_KIND[type(msg)], msg, None if deadline is None else deadline + grace)
+            conn.send(first, msg, None if deadline is None else deadline + grace)
         except TimeoutError:
             raise P.ProtocolViolation(conn.broken) from None
         except OSError:
             pass                                  # the worker is gone: the read below tells how
+        # Poll for the answer a short while before sleeping; never past the deadline.
+        caught = None if not window else conn.spin(sent + window if deadline is None else min(sent + window, deadline))
 
         if self._caps_mb != limits.max_result_mb:          # (built once, not per call)
             self._caps_mb = limits.max_result_mb
@@ -190,6 +214,8 @@ class WorkerProcess:
                         raise P.ProtocolViolation("it reported a timeout nobody signalled")
                     if conn.pending():
                         raise P.ProtocolViolation("it sent more after its RESULT")
+                    if spin is not None:
+                        spin.answered(sent, time.monotonic(), caught)
                     return reply
                 if kind == P.READY:
                     self.ready = True

@@ -24,6 +24,7 @@ from ..core.discovery import Library
 from ..proc import tree_memory
 from .limits import Limits
 from .outcomes import Unavailable
+from .spin import SpinPolicy
 
 if TYPE_CHECKING:
     from .process import WorkerProcess
@@ -109,6 +110,7 @@ class Slot:
     mem_at: float = 0.0                    # when (time.monotonic())
     sample_due: bool = False               # the watchdog will sample it (a call ended)
     idle_due: bool = False                 # the watchdog has its idle deadline
+    spin: SpinPolicy = field(default_factory=SpinPolicy)     # its warm calls' spin windows
 
     @property
     def restarts(self) -> int:
@@ -152,7 +154,13 @@ class Slot:
         ``rss``/``peak_rss`` and ``uss``/``peak_uss`` (bytes, the worker's whole process
         tree; USS: its own pages only), ``memory_age_s`` (how old ``rss``/``uss`` are),
         ``start`` ("template" or "fresh (why)"), ``protections`` (the confinement in
-        force) and ``workspace_root``.
+        force), ``workspace_root``, and ``spin`` (host/spin.py):
+        ``host_window_us`` / ``worker_window_us``, how long the host
+        polled for the last call's answer and the worker for the next call after it
+        (0: not at all); ``host_hits`` / ``host_misses``, calls whose answer the
+        host's poll caught / did not; ``worker_hits`` / ``worker_misses``, calls sent
+        within / after the worker's window; ``off_busy``, calls sent with spinning
+        off because as many calls as usable CPUs were in flight.
 
         ``rss``/``uss`` are a sample: the one taken about a second after its last call
         ended (or every 50 ms during a call with a memory limit), else read now when a
@@ -171,6 +179,7 @@ class Slot:
             "memory_age_s": age, "start": self.start or None,
             "protections": proc.protections if alive else {},
             "workspace_root": self.root or None,
+            "spin": self.spin.stats(),
         }
 
     def refuse_if_quarantined(self, tool: str, now: float) -> None:

@@ -18,9 +18,10 @@ class Connection:
 
     ``recv_frame`` reads one whole frame by an absolute deadline: a peer that
     trickles bytes cannot stretch a read past it.  A frame cut short by a
-    timeout stays buffered and the next read continues it."""
+    timeout stays buffered and the next read continues it.  ``spin`` polls for
+    the next bytes for a bounded window before a read would sleep."""
 
-    __slots__ = ("sock", "fd", "_buf", "_big", "_poll", "_rcvtimeo", "decoder", "broken")
+    __slots__ = ("sock", "fd", "_buf", "_big", "_poll", "_rcvtimeo", "_spun", "decoder", "broken")
 
     def __init__(self, sock: socket.socket) -> None:
         sock.setblocking(True)
@@ -30,6 +31,7 @@ class Connection:
         self._big: Optional[list] = None        # [kind, bytearray, bytes read] of a large frame
         self._poll: Optional[select.poll] = None
         self._rcvtimeo: Optional[float] = None
+        self._spun: Optional[bytes] = None      # what spin() read, for the next read
         self.decoder = Decoder()
         self.broken: Optional[str] = None       # set once the peer broke the protocol
 
@@ -94,13 +96,7 @@ class Connection:
             if len(buf) >= 5:
                 n, kind = _HDR.unpack_from(buf)
                 if caps is not None:
-                    cap = caps.get(kind)
-                    if cap is None:
-                        self.broken = f"a message of kind {kind} it may not send now"
-                        raise ProtocolViolation(self.broken)
-                    if n > cap:
-                        self.broken = f"a frame of {n} bytes announced, over the {cap}-byte cap of its kind"
-                        raise ProtocolViolation(self.broken)
+                    self._check(kind, n, caps)
                 if len(buf) >= 5 + n:
                     data = bytes(buf[5:5 + n])
                     del buf[:5 + n]
@@ -115,7 +111,22 @@ class Connection:
             chunk = self._recv(deadline)
             if not chunk:
                 raise EOFError("peer closed the connection")
+            if not buf and len(chunk) >= 5:       # the common case: one read, one whole frame
+                n, kind = _HDR.unpack_from(chunk)
+                if len(chunk) == 5 + n:
+                    if caps is not None:
+                        self._check(kind, n, caps)
+                    return kind, chunk[5:]
             buf += chunk
+
+    def _check(self, kind: int, n: int, caps: dict) -> None:
+        cap = caps.get(kind)
+        if cap is None:
+            self.broken = f"a message of kind {kind} it may not send now"
+            raise ProtocolViolation(self.broken)
+        if n > cap:
+            self.broken = f"a frame of {n} bytes announced, over the {cap}-byte cap of its kind"
+            raise ProtocolViolation(self.broken)
 
     def _recv_big(self, deadline: Optional[float]) -> tuple[int, bytes]:
         # Large frames are read straight into their final buffer.
@@ -137,6 +148,10 @@ class Connection:
         # A timeout is a socket option (SO_RCVTIMEO), not a poll() before each
         # read: one syscall per message.  The option is only changed when it is
         # more than 10 ms off, so calls with the same timeout set it once.
+        spun = self._spun
+        if spun is not None:
+            self._spun = None
+            return spun
         if deadline is None:
             if self._rcvtimeo is not None:
                 self._set_rcvtimeo(None)
@@ -167,17 +182,35 @@ class Connection:
         if not self._poller().poll(max(0.0, deadline - time.monotonic()) * 1000.0):
             raise TimeoutError
 
+    def spin(self, until: float) -> bool:
+        """Poll for the peer's next bytes, without sleeping, until ``until``
+        (time.monotonic()): True as soon as there are some (or the peer hung up),
+        False when the window passed.  What it reads is kept for recv_frame (a
+        non-blocking read per turn: when the bytes come, no second syscall)."""
+        if self._buf or self._big is not None or self._spun is not None:
+            return True
+        recv, clock, flags = self.sock.recv, time.monotonic, socket.MSG_DONTWAIT
+        while True:
+            try:
+                self._spun = recv(_BIG, flags)
+                return True
+            except BlockingIOError:
+                if clock() >= until:
+                    return False
+            except OSError:
+                return True                       # recv_frame's read says what
+
     def readable_now(self) -> bool:
         """True if the peer sent something or hung up (an idle worker never does)."""
-        return bool(self._buf) or self._big is not None or bool(self._poller().poll(0))
+        return self.pending() or bool(self._poller().poll(0))
 
     def pending(self) -> bool:
         """Bytes already read that belong to no message yet."""
-        return bool(self._buf) or self._big is not None
+        return bool(self._buf) or self._big is not None or self._spun is not None
 
     def sent_while_idle(self) -> bool:
         """True if the peer sent bytes (not just hung up) when it had nothing to say."""
-        if self._buf or self._big is not None:
+        if self._buf or self._big is not None or self._spun:
             return True
         try:
             return bool(self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))

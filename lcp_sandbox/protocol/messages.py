@@ -55,6 +55,7 @@ class Call(NamedTuple):
     cwd: str
     injected: Optional[dict]  # host objects, lent as refs
     handlers: int
+    spin_us: int = 0          # after its RESULT, the worker polls this long for the next CALL (host/spin.py)
 
 
 class Prompt(NamedTuple):

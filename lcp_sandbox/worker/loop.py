@@ -2,11 +2,13 @@
 
     serve(sock) ── INIT ──► prepare(): environment, confinement, limits
                  ◄── READY (what is in force)
-        loop:  CALL ──► chdir(workspace) ─► lazy load file (import, hooks,
+        loop:  CALL ──► enter the workspace ─► lazy load file (import, hooks,
                         init_tools_library) ─► filter params, inject host
                         objects ─► tool(**kwargs) ─► normalize ─► RESULT
                PROMPT / MODCALL / LOAD ─► the same, for a prompt provider,
                         a module function, or the import alone ─► RESULT
+               after a CALL's RESULT: poll for the next message for the CALL's
+                        spin_us (the host's budget), then sleep in a blocking read
                SHUTDOWN / EOF ─► exit
 
 Everything a tool does to the host (confirm, ask the user, use a host
@@ -26,6 +28,7 @@ import inspect
 import os
 import signal
 import sys
+import time
 import traceback
 import types
 from pathlib import Path
@@ -190,6 +193,15 @@ class Worker:
             for mod in self.modules:
                 if mod is not None:
                     self._hooks(mod, None)
+        # Already there?  getcwd() is the kernel's path of the current directory, equal to
+        # ``cwd`` only while that path leads to it: a removed workspace raises, a renamed one
+        # (or one under a renamed parent) differs, and a recreated one is entered anew.
+        # Half the cost of a chdir.
+        try:
+            if os.getcwd() == cwd:
+                return
+        except OSError:
+            pass
         os.chdir(cwd)
 
     # ------------------------------------------------------------ calling
@@ -345,7 +357,7 @@ def serve(sock) -> None:
         signal.signal(P.SOFT_TIMEOUT_SIGNAL, on_soft_timeout)   # before READY: the host may signal then
         conn.send_encoded(worker.ch.encoder.encode(P.READY, [report]))
 
-        recv, loads = conn.recv_frame, P.loads_from_host
+        recv, loads, spin, monotonic = conn.recv_frame, P.loads_from_host, conn.spin, time.monotonic
         ops = {P.CALL: (worker.call, "tool"), P.MODCALL: (worker.modcall, "function"),
                P.PROMPT: (worker.prompt, "prompt provider"), P.LOAD: (worker.load, "load")}
         while True:
@@ -366,6 +378,8 @@ def serve(sock) -> None:
             worker.reply(op[1], msg[0] if kind != P.LOAD else worker.library, fields)
             if fields[1] == P.LOAD_FAILED:       # the library failed to load: start afresh
                 break
+            if kind == P.CALL and msg.spin_us:   # the host expects the next call soon
+                spin(monotonic() + msg.spin_us * 1e-6)
     except BaseException:
         code = 70
         try:
