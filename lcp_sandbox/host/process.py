@@ -34,6 +34,7 @@ from .objects import HostObjects
 from .output import OutputPump
 from .zygote import Zygote
 
+
 _KIND = {P.Call: P.CALL, P.Prompt: P.PROMPT, P.ModCall: P.MODCALL, P.Load: P.LOAD}
 _READY_CAPS = {P.READY: P.READY_CAP}
 HOST_WAIT_PAUSES_S = 0.005     # a REQUEST the host took at least this long to answer pauses the clock
@@ -76,11 +77,11 @@ class WorkerProcess:
         log_r, log_w = os.pipe()
         conn = P.Connection(host_sock)
         try:
-            # INIT waits in the socket; the worker reads it as soon as it runs.
-            # The call itself follows at once: nobody waits for the fork.
-            conn.send(P.INIT, init)
+            # The zygote hands the descriptors to a waiting spare while INIT is encoded
+            # and sent here; the call itself follows at once: nobody waits for the fork.
             forked = (zygote.fork(worker_sock.fileno(), log_w, template) if template
                       else zygote.fork(worker_sock.fileno(), log_w))
+            conn.send(P.INIT, init)
         except BaseException:
             conn.close()
             os.close(log_r)
