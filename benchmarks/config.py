@@ -50,6 +50,8 @@ TARGETS = {
     "warm_p50": 1.05, "warm_p99": 1.25, "cold_vs_spawn": 0.06, "parallel": 1.9,
     "uss_mb": 8.0, "discovery_first_s": 1.0, "discovery_again_s": 0.05,
     "ray_warm_vs_actor": 1.3, "ray_cold_ms": 50.0,
+    "cold_p50_ms": 1.5, "cold_p99_ms": 4.0, "uss_plain_mb": 2.0,
+    "template_p50_ms": 5.0, "fresh_over_template": 30.0, "uss_template_mb": 4.0,
 }
 
 # The sandbox's 2 x 2 scaling may exceed the machine's ceiling measured in the same rounds

@@ -20,7 +20,8 @@ TINY = dict(calls=40, rounds=2, subprocess_calls=2, cold_reps=2, zygote_reps=1, 
             routing_workers=8, routing_calls=40, routing_rounds=2, routing_window_s=0.05, skip=("ray",))
 
 TARGET_NAMES = {"warm_p50", "warm_p99", "cold_vs_spawn", "parallel", "uss_first", "uss_after",
-                "discovery_first", "discovery_again"}
+                "discovery_first", "discovery_again", "cold_p50", "cold_p99", "uss_plain", "template_p50",
+                "fresh_over_template", "uss_template"}
 
 
 def _has_matplotlib() -> bool:
