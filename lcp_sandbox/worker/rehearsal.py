@@ -6,7 +6,8 @@ hundreds of page copies and faults on its critical path.  A spare (plain, from
 the zygote, or a template's) waits for its descriptors anyway, so it runs
 loop.session() first on a socketpair of its own:
 
-    INIT  (its own environment; limits: only what every worker sets anyway, no core files)
+    INIT  (its own environment and 64 more variables, unset afterwards; limits: only
+           what every worker sets anyway, no core files)
     ◄── READY
     CALL  tool_rehearse in lcp_sandbox_rehearsal.py (imported from its file, as a library is)
     ◄── RESULT
@@ -27,6 +28,9 @@ from . import loop
 
 LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lcp_sandbox_rehearsal.py")
 _MODULE = loop.PERSISTENT_PREFIX + "lcp_sandbox_rehearsal"
+# Variables set, then unset: the C library's environment array grows to hold a host's
+# environment, and the memory its setenv() allocates is paged in, before the real INIT.
+_ENV = {f"LCP_SANDBOX_REHEARSAL_{i}": "x" * 48 for i in range(64)}
 
 
 def rehearse() -> None:
@@ -36,7 +40,8 @@ def rehearse() -> None:
     host = P.Connection(host_end)
     cwd = os.getcwd()
     try:
-        host.send(P.INIT, P.Init("_rehearsal", [LIBRARY], None, {}, 0, None, dict(os.environ), None, None, [],
+        env = {**os.environ, **_ENV}
+        host.send(P.INIT, P.Init("_rehearsal", [LIBRARY], None, {}, 0, None, env, None, None, [],
                                  {"max_result_mb": 64}))
         host.send(P.CALL, P.Call("tool_rehearse", 0, {"a": 1, "b": "x"}, cwd, None, 0))
         host.send(P.SHUTDOWN)
@@ -51,4 +56,6 @@ def rehearse() -> None:
         host.close()
         ours.close()
         os.chdir(cwd)
+        for key in _ENV:
+            os.environ.pop(key, None)
         sys.modules.pop(_MODULE, None)
