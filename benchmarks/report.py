@@ -256,6 +256,15 @@ def write_plot(result: dict, path: str) -> None:
             colors[kind] = f"C{len(colors)}"
         return colors[kind]
 
+    def dress(ax: Any, xlabel: str, ylabel: str, title: str) -> None:
+        ax.set_xscale("log")
+        ax.set_ylim(0, 1.02)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
+
     def ecdf(ax: Any, xs: list, **kw: Any) -> None:
         s = sorted(x for x in xs if x > 0)
         if s:
@@ -272,14 +281,9 @@ def write_plot(result: dict, path: str) -> None:
     for cond, r in ((result.get("routing") or {}).get("rows") or {}).items():
         ecdf(a1, r.get("samples_us", []), color=color("routing"), lw=1.4, ls="-" if cond == "one" else "--",
              label=f"routing: {r['label']} (p50 {fmt(r.get('p50'))} us)")
-    a1.set_xscale("log")
-    a1.set_ylim(0, 1.02)
-    a1.set_xlabel("round trip, microseconds (log)")
-    a1.set_ylabel("fraction of calls")
     where = (f"host CPU {m.get('host_cpu')}, worker CPU {m.get('worker_cpu')}" if pl == "split" else "unpinned")
-    a1.set_title(f"warm: one small call ({where}; dotted: unpinned)")
-    a1.grid(True, which="both", alpha=0.3)
-    a1.legend(fontsize=7, loc="lower right")
+    dress(a1, "round trip, microseconds (log)", "fraction of calls",
+          f"warm: one small call ({where}; dotted: unpinned)")
 
     kinds = {"sandbox": "sandbox", "sandbox_heavy": "sandbox", "spawn": "spawn", "subprocess": "subprocess",
              "ppe": "ppe", "inprocess": "inprocess", "zygote_start": "zygote", "new_host": "zygote"}
@@ -289,13 +293,7 @@ def write_plot(result: dict, path: str) -> None:
               else "-." if ":" in key else "-")
         ecdf(a2, r.get("samples_ms", []), color=color(kind), lw=1.8, ls=ls,
              label=f"{r['label']} (p50 {fmt(r.get('p50'))} ms)")
-    a2.set_xscale("log")
-    a2.set_ylim(0, 1.02)
-    a2.set_xlabel("new process to first result, milliseconds (log)")
-    a2.set_ylabel("fraction of starts")
-    a2.set_title("cold: a never-run library")
-    a2.grid(True, which="both", alpha=0.3)
-    a2.legend(fontsize=7, loc="lower right")
+    dress(a2, "new process to first result, milliseconds (log)", "fraction of starts", "cold: a never-run library")
 
     if tpl:
         a3 = axes[2]
@@ -306,13 +304,8 @@ def write_plot(result: dict, path: str) -> None:
             if key in tpl:
                 ecdf(a3, tpl[key].get("samples_ms", []), color=color(f"tpl:{key.split('_')[0]}"), lw=1.8, ls=ls,
                      label=f"{label} (p50 {fmt(tpl[key].get('p50'))} ms)")
-        a3.set_xscale("log")
-        a3.set_ylim(0, 1.02)
-        a3.set_xlabel("a new tenant's first call, milliseconds (log)")
-        a3.set_ylabel("fraction of starts")
-        a3.set_title("cold start by kind: plain, templated, fresh import")
-        a3.grid(True, which="both", alpha=0.3)
-        a3.legend(fontsize=7, loc="lower right")
+        dress(a3, "a new tenant's first call, milliseconds (log)", "fraction of starts",
+              "cold start by kind: plain, templated, fresh import")
 
     met = [t for t in result.get("targets", []) if t.get("met") is not None]
     fig.suptitle(f"lcp-sandbox bench, python {m.get('python')}, {m.get('cpu_count')} CPUs; targets met "
