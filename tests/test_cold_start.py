@@ -9,10 +9,11 @@ import psutil
 import pytest
 
 from lcp_sandbox import SandboxedBinding, Supervisor
+from lcp_sandbox.host import zygote as host_zygote
 from lcp_sandbox.worker import confine, zygote
 
 PROBE = '''
-import gc, sys
+import gc, os, sys
 
 _FROZEN = gc.get_freeze_count()
 _TRACKED = {id(o) for o in gc.get_objects()}
@@ -23,6 +24,7 @@ def tool_probe() -> dict:
     loop = sys.modules["lcp_sandbox.worker.loop"]
     code = loop.session.__code__
     return {"success": True, "output": {
+        "pid": os.getpid(),
         "rehearsed": list(loop.REHEARSED),
         "frozen": _FROZEN,
         # modules the zygote imported before gc.freeze() are in no collected generation
@@ -72,17 +74,22 @@ def test_a_template_worker_was_rehearsed_too(probe):
     assert not out["rehearsal_module_left"]
 
 
-def test_the_zygote_keeps_a_reserve_of_spares(probe):
-    probe("t1")                                     # one handed out (and retired): a replacement follows
-    zygote_process = psutil.Process(probe.sup._zygote.pid)
+def test_spares_and_a_worker_forked_ahead_are_waiting(probe):
+    """After a cold start (its worker retired), the zygote refills its spares and the
+    host its worker forked ahead: a burst of cold starts forks nothing."""
+    probe("t1")
+    zyg = probe.sup._zygote
+    zygote_process = psutil.Process(zyg.pid)
 
     def waiting() -> int:
         return sum(1 for p in zygote_process.children() if p.status() != psutil.STATUS_ZOMBIE)
     deadline = time.monotonic() + 30
-    while waiting() != zygote.PLAIN_SPARES:
-        assert time.monotonic() < deadline, "the zygote did not refill its reserve of spares"
+    while waiting() != zygote.PLAIN_SPARES + host_zygote.RESERVED or len(zyg._reserved) != host_zygote.RESERVED:
+        assert time.monotonic() < deadline, "the zygote's spares or the host's reserved worker were not refilled"
         time.sleep(0.01)
-    assert zygote.PLAIN_SPARES >= 2                 # a burst of cold starts forks nothing
+    assert zygote.PLAIN_SPARES >= 2 and host_zygote.RESERVED >= 1
+    reserved_pid = zyg._reserved[0][2].result(10)
+    assert probe("t2")["pid"] == reserved_pid       # the next cold start is served by it
 
 
 def test_set_environment_makes_the_environment_exactly_the_given_one(monkeypatch):

@@ -1,8 +1,9 @@
 """One worker process as the host sees it: its connection, its pid, its end.
 
-    start()     INIT into a fresh socketpair, FORK to the zygote (the pid comes
-                later, as a Future: the call is sent at once), stdout/stderr to
-                the output pump
+    start()     INIT to a worker the zygote forked ahead (host/zygote.py take()),
+                or else FORK to the zygote with a fresh socketpair and INIT into it
+                (the pid comes later, as a Future: the call is sent at once);
+                stdout/stderr to the output pump
     exchange()  one call, as a protocol state machine:
 
         send CALL | PROMPT | MODCALL | LOAD
@@ -72,7 +73,23 @@ class WorkerProcess:
     def start(cls, zygote: Zygote, init: P.Init, pump: OutputPump, library: str,
               log_bytes_per_s: int, template: int = 0) -> "WorkerProcess":
         """Fork a worker that will serve ``init`` (from the library's ``template``
-        process when given, see host/templates.py); raises ZygoteGone or OSError."""
+        process when given, see host/templates.py); raises ZygoteGone or OSError.
+        Without a template, a worker the zygote forked ahead serves when there is one."""
+        reserved = None if template else zygote.take()
+        if reserved is not None:
+            host_sock, log_r, forked = reserved
+            conn = P.Connection(host_sock)
+            try:
+                conn.send(P.INIT, init)
+            except BaseException as exc:
+                conn.close()
+                os.close(log_r)
+                if not isinstance(exc, OSError):
+                    raise
+                # (it died waiting: a fresh one below)
+            else:
+                pump.add(log_r, library, log_bytes_per_s)
+                return cls(forked, zygote, conn, init.tmpdir)
         host_sock, worker_sock = P.pair()
         log_r, log_w = os.pipe()
         conn = P.Connection(host_sock)
