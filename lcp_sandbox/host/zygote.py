@@ -142,6 +142,7 @@ class Zygote:
             self.alive = False
             self._cond.notify_all()
         self._ready.set()
+        self._drop_reserved()                    # they died with the zygote
         for fut in list(self._pending.values()):
             fut.set_exception(ZygoteGone("the zygote process is gone"))
         self._pending.clear()
@@ -247,10 +248,13 @@ class Zygote:
             self.proc.kill()
             self.proc.wait()
         self._reader.join(timeout)
+        self._drop_reserved()
+        for fd in (self._wake_r, self._wake_w):
+            os.close(fd)
+
+    def _drop_reserved(self) -> None:
         with self._send_lock:
             reserved, self._reserved = self._reserved, []
         for sock, log_r, _ in reserved:
             sock.close()
             os.close(log_r)
-        for fd in (self._wake_r, self._wake_w):
-            os.close(fd)
