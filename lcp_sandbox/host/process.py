@@ -75,7 +75,8 @@ class WorkerProcess:
         """Fork a worker that will serve ``init`` (from the library's ``template``
         process when given, see host/templates.py); raises ZygoteGone or OSError.
         Without a template, a worker the zygote forked ahead serves when there is one."""
-        reserved = None if template else zygote.take()
+        take = None if template else getattr(zygote, "take", None)   # (a stand-in may only fork)
+        reserved = take() if take else None
         if reserved is not None:
             host_sock, log_r, forked = reserved
             conn = P.Connection(host_sock)
