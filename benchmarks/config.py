@@ -60,6 +60,8 @@ TARGETS = {
     "ray_warm_vs_actor": 1.3, "ray_cold_ms": 50.0,
     "density_uss_mb": 4096.0, "density_warm_p50": 1.1, "density_host_idle_cpu": 0.01,
     "density_pool_idle_runs": 0, "density_stats_ms": 20.0,
+    "cold_p50_ms": 1.5, "cold_p99_ms": 4.0, "uss_plain_mb": 2.0,
+    "template_p50_ms": 5.0, "fresh_over_template": 30.0, "uss_template_mb": 4.0,
 }
 
 # The sandbox's 2 x 2 scaling may exceed the machine's ceiling measured in the same rounds

@@ -178,11 +178,11 @@ def render_table(result: dict) -> str:
     if cold:
         lines.append(f"COLD  from nothing to the first result, milliseconds; {cfg.get('cold_reps')} fresh "
                      f"starts each, interleaved; phases are p50s from stamps taken in the tool's process")
-        hdr = ["path", "n", "p50", "p90", "max", "x spawn", "x floor", "start", "import+init", "call"]
+        hdr = ["path", "n", "p50", "p90", "p99", "max", "x spawn", "x floor", "start", "import+init", "call"]
         rows = []
         for key, r in cold.items():
             ph = r.get("phases", {})
-            rows.append([r["label"], r["n"], fmt(r.get("p50")), fmt(r.get("p90")), fmt(r.get("max")),
+            rows.append([r["label"], r["n"], fmt(r.get("p50")), fmt(r.get("p90")), fmt(r.get("p99")), fmt(r.get("max")),
                          x(r.get("x_spawn_p50")), x(r.get("x_floor_p50")),
                          fmt(ph.get("start", {}).get("p50")), fmt(ph.get("import_init", {}).get("p50")),
                          fmt(ph.get("call", {}).get("p50"))])
@@ -277,7 +277,8 @@ def render_table(result: dict) -> str:
 
 
 def write_plot(result: dict, path: str) -> None:
-    """PNG: warm and cold latency distributions (ECDFs on a log axis), one series per path."""
+    """PNG: warm and cold latency distributions (ECDFs on a log axis), one series per path;
+    cold start by kind (plain, from a template, fresh import) when the templates section ran."""
     import matplotlib
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
@@ -286,13 +287,24 @@ def write_plot(result: dict, path: str) -> None:
     pl = m.get("headline_placement", "split")
     warm = result.get("warm", {})
     cold = result.get("cold", {})
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(14, 5.5))
+    tpl = (result.get("templates") or {}).get("rows") or {}
+    fig, axes = plt.subplots(1, 3 if tpl else 2, figsize=(21 if tpl else 14, 5.5))
+    a1, a2 = axes[0], axes[1]
     colors = {}
 
     def color(kind: str) -> Any:
         if kind not in colors:
             colors[kind] = f"C{len(colors)}"
         return colors[kind]
+
+    def dress(ax: Any, xlabel: str, ylabel: str, title: str) -> None:
+        ax.set_xscale("log")
+        ax.set_ylim(0, 1.02)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
 
     def ecdf(ax: Any, xs: list, **kw: Any) -> None:
         s = sorted(x for x in xs if x > 0)
@@ -310,14 +322,9 @@ def write_plot(result: dict, path: str) -> None:
     for cond, r in ((result.get("routing") or {}).get("rows") or {}).items():
         ecdf(a1, r.get("samples_us", []), color=color("routing"), lw=1.4, ls="-" if cond == "one" else "--",
              label=f"routing: {r['label']} (p50 {fmt(r.get('p50'))} us)")
-    a1.set_xscale("log")
-    a1.set_ylim(0, 1.02)
-    a1.set_xlabel("round trip, microseconds (log)")
-    a1.set_ylabel("fraction of calls")
     where = (f"host CPU {m.get('host_cpu')}, worker CPU {m.get('worker_cpu')}" if pl == "split" else "unpinned")
-    a1.set_title(f"warm: one small call ({where}; dotted: unpinned)")
-    a1.grid(True, which="both", alpha=0.3)
-    a1.legend(fontsize=7, loc="lower right")
+    dress(a1, "round trip, microseconds (log)", "fraction of calls",
+          f"warm: one small call ({where}; dotted: unpinned)")
 
     kinds = {"sandbox": "sandbox", "sandbox_heavy": "sandbox", "spawn": "spawn", "subprocess": "subprocess",
              "ppe": "ppe", "inprocess": "inprocess", "zygote_start": "zygote", "new_host": "zygote"}
@@ -327,13 +334,19 @@ def write_plot(result: dict, path: str) -> None:
               else "-." if ":" in key else "-")
         ecdf(a2, r.get("samples_ms", []), color=color(kind), lw=1.8, ls=ls,
              label=f"{r['label']} (p50 {fmt(r.get('p50'))} ms)")
-    a2.set_xscale("log")
-    a2.set_ylim(0, 1.02)
-    a2.set_xlabel("new process to first result, milliseconds (log)")
-    a2.set_ylabel("fraction of starts")
-    a2.set_title("cold: a never-run library")
-    a2.grid(True, which="both", alpha=0.3)
-    a2.legend(fontsize=7, loc="lower right")
+    dress(a2, "new process to first result, milliseconds (log)", "fraction of starts", "cold: a never-run library")
+
+    if tpl:
+        a3 = axes[2]
+        for key, label, ls in (("plain", "plain library, never run (zygote's spare)", "-"),
+                               ("plain_off", "  the same, templates off", ":"),
+                               ("template", "numpy library, from its template", "-"),
+                               ("fresh", "numpy library, fresh import", "--")):
+            if key in tpl:
+                ecdf(a3, tpl[key].get("samples_ms", []), color=color(f"tpl:{key.split('_')[0]}"), lw=1.8, ls=ls,
+                     label=f"{label} (p50 {fmt(tpl[key].get('p50'))} ms)")
+        dress(a3, "a new tenant's first call, milliseconds (log)", "fraction of starts",
+              "cold start by kind: plain, templated, fresh import")
 
     met = [t for t in result.get("targets", []) if t.get("met") is not None]
     fig.suptitle(f"lcp-sandbox bench, python {m.get('python')}, {m.get('cpu_count')} CPUs; targets met "

@@ -76,6 +76,20 @@ def run(ctx: Any) -> None:
     cold = res["cold"]
     add("cold_vs_spawn", "cold first call p50 / spawn p50",
         ratio(cold.get("sandbox", {}).get("p50"), cold.get("spawn", {}).get("p50")), T["cold_vs_spawn"], "<=")
+    plain = cold.get("sandbox", {})
+    add("cold_p50", "cold first call of a never-run plain library, p50", plain.get("p50"), T["cold_p50_ms"], "<=", "ms")
+    add("cold_p99", "cold first call of a never-run plain library, p99", plain.get("p99"), T["cold_p99_ms"], "<=", "ms",
+        "" if plain.get("n", 0) >= 100 else f"p99 of {plain.get('n', 0)} starts")
+    tpl = res.get("templates") or {}
+    uss = tpl.get("uss_mb") or {}
+    add("uss_plain", "worker USS after its first call, never-run plain library (zygote's spare)", uss.get("plain"),
+        T["uss_plain_mb"], "<=", "MB")
+    add("template_p50", "numpy library, new tenant's first call from its template, p50",
+        (tpl.get("rows") or {}).get("template", {}).get("p50"), T["template_p50_ms"], "<=", "ms")
+    add("fresh_over_template", "numpy library: fresh import p50 / start from its template p50",
+        tpl.get("fresh_over_template"), T["fresh_over_template"], ">=")
+    add("uss_template", "worker USS after its first call, numpy library from its template", uss.get("template"),
+        T["uss_template_mb"], "<=", "MB")
     par = parallel(ctx)
     add("parallel", f"2 libraries x 2 threads / 1 x 1 (tool_cpu {ctx.cfg.cpu_ms:g} ms)", par.pop("value"),
         T["parallel"], ">=", note=par.pop("note"), **par)

@@ -60,7 +60,7 @@ def measure(rounds: int = 20, seed: int = 1) -> dict:
             for t in ("bench-tpl-0", "bench-tpl-1"):      # the second worker makes the template
                 warm = SandboxedBinding(tools_folders=[np_dir], workspace=ws, supervisor=sup, tenant=t)
                 assert warm.execute_tool("tool_np", {})["status_code"] == 200
-            uss["template"] = memory(sup.pool_stats()["templates"][0]["pid"])[1]
+            uss["template_process"] = memory(sup.pool_stats()["templates"][0]["pid"])[1]
             for r in range(rounds):
                 kinds = ["template", "fresh", "plain", "plain_off"]
                 rng.shuffle(kinds)
@@ -91,7 +91,7 @@ def measure(rounds: int = 20, seed: int = 1) -> dict:
                     if r == rounds - 1:
                         uss[kind] = memory(st["pid"])[1]
                     b.close()
-        rows = {k: summarize(v, 1e-3) for k, v in times.items()}
+        rows = {k: {**summarize(v, 1e-3), "samples_ms": [round(x * 1e3, 4) for x in v]} for k, v in times.items()}
         return {"rows": rows, "uss_mb": {k: v / 1048576 for k, v in uss.items()},
                 "fresh_over_template": ratio(rows["fresh"]["p50"], rows["template"]["p50"])}
     finally:
@@ -107,7 +107,9 @@ def render(res: dict) -> str:
         row = res["rows"][k]
         out.append(f"  {label:<40} {row['p50']:8.2f} {row['p99']:8.2f}")
     out.append(f"  fresh import / template (p50): {res['fresh_over_template']:.1f}x")
-    out.append("  USS after the first call (MB): " + ", ".join(f"{k} {v:.1f}" for k, v in res["uss_mb"].items()))
+    out.append("  USS after the first call (MB): " + ", ".join(
+        f"{k} {v:.2f}" for k, v in res["uss_mb"].items() if k != "template_process")
+        + f"; the template process itself {res['uss_mb'].get('template_process', 0):.2f}")
     return "\n".join(out)
 
 

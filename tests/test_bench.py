@@ -23,7 +23,8 @@ TINY = dict(calls=40, rounds=2, subprocess_calls=2, cold_reps=2, zygote_reps=1, 
 
 TARGET_NAMES = {"warm_p50", "warm_p99", "warm_p50_inprocess", "cold_vs_spawn", "parallel", "uss_first", "uss_after",
                 "discovery_first", "discovery_again", "density_uss", "density_warm_p50", "density_host_idle_cpu",
-                "density_pool_idle_runs", "density_stats_ms"}
+                "density_pool_idle_runs", "density_stats_ms", "cold_p50", "cold_p99", "uss_plain", "template_p50",
+                "fresh_over_template", "uss_template"}
 
 
 def _has_matplotlib() -> bool:

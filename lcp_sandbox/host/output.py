@@ -1,6 +1,7 @@
 """What tools print: worker stdout/stderr pipes forwarded to host logging.
 
-One thread serves every worker's pipe.  Output is cut into lines (each at
+One thread serves every worker's pipe (epoll: a new pipe is added from the
+starting thread, without waking the pump).  Output is cut into lines (each at
 most ``MAX_LINE`` characters) and logged on ``lcp_sandbox.tool.<library>``;
 each worker may log ``bytes_per_s`` per second, the rest is counted and
 reported in one line, so a tool printing in a loop cannot flood the host.
@@ -16,6 +17,7 @@ import time
 from typing import Optional
 
 MAX_LINE = 4096
+_LIVE_REGISTER = selectors.DefaultSelector is getattr(selectors, "EpollSelector", None)
 
 
 class _Stream:
@@ -62,7 +64,6 @@ class OutputPump:
         os.set_blocking(self._wake_w, False)
         self._sel.register(self._wake_r, selectors.EVENT_READ, None)
         self._lock = threading.Lock()
-        self._adds: list[tuple[int, _Stream]] = []
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="lcp-sandbox-output", daemon=True)
         self._thread.start()
@@ -71,8 +72,14 @@ class OutputPump:
         """Start forwarding ``fd`` (read end; the pump closes it at EOF)."""
         os.set_blocking(fd, False)
         with self._lock:
-            self._adds.append((fd, _Stream(library, bytes_per_s)))
-        self._wake()
+            if self._closed:
+                os.close(fd)
+                return
+            # Registered from here: an epoll set may change while the pump waits in it, so
+            # a new worker's start does not wake the pump thread (a cold start is short of CPU).
+            self._sel.register(fd, selectors.EVENT_READ, _Stream(library, bytes_per_s))
+        if not _LIVE_REGISTER:
+            self._wake()
 
     def _wake(self) -> None:
         try:
@@ -89,10 +96,7 @@ class OutputPump:
                     except BlockingIOError:
                         pass
                     with self._lock:
-                        adds, self._adds = self._adds, []
                         closed = self._closed
-                    for fd, stream in adds:
-                        self._sel.register(fd, selectors.EVENT_READ, stream)
                     if closed:
                         self._drain_all()
                         return

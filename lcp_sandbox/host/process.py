@@ -1,8 +1,9 @@
 """One worker process as the host sees it: its connection, its pid, its end.
 
-    start()     INIT into a fresh socketpair, FORK to the zygote (the pid comes
-                later, as a Future: the call is sent at once), stdout/stderr to
-                the output pump
+    start()     INIT to a worker the zygote forked ahead (host/zygote.py take()),
+                or else FORK to the zygote with a fresh socketpair and INIT into it
+                (the pid comes later, as a Future: the call is sent at once);
+                stdout/stderr to the output pump
     exchange()  one call, as a protocol state machine:
 
         send CALL | PROMPT | MODCALL | LOAD      (a CALL carries the worker's spin budget)
@@ -35,6 +36,7 @@ from .objects import HostObjects
 from .output import OutputPump
 from .spin import SpinPolicy, calls_in_flight
 from .zygote import Zygote
+
 
 _KIND = {P.Call: P.CALL, P.Prompt: P.PROMPT, P.ModCall: P.MODCALL, P.Load: P.LOAD}
 _READY_CAPS = {P.READY: P.READY_CAP}
@@ -74,16 +76,33 @@ class WorkerProcess:
     def start(cls, zygote: Zygote, init: P.Init, pump: OutputPump, library: str,
               log_bytes_per_s: int, template: int = 0) -> "WorkerProcess":
         """Fork a worker that will serve ``init`` (from the library's ``template``
-        process when given, see host/templates.py); raises ZygoteGone or OSError."""
+        process when given, see host/templates.py); raises ZygoteGone or OSError.
+        Without a template, a worker the zygote forked ahead serves when there is one."""
+        take = None if template else getattr(zygote, "take", None)   # (a stand-in may only fork)
+        reserved = take() if take else None
+        if reserved is not None:
+            host_sock, log_r, forked = reserved
+            conn = P.Connection(host_sock)
+            try:
+                conn.send(P.INIT, init)
+            except BaseException as exc:
+                conn.close()
+                os.close(log_r)
+                if not isinstance(exc, OSError):
+                    raise
+                # (it died waiting: a fresh one below)
+            else:
+                pump.add(log_r, library, log_bytes_per_s)
+                return cls(forked, zygote, conn, init.tmpdir)
         host_sock, worker_sock = P.pair()
         log_r, log_w = os.pipe()
         conn = P.Connection(host_sock)
         try:
-            # INIT waits in the socket; the worker reads it as soon as it runs.
-            # The call itself follows at once: nobody waits for the fork.
-            conn.send(P.INIT, init)
+            # The zygote hands the descriptors to a waiting spare while INIT is encoded
+            # and sent here; the call itself follows at once: nobody waits for the fork.
             forked = (zygote.fork(worker_sock.fileno(), log_w, template) if template
                       else zygote.fork(worker_sock.fileno(), log_w))
+            conn.send(P.INIT, init)
         except BaseException:
             conn.close()
             os.close(log_r)

@@ -8,16 +8,23 @@ kill and signal workers, learn how they ended.
     kill / signal(pid) ── KILL / SIGNAL ─►
     reader thread ◄── EXITED(pid, status) ── wait_exit(), on_exit(pid, status)
 
+    take() ── a worker forked ahead (FORK sent when nobody waited): it holds its
+              socket and log pipe and waits for an INIT, so a cold start sends INIT
+              and the call to it at once, with no zygote in the way; the reader
+              thread forks its replacement a moment later (RESERVE_DELAY_S)
+
 Records are protocol/control.py's.
 """
 from __future__ import annotations
 
 import os
+import select
 import socket
 import struct
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import Future
 from typing import Callable, Optional
 
@@ -25,6 +32,10 @@ from ..core.policy import ENGINE_DIR, allowed_environment
 from ..protocol.control import (EXITED, FORK, FORKED, KILL, MAX_RECORD as _MAXMSG, READY, SIGNAL, TEMPLATE,
                                 TFORK)
 from ..protocol.control import pack as _pack, unpack as _unpack
+from ..protocol.framing import pair
+
+RESERVED = 1                # workers forked ahead, waiting for their INIT
+RESERVE_DELAY_S = 0.005     # after a take(), so its replacement does not compete with the new worker
 
 # The zygote runs the host's own copy of the engine, loaded from its folder by path (not
 # whatever `lcp_sandbox` the environment would find first), and adds no folder to sys.path.
@@ -64,15 +75,44 @@ class Zygote:
         self._next = 0
         self._on_exit = on_exit
         self.alive = True
+        self._reserved: list = []              # [(host socket, log read end, forked future)]
+        self._due = 0.0                        # when the reader forks a reserved worker (0: not owed)
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
         self._ready = threading.Event()
         self._reader = threading.Thread(target=self._read, name="lcp-sandbox-zygote", daemon=True)
         self._reader.start()
         if not self._ready.wait(60) or not self.alive:
             self.close()
             raise ZygoteGone("the zygote process did not start")
+        self._owe(0.0)
+
+    def _owe(self, delay: float = RESERVE_DELAY_S) -> None:
+        self._due = self._due or time.monotonic() + delay
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
 
     def _read(self) -> None:
+        ctl_fd = self._ctl.fileno()
+        poller = select.poll()
+        poller.register(ctl_fd, select.POLLIN)
+        poller.register(self._wake_r, select.POLLIN)
         while True:
+            due = self._due
+            events = poller.poll(None if not due else max(0, int((due - time.monotonic()) * 1000) + 1))
+            if due and time.monotonic() >= due:
+                self._due = 0.0
+                while len(self._reserved) < RESERVED and self.alive and self._reserve():
+                    pass
+            if any(fd == self._wake_r for fd, _ in events):
+                try:
+                    os.read(self._wake_r, 4096)
+                except OSError:
+                    break
+            if not any(fd == ctl_fd for fd, _ in events):
+                continue
             try:
                 data = self._ctl.recv(_MAXMSG)
             except OSError:
@@ -102,6 +142,7 @@ class Zygote:
             self.alive = False
             self._cond.notify_all()
         self._ready.set()
+        self._drop_reserved()                    # they died with the zygote
         for fut in list(self._pending.values()):
             fut.set_exception(ZygoteGone("the zygote process is gone"))
         self._pending.clear()
@@ -116,6 +157,43 @@ class Zygote:
         if template:
             return self._request(TFORK, [sock_fd, log_fd], template)
         return self._request(FORK, [sock_fd, log_fd])
+
+    def _reserve(self) -> bool:
+        try:
+            host_sock, worker_sock = pair()
+        except OSError:
+            return False
+        try:
+            log_r, log_w = os.pipe()
+        except OSError:
+            host_sock.close()
+            worker_sock.close()
+            return False
+        try:
+            fut = self.fork(worker_sock.fileno(), log_w)
+        except ZygoteGone:
+            host_sock.close()
+            os.close(log_r)
+            return False
+        finally:
+            worker_sock.close()
+            os.close(log_w)
+        with self._send_lock:
+            self._reserved.append((host_sock, log_r, fut))
+        return True
+
+    def take(self) -> Optional[tuple]:
+        """A reserved worker, (host socket, log read end, forked future), or None."""
+        with self._send_lock:
+            got = self._reserved.pop() if self._reserved and self.alive else None
+        self._owe()
+        if got is not None:
+            fut = got[2]
+            if not fut.done() or (fut.exception() is None and fut.result() not in self._exits):
+                return got
+            got[0].close()                        # it died waiting (or the zygote did)
+            os.close(got[1])
+        return None
 
     def template(self, conn_fd: int) -> Future:
         """Start a template process reading its INIT from ``conn_fd``; the future's result is its pid."""
@@ -173,3 +251,14 @@ class Zygote:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        self._reader.join(timeout)
+        self._drop_reserved()
+        for fd in (self._wake_r, self._wake_w):
+            os.close(fd)
+
+    def _drop_reserved(self) -> None:
+        with self._send_lock:
+            reserved, self._reserved = self._reserved, []
+        for sock, log_r, _ in reserved:
+            sock.close()
+            os.close(log_r)

@@ -310,76 +310,57 @@ class Worker:
         self.conn.send_encoded(frame)
 
 
-def rehearse() -> None:
-    """A dry run of a first call, in a spare worker before it is needed.
-
-    A forked process copies every page it writes to, and CPython writes to
-    every object it touches (reference counts): the first call of a fresh worker
-    paid for hundreds of page copies.  Walking the same paths on a throwaway
-    library while waiting moves most of them off the critical path."""
-    init = P.Init("_rehearsal", [], _REHEARSAL, {}, 0, None, None, None, None, [], {"max_result_mb": 64})
-    init = P.loads_from_host(P.INIT, P.dumps(init))
-    worker = Worker(None, init)
-    msg = P.loads_from_host(P.CALL, P.dumps(P.Call("tool_rehearse", 0, {"a": 1, "b": "x"}, os.getcwd(), None, 0)))
-    worker.ch.in_call = True
-    decoder = P.Decoder()
-    for _ in range(2):
-        frame = worker.encoder.encode(P.RESULT, worker.call(msg))
-        P.parse_from_worker(P.RESULT, frame[5:], decoder)
-    worker.ch.end_call()
-    normalize.normalize({"success": False, "error": "e", "data": 1}, os.getcwd())
-    sys.modules.pop("lcp_dynamic__rehearsal", None)
+REHEARSED: list = []        # what this process's rehearsal ran (worker/rehearsal.py); READY says it
 
 
-_REHEARSAL = '''
-def tool_rehearse(a: int, b: str = "", tool_context=None) -> dict:
-    """Nothing."""
-    return {"success": True, "output": {"a": a, "b": b}}
-'''
+def session(conn: P.Connection) -> None:
+    """INIT, READY, then calls until SHUTDOWN or EOF; raises what broke it."""
+    kind, payload = conn.recv_frame()
+    init = P.loads_from_host(kind, payload)
+    report = prepare(init)
+    if REHEARSED:
+        report["rehearsed"] = ", ".join(REHEARSED)
+    worker = Worker(conn, init)
+    ch = worker.ch
+
+    def on_soft_timeout(signum: int, frame: Any) -> None:
+        if worker.in_tool and not ch.waiting_host:
+            raise ToolTimeout()
+        if ch.in_call:          # loading the library, or waiting for the host: raised once
+            ch.interrupt_pending = True          # the tool runs, or has the host's answer
+    signal.signal(P.SOFT_TIMEOUT_SIGNAL, on_soft_timeout)   # before READY: the host may signal then
+    conn.send_encoded(worker.ch.encoder.encode(P.READY, [report]))
+
+    recv, loads, spin, monotonic = conn.recv_frame, P.loads_from_host, conn.spin, time.monotonic
+    ops = {P.CALL: (worker.call, "tool"), P.MODCALL: (worker.modcall, "function"),
+           P.PROMPT: (worker.prompt, "prompt provider"), P.LOAD: (worker.load, "load")}
+    while True:
+        try:
+            kind, payload = recv()
+        except EOFError:
+            return
+        op = ops.get(kind)
+        if op is None:                           # SHUTDOWN
+            return
+        msg = loads(kind, payload)
+        ch.call_seq += 1
+        ch.in_call = True
+        try:
+            fields = op[0](msg)
+        finally:
+            ch.end_call()
+        worker.reply(op[1], msg[0] if kind != P.LOAD else worker.library, fields)
+        if fields[1] == P.LOAD_FAILED:           # the library failed to load: start afresh
+            return
+        if kind == P.CALL and msg.spin_us:       # the host expects the next call soon
+            spin(monotonic() + msg.spin_us * 1e-6)
 
 
 def serve(sock) -> None:
     """Run the worker loop on a connected socket; never returns."""
-    conn = P.Connection(sock)
     code = 0
     try:
-        kind, payload = conn.recv_frame()
-        init = P.loads_from_host(kind, payload)
-        report = prepare(init)
-        worker = Worker(conn, init)
-        ch = worker.ch
-
-        def on_soft_timeout(signum: int, frame: Any) -> None:
-            if worker.in_tool and not ch.waiting_host:
-                raise ToolTimeout()
-            if ch.in_call:          # loading the library, or waiting for the host: raised once
-                ch.interrupt_pending = True          # the tool runs, or has the host's answer
-        signal.signal(P.SOFT_TIMEOUT_SIGNAL, on_soft_timeout)   # before READY: the host may signal then
-        conn.send_encoded(worker.ch.encoder.encode(P.READY, [report]))
-
-        recv, loads, spin, monotonic = conn.recv_frame, P.loads_from_host, conn.spin, time.monotonic
-        ops = {P.CALL: (worker.call, "tool"), P.MODCALL: (worker.modcall, "function"),
-               P.PROMPT: (worker.prompt, "prompt provider"), P.LOAD: (worker.load, "load")}
-        while True:
-            try:
-                kind, payload = recv()
-            except EOFError:
-                break
-            op = ops.get(kind)
-            if op is None:                       # SHUTDOWN
-                break
-            msg = loads(kind, payload)
-            ch.call_seq += 1
-            ch.in_call = True
-            try:
-                fields = op[0](msg)
-            finally:
-                ch.end_call()
-            worker.reply(op[1], msg[0] if kind != P.LOAD else worker.library, fields)
-            if fields[1] == P.LOAD_FAILED:       # the library failed to load: start afresh
-                break
-            if kind == P.CALL and msg.spin_us:   # the host expects the next call soon
-                spin(monotonic() + msg.spin_us * 1e-6)
+        session(P.Connection(sock))
     except BaseException:
         code = 70
         try:

@@ -35,6 +35,7 @@ import threading
 
 from .. import protocol as P
 from ..proc import children
+from .confine import set_environment
 from .rlimits import die_with_parent
 
 _MAX_FD = 0x7FFFFFFF
@@ -61,6 +62,11 @@ def adopt(inbox: socket.socket, new_session: bool = False) -> None:
 
     A template's spare leaves the template's session only now: until the zygote
     registered it, that session is what keeps the zygote from taking it for an orphan."""
+    try:       # now, while waiting: fds 1 and 2 are replaced below, the objects stay
+        sys.stdout.reconfigure(line_buffering=True)
+        sys.stderr.reconfigure(line_buffering=True)
+    except Exception:
+        pass
     try:
         data, fds, _, _ = socket.recv_fds(inbox, 16, 2)
     except OSError:
@@ -74,11 +80,6 @@ def adopt(inbox: socket.socket, new_session: bool = False) -> None:
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
     os.close(log_fd)
-    try:
-        sys.stdout.reconfigure(line_buffering=True)
-        sys.stderr.reconfigure(line_buffering=True)
-    except Exception:
-        pass
     from .loop import serve
     serve(socket.socket(fileno=sock_fd))
 
@@ -128,9 +129,7 @@ def _fds() -> set:
 def _import(init: P.Init) -> str:
     """Import the library's files as a worker would; "ok" or "refused: why"."""
     from .loop import PERSISTENT_PREFIX, PRELOADED
-    os.environ.clear()
-    os.environ.update(init.env or {})
-    os.environ.update({str(k): str(v) for k, v in (init.limits.get("env") or {}).items()})
+    set_environment({**(init.env or {}), **{str(k): str(v) for k, v in (init.limits.get("env") or {}).items()}})
     if not init.limits.get("network", True) and "netns" not in (init.disabled or ()):
         from .confine.network import isolate_network
         state = isolate_network()
@@ -214,6 +213,11 @@ def _spare_child(chan: socket.socket, r: int, intermediate: int, zygote_pid: int
     die_with_parent()
     if os.getppid() != zygote_pid:
         os._exit(1)
+    from .rehearsal import rehearse
+    try:
+        rehearse()
+    except Exception:
+        pass                                     # only an optimization
     inbox, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         socket.send_fds(chan, [b"W"], [theirs.fileno()])

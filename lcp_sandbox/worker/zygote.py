@@ -39,12 +39,17 @@ import signal
 import socket
 import struct
 import sys
+import time
 from typing import Optional
 
 from ..proc import children, process_tree, status_from_wait
 from ..protocol.control import (EXITED, FORK, FORKED, KILL, MAX_RECORD as _MAXMSG, READY, SIGNAL, TEMPLATE,
                                 TFORK)
 from ..protocol.control import pack as _pack, unpack as _unpack
+
+PLAIN_SPARES = 2            # rehearsed spares in reserve: a burst of this many cold starts forks nothing
+REFILL_DELAY_S = 0.005      # how long after a hand-out replacements are forked
+ZYGOTE_REHEARSALS = 10      # dry runs of a worker's first session in the zygote itself
 
 
 def _kill_tree(pid: int, keep: frozenset = frozenset()) -> None:
@@ -137,7 +142,7 @@ def _child(ctl: socket.socket, wake_r: int, wake_w: int, inbox: socket.socket, z
     reset_signals()
     ctl.close()
     close_all_but((inbox.fileno(),))         # the wake pipe, templates' channels, other spares
-    from .loop import rehearse
+    from .rehearsal import rehearse
     try:
         rehearse()
     except Exception:
@@ -217,7 +222,7 @@ def main(fd: int) -> None:
     # What every worker needs, imported once here and shared copy-on-write.
     import ctypes, inspect, importlib.util, json, pathlib, re, sqlite3, threading, traceback, typing  # noqa
     import msgpack  # noqa
-    from . import loop, proxies, rlimits  # noqa
+    from . import loop, proxies, rehearsal, rlimits, template  # noqa
     from .confine import landlock, mounts, network, privileges, seccomp  # noqa
     from .. import protocol  # noqa
     from ..core import normalize, policy  # noqa
@@ -229,10 +234,22 @@ def main(fd: int) -> None:
     workers: set[int] = set()
     templates: dict[int, _Template] = {}          # by the fd of its channel
     me = os.getpid()
+    # A worker's first session, run here until CPython has specialized its code (3.11
+    # rewrites bytecode in place as it warms up): a spare then writes fewer shared pages.
+    for _ in range(ZYGOTE_REHEARSALS):
+        rehearsal.rehearse()
+    signal.signal(protocol.SOFT_TIMEOUT_SIGNAL, signal.SIG_DFL)    # (the rehearsal's handler)
     gc.collect()
     gc.freeze()
-    spare = list(_spare(ctl, wake_r, wake_w, me))
-    workers.add(spare[0])
+    spares: collections.deque = collections.deque()      # (pid, inbox), oldest first
+    refill = [0.0]               # when to fork replacements (monotonic; 0: nothing owed)
+
+    def fork_spare() -> tuple:
+        got = _spare(ctl, wake_r, wake_w, me)
+        workers.add(got[0])
+        return got
+
+    spares.append(fork_spare())
     ctl.send(_pack(READY, me))
 
     import select
@@ -240,25 +257,29 @@ def main(fd: int) -> None:
     poller.register(ctl.fileno(), select.POLLIN)
     poller.register(wake_r, select.POLLIN)
 
+    def owe() -> None:
+        # Replacements are forked a moment after a hand-out, not at once: forking copies
+        # the zygote's page tables and the new spare rehearses, CPU a worker just
+        # handed its descriptors needs for its first call.
+        refill[0] = refill[0] or time.monotonic() + REFILL_DELAY_S
+
     def plain(req: int, fds: list, kind: int = 0) -> None:
-        # Hand the fds to the spare; if it died, fork one on the spot.
-        try:
-            socket.send_fds(spare[1], [b"go"], fds)
-            pid = spare[0]
-        except OSError:
-            spare[1].close()
-            pid, inbox = _spare(ctl, wake_r, wake_w, me)
-            workers.add(pid)
-            socket.send_fds(inbox, [b"go"], fds)
-            inbox.close()
-        else:
-            spare[1].close()
+        # Hand the fds to a spare; if none is left (or it died), fork one on the spot.
+        while True:
+            pid, inbox = spares.popleft() if spares else fork_spare()
+            try:
+                socket.send_fds(inbox, [b"go"], fds)
+                break
+            except OSError:
+                pass
+            finally:
+                inbox.close()
         for f in fds:
             os.close(f)
         ctl.send(_pack(FORKED, req, pid, kind))
-        spare[:] = _spare(ctl, wake_r, wake_w, me)   # for the next one
-        workers.add(spare[0])
+        owe()
 
+    owe()                                        # the rest of the reserve
     def handed(tpl: _Template, req: int, fds: list, pid: int, inbox: socket.socket) -> None:
         try:
             socket.send_fds(inbox, [b"go"], fds)
@@ -272,7 +293,7 @@ def main(fd: int) -> None:
             ctl.send(_pack(FORKED, req, pid, 1))
         else:
             plain(req, fds)
-        tpl.ask()                                # the next spare, before it is needed
+        owe()                                    # its next spare, asked for when quiet
 
     def template_gone(tpl: _Template) -> None:
         if templates.pop(tpl.chan.fileno(), None) is None:
@@ -285,10 +306,20 @@ def main(fd: int) -> None:
             plain(*tpl.queue.popleft())
 
     while True:
+        wait = -1
+        if refill[0]:
+            wait = max(0, int((refill[0] - time.monotonic()) * 1000) + 1)
         try:
-            events = poller.poll()
+            events = poller.poll(wait)
         except InterruptedError:
             continue
+        if refill[0] and time.monotonic() >= refill[0]:
+            refill[0] = 0.0
+            while len(spares) < PLAIN_SPARES:
+                spares.append(fork_spare())
+            for tpl in templates.values():
+                if tpl.spare is None and not tpl.queue:
+                    tpl.ask()
         for efd, _ in events:
             if efd == wake_r:
                 try:

@@ -46,6 +46,18 @@ from .seccomp import block_unix_sockets
 _DISABLED = "unavailable (disabled by LCP_SANDBOX_DISABLE)"
 
 
+def set_environment(env: dict) -> None:
+    """Make os.environ exactly ``env``, touching only what differs (most of it is
+    usually the zygote's allowlisted environment already: putenv is not free in a
+    process that was just forked)."""
+    current = os.environ
+    for key in [k for k in current if k not in env]:
+        del current[key]
+    for key, value in env.items():
+        if current.get(key) != value:
+            current[key] = value
+
+
 def prepare(init: P.Init) -> dict:
     """Environment, confinement and limits of this worker, before any tool code runs.
 
@@ -54,9 +66,7 @@ def prepare(init: P.Init) -> dict:
     conf = init.confine
     extra = lim.get("env")
     if init.env is not None:       # a confined worker's was filtered by the host (allowlist)
-        os.environ.clear()
-        os.environ.update(init.env)
-        os.environ.update({str(k): str(v) for k, v in (extra or {}).items()})
+        set_environment({**init.env, **{str(k): str(v) for k, v in (extra or {}).items()}})
     report: dict = {"env": "host environment" if conf is None else
                     "clean (allowlist" + (" + library env)" if extra else ")")}
     disabled = set(init.disabled or ())        # LCP_SANDBOX_DISABLE in the host, for tests
