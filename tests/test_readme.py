@@ -177,3 +177,24 @@ def test_readme_mentions_only_commands_the_cli_has():
     assert used and used <= {"tools", "call", "demo", "bench", "serve-mcp"}
     for name in used:
         assert f"    {name} " in helps, name
+
+
+def test_the_speed_table_is_the_harness_rendering_of_the_run_it_names():
+    """The README's speed table is benchmarks.readme_table's rendering of the run kept
+    in benchmarks/readme_run.json: a figure typed by hand, or a table left behind by a
+    newer run, fails here."""
+    from benchmarks import readme_table
+    block = readme_table.readme_block(README.read_text())
+    assert block is not None, "the Speed section has lost its table markers"
+    run = json.loads(readme_table.RUN_FILE.read_text())
+    assert block == readme_table.render(run)
+    assert "samples_us" not in readme_table.RUN_FILE.read_text()
+
+
+def test_the_kept_run_holds_no_path_of_the_machine_it_ran_on():
+    from benchmarks import readme_table
+    run = {"meta": {"engine_source": {"path": "/somewhere/lcp_sandbox", "commit": "abc"}, "json_path": "/x/b.json"},
+           "warm": {"split": {"sandbox": {"p50": 1.0, "samples_us": [1.0]}}}}
+    kept = readme_table.summary(run)
+    assert kept["meta"]["engine_source"] == {"commit": "abc"} and "json_path" not in kept["meta"]
+    assert kept["warm"]["split"]["sandbox"] == {"p50": 1.0}

@@ -1,0 +1,240 @@
+"""The README's speed table, made from a run's JSON: no figure in it is typed by hand.
+
+    python -m benchmarks --json bench.json                   # a full run
+    python -m benchmarks.readme_table bench.json             # print the table
+    python -m benchmarks.readme_table bench.json --write     # and put it in README.md
+                                                             # (between its speed-table markers),
+                                                             # with the run's summary in RUN_FILE
+
+``RUN_FILE`` keeps the numbers of the run the README shows (samples and this
+machine's paths dropped); tests/test_readme.py checks the README's table is
+``render()`` of it, so the table cannot drift from a run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from .config import BenchConfig
+from .report import fmt, x
+
+ROOT = Path(__file__).resolve().parent.parent
+RUN_FILE = ROOT / "benchmarks" / "readme_run.json"
+BEGIN = "<!-- speed table: made by `python -m benchmarks.readme_table`; do not edit by hand -->"
+END = "<!-- end of speed table -->"
+
+
+def summary(result: dict) -> dict:
+    """The run without its samples and without the paths of the machine it ran on."""
+    def strip(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: strip(w) for k, w in v.items()
+                    if not k.startswith(("samples", "phases_samples")) and k != "round_of_sample"
+                    and not (k == "rounds" and isinstance(w, list)) and not _is_path(w)}
+        if isinstance(v, list):
+            return [strip(w) for w in v if not _is_path(w)]
+        return v
+    return strip(result)
+
+
+def _is_path(v: Any) -> bool:
+    return isinstance(v, str) and (v.startswith(("/", "~")) or "/tmp" in v)
+
+
+def _get(d: Any, *keys: Any) -> Any:
+    for k in keys:
+        if not isinstance(d, (dict, list)):
+            return None
+        try:
+            d = d[k]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return d
+
+
+def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    return a / b if a is not None and b else None
+
+
+def _rows(r: dict) -> list:
+    """(what, sandbox, baselines) for each section the run has."""
+    rows: list = []
+    m = r.get("meta", {})
+    pl = m.get("headline_placement", "split")
+    w = _get(r, "warm", pl) or {}
+    sb, fl = w.get("sandbox") or {}, w.get("floor") or {}
+
+    if sb:
+        where = (f"host CPU {m.get('host_cpu')} / worker CPU {m.get('worker_cpu')}" if pl == "split"
+                 else "unpinned")
+        base = []
+        for key, label in (("inprocess", "in-process `LCPBinding`"), ("pickle", "bare pickle RPC, no engine"),
+                           ("ppe", "`ProcessPoolExecutor`")):
+            if w.get(key):
+                base.append(f"{label} {fmt(w[key]['p50'])} us (the sandbox is {x(_ratio(sb['p50'], w[key]['p50']))})")
+        if w.get("subprocess"):
+            base.append(f"`python -c` per call {fmt(w['subprocess']['p50'] / 1000)} ms")
+        rows.append((f"warm call p50, {where}",
+                     f"{fmt(sb['p50'])} us = **{x(sb.get('x_floor_p50'))}** the pipe floor ({fmt(fl.get('p50'))} us); "
+                     f"paired by round {x(sb.get('x_floor_p50_paired'))}", "; ".join(base)))
+        base = [f"{lbl} {x(_get(w, k, 'x_floor_p99'))}" for k, lbl in
+                (("pickle", "pickle RPC"), ("inprocess", "in-process"), ("ppe", "`ProcessPoolExecutor`")) if w.get(k)]
+        rows.append(("warm call p99", f"{fmt(sb.get('p99'))} us = **{x(sb.get('x_floor_p99'))}** the floor's p99 "
+                     f"({fmt(fl.get('p99'))} us); paired by round {x(sb.get('x_floor_p99_paired'))}",
+                     ", ".join(base) + " of the floor's p99"))
+        c, sp = sb.get("cpu_us_per_call") or {}, sb.get("spin") or {}
+        cpu = lambda k: (f"{fmt(_get(w, k, 'cpu_us_per_call', 'host_thread'))} / "    # noqa: E731
+                         f"{fmt(_get(w, k, 'cpu_us_per_call', 'worker'))}")
+        hits = (f"; the host's poll caught {100 * sp['host_hit_rate']:.0f}% of answers, the worker's "
+                f"{100 * sp['worker_hit_rate']:.0f}% of calls" if sp.get("host_hit_rate") is not None else "")
+        rows.append(("CPU per warm call (host / worker)",
+                     f"{fmt(c.get('host_thread'))} / {fmt(c.get('worker'))} us{hits}",
+                     f"floor {cpu('floor')}" + (f", pickle RPC {cpu('pickle')}" if w.get("pickle") else "")))
+    cold = r.get("cold") or {}
+    cs = cold.get("sandbox")
+    if cs:
+        base = [f"{lbl} {x(_ratio(cs['p50'], cold[k]['p50']))}" for k, lbl in
+                (("ppe", "a new `ProcessPoolExecutor`"), ("subprocess", "`python -c`"),
+                 ("inprocess", "in-process first import")) if cold.get(k)]
+        spawn = cold.get("spawn")
+        rows.append(("cold first call of a never-run plain library",
+                     f"p50 **{fmt(cs['p50'])} ms**, p99 {fmt(cs.get('p99'))} ms"
+                     + (f" = {x(cs.get('x_spawn_p50'))} a fresh interpreter (`spawn`, {fmt(spawn['p50'])} ms)"
+                        if spawn else ""), "p50 against " + ", ".join(base) if base else ""))
+    t = r.get("templates") or {}
+    if t.get("rows"):
+        rows.append(("a new tenant's first call of a numpy library",
+                     f"p50 **{fmt(t['rows']['template']['p50'])} ms** from its template",
+                     f"fresh import {fmt(t['rows']['fresh']['p50'])} ms ({x(t.get('fresh_over_template'))})"))
+    par = next((g for g in r.get("targets", []) if g["name"] == "parallel"), None)
+    if par and par.get("value") is not None:
+        rows.append(("2 libraries x 2 threads, 1 ms of CPU per call",
+                     f"**{x(par['value'])}** the calls/s of 1 x 1"
+                     + (f" ({fmt(100 * par['calls_of_ceiling'])}% of what 2 processes without IPC reach)"
+                        if par.get("calls_of_ceiling") else ""),
+                     f"the machine's own ceiling in the same rounds: {x(par.get('ceiling'))}"))
+    mem = {row["key"]: row for row in r.get("memory") or []}
+    if mem.get("small_first"):
+        tu = t.get("uss_mb") or {}
+        sb_mem = (f"USS **{fmt(mem['small_first'].get('uss_mb'))} MB** after 1 call, "
+                  f"{fmt(_get(mem, 'small_after', 'uss_mb'))} MB after {_get(mem, 'small_after', 'calls') or 0:,}")
+        if tu:
+            sb_mem += (f"; a never-run plain library's first worker {fmt(tu.get('plain'))} MB; a worker from a numpy "
+                       f"template {fmt(tu.get('template'))} MB")
+        base = []
+        if mem.get("ppe"):
+            base.append(f"a `ProcessPoolExecutor` worker forked from the host {fmt(mem['ppe'].get('uss_mb'))} MB")
+        if tu.get("fresh"):
+            base.append(f"a fresh numpy worker {fmt(tu['fresh'])} MB")
+        rows.append(("worker memory", sb_mem, "; ".join(base)))
+    d = r.get("discovery") or {}
+    if d.get("sandbox"):
+        rows.append((f"discovery of {d['files']:,} tool files",
+                     f"**{fmt(d['sandbox']['first']['p50'] * 1e3)} ms** first, "
+                     f"**{fmt(d['sandbox']['again']['p50'] * 1e3)} ms** again unchanged",
+                     f"`LCPBinding` {fmt(_get(d, 'inprocess', 'first', 'p50') and d['inprocess']['first']['p50'] * 1e3)}"
+                     f" ms first, {fmt(_get(d, 'inprocess', 'again', 'p50') and d['inprocess']['again']['p50'] * 1e3)}"
+                     " ms again"))
+    rt = r.get("routing") or {}
+    if rt.get("ratio"):
+        ra = rt["ratio"]
+        rows.append((f"routing: a call to one worker with {rt['workers']} live workers ({rt['tenants']} tenants) vs 1",
+                     f"**{x(ra.get('p50'))}** p50 (p99 {x(ra.get('p99'))}; paired by round "
+                     f"{x(ra.get('p50_paired'))} / {x(ra.get('p99_paired'))})", ""))
+    rows += _density_rows(r.get("density") or {})
+    ray = r.get("ray") or {}
+    if ray:
+        rw, loc = ray["warm"]["ray"], ray["warm"]["local"]
+        rows.append((f"over Ray: warm call to a worker on the other node of a {ray['nodes']}-node local cluster",
+                     f"{fmt(rw['p50'])} us = **{x(rw.get('x_actor_p50'))}** a bare Ray actor call "
+                     f"({x(rw.get('x_actor_p50_paired'))} paired by round)",
+                     f"local `Supervisor` warm call {fmt(loc['p50'])} us in the same rounds"))
+        rows.append(("over Ray: a new library's first call on the other node",
+                     f"**{fmt(ray['cold']['ray_remote']['p50'])} ms**", f"local {fmt(ray['cold']['local']['p50'])} ms"))
+    return rows
+
+
+def _density_rows(dn: dict) -> list:
+    if not dn.get("rows"):
+        return []
+    n, u, ia, ip = dn["workers"], dn["uss_mb"], dn["idle_all"], dn["idle_pool"]
+    ra = dn.get("ratio") or {}
+    return [
+        (f"density: {n:,} live workers ({dn['tenants']} tenants x {len(dn['libraries'])} libraries, one importing "
+         "numpy)", f"{dn['answered']:,} answered; USS of everything **{fmt(u['total'])} MB** ({fmt(u['per_worker'])} "
+         f"MB per worker, templates {fmt(u['templates'])}, zygote {fmt(u['zygote'])}, host {fmt(u['host'])}); "
+         f"{fmt(dn['fds']['per_worker'])} host descriptors per worker", f"started in {fmt(dn['start_s'])} s"),
+        (f"density: a warm call with {n:,} live vs 1", f"**{x(ra.get('p50'))}** p50 (paired by round "
+         f"{x(ra.get('p50_paired'))}); `stats()` over all {fmt(dn['stats_ms']['p50'])} ms", ""),
+        ("density: idle", f"host threads **{100 * ia['host_cpu_fraction']:.1f}%** of a CPU with {n:,} idle "
+         f"({ia['host_runs']} runs in {fmt(ia['seconds'])} s); with {dn['idle_pool_workers']} idle, host and pool "
+         f"ran {ip['host_runs'] + ip['pool_runs']} times in {fmt(ip['seconds'])} s",
+         f"left after `close()`: {dn['left']['processes']} processes, {dn['left']['fds']} descriptors, "
+         f"{dn['left']['tmpdirs']} temporary directories" if dn.get("left") else ""),
+    ]
+
+
+def render(result: dict) -> str:
+    m = result.get("meta", {})
+    mach = m.get("machine") or {}
+    src = m.get("engine_source") or {}
+    quick = m.get("config", {}).get("calls") == BenchConfig.quick().calls
+    head = (f"Command: `python -m benchmarks{' --quick' if quick else ''} --json bench.json` ({m.get('duration_s', 0):.0f} s, engine "
+            f"{src.get('commit', '?')}{' + changes' if src.get('uncommitted_changes') else ''}, python "
+            f"{m.get('python')}, {m.get('cpu_count')} CPUs"
+            + (f", CPUs {100 * mach['busy_fraction']:.0f}% busy during the run, steal "
+               f"{100 * mach['steal_fraction']:.1f}%" if mach else "") + "):")
+    lines = [head, "", "| what | sandbox | baselines (same run) |", "|---|---|---|"]
+    lines += [f"| {a} | {b} | {c} |" for a, b, c in _rows(result)]
+    tg = [t for t in result.get("targets", []) if t.get("met") is not None]
+    if tg:
+        lines += ["", f"Targets met in this run: {sum(1 for t in tg if t['met'])} of {len(tg)}. Missed: "
+                  + ("; ".join(f"{t['what']} {_val(t)} (limit {t['op']} {t['limit']:g}"
+                               f"{'x' if t['unit'] == 'x' else ' ' + t['unit']}"
+                               f"{'; above what the machine allows: noise' if t.get('noise') else ''})"
+                               for t in tg if not t["met"])
+                     or "none") + "."]
+    return "\n".join(lines)
+
+
+def _val(t: dict) -> str:
+    return x(t["value"]) if t["unit"] == "x" else f"{fmt(t['value'])} {t['unit']}".strip()
+
+
+def readme_block(text: str) -> Optional[str]:
+    """The table as it stands in a README's text, None without the markers."""
+    if BEGIN not in text or END not in text:
+        return None
+    return text.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n")
+
+
+def write_readme(result: dict, readme: Path = ROOT / "README.md", run_file: Path = RUN_FILE,
+                 out: Callable[[str], Any] = print) -> None:
+    s = summary(result)
+    run_file.write_text(json.dumps(s, indent=1, sort_keys=True, default=str) + "\n")
+    text = readme.read_text()
+    if readme_block(text) is None:
+        raise SystemExit(f"{readme.name} has no speed-table markers ({BEGIN} ... {END})")
+    before, rest = text.split(BEGIN, 1)
+    after = rest.split(END, 1)[1]
+    readme.write_text(f"{before}{BEGIN}\n{render(s)}\n{END}{after}")
+    out(f"wrote the speed table into {readme.name} and the run into {run_file.relative_to(ROOT)}")
+
+
+def main(argv: Optional[list] = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.readme_table", description=__doc__.split("\n")[0])
+    ap.add_argument("json_path", help="a run's JSON (python -m benchmarks --json PATH)")
+    ap.add_argument("--write", action="store_true", help="put the table into README.md and the run into "
+                    f"{RUN_FILE.relative_to(ROOT)}")
+    args = ap.parse_args(argv)
+    result = json.loads(Path(args.json_path).read_text())
+    if args.write:
+        write_readme(result)
+    else:
+        print(render(summary(result)))
+
+
+if __name__ == "__main__":
+    main()
