@@ -51,7 +51,7 @@ class BenchConfig:
         return cls(**base)
 
 
-SKIPPABLE = ("floor", "pickle", "inprocess", "ppe", "subprocess", "spawn", "routing", "density",
+SKIPPABLE = ("floor", "pickle", "inprocess", "ppe", "subprocess", "spawn", "breakdown", "routing", "density",
              "throughput", "memory", "discovery", "templates", "ray")
 
 TARGETS = {

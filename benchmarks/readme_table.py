@@ -188,6 +188,17 @@ def render(result: dict) -> str:
                f"{100 * mach['steal_fraction']:.1f}%" if mach else "") + "):")
     lines = [head, "", "| what | sandbox | baselines (same run) |", "|---|---|---|"]
     lines += [f"| {a} | {b} | {c} |" for a, b, c in _rows(result)]
+    bd = result.get("breakdown") or {}
+    if bd.get("host"):
+        lines += ["", "Where a warm call's CPU goes (`BREAKDOWN`: the engine's code for each part in a tight loop on "
+                  "warm caches; total: the CPU per call above; the rest: sockets, wake-ups, spinning and the "
+                  "layers between the parts):", "", "| side | part | CPU, us |", "|---|---|---|"]
+        for side in ("host", "worker"):
+            lines += [f"| {side} | {r['part']} | {fmt(r['us'])} |" for r in bd[side]]
+            if f"{side}_total_us" in bd:
+                lines += [f"| {side} | the rest | {fmt(bd[f'{side}_rest_us'])} |",
+                          f"| {side} | **total per call** (the pipe floor's: {fmt(bd[f'{side}_floor_us'])}) | "
+                          f"**{fmt(bd[f'{side}_total_us'])}** |"]
     tg = [t for t in result.get("targets", []) if t.get("met") is not None]
     if tg:
         lines += ["", f"Targets met in this run: {sum(1 for t in tg if t['met'])} of {len(tg)}. Missed: "

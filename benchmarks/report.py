@@ -154,6 +154,10 @@ def render_table(result: dict) -> str:
                      "while polling, before sleeping (stats()[i]['spin'])")
         lines.append("")
 
+    if result.get("breakdown"):
+        from .breakdown import render as render_breakdown
+        lines += render_breakdown(result["breakdown"]) + [""]
+
     rt = result.get("routing") or {}
     if rt.get("rows"):
         where = (f"host thread on CPU {','.join(map(str, rt.get('host_cpus') or []))}, worker on CPU "

@@ -28,7 +28,7 @@ from typing import Any, Callable, Optional
 
 from lcp_sandbox import SandboxedBinding, Supervisor
 
-from . import cold, density, discovery, memory, ray_section, routing, targets, templates, throughput, warm
+from . import breakdown, cold, density, discovery, memory, ray_section, routing, targets, templates, throughput, warm
 from .config import TARGETS, BenchConfig
 from .harness import LIBS, Progress, cpu_busy_jiffies, pin_thread, stop_resource_tracker_if_new, timer_overhead_ns
 from .report import render_table, write_json, write_plot
@@ -140,6 +140,8 @@ class Context:
         cfg = self.cfg
         n = max(1, cfg.rounds) * len(self.placements) * len(wpaths)
         n += max(1, cfg.cold_reps) * len(cpaths) + max(0, cfg.zygote_reps)
+        if "breakdown" not in cfg.skip:
+            n += 1
         if "routing" not in cfg.skip:
             n += 2 * max(1, cfg.routing_rounds) + 2
         if "density" not in cfg.skip:
@@ -180,6 +182,7 @@ class Context:
                 for p in wpaths:
                     if p is not ppe:
                         p.close()
+                self.section("breakdown", lambda: breakdown.run(self, prog), catch=True)
                 self.section("routing", lambda: routing.run(self, prog), catch=True)
                 self.section("density", lambda: density.run(self, prog), catch=True)
                 cold.run(self, cpaths, prog)

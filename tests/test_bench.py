@@ -90,6 +90,15 @@ def test_bench_end_to_end(tmp_path, new_processes):
     for k in ("p50", "p90", "p99", "p50_paired", "p99_paired"):
         assert _number(rt["ratio"][k]) and rt["ratio"][k] > 0, k
 
+    # breakdown: the engine's parts of a warm call, each side, and what they leave of its CPU
+    bd = data["breakdown"]
+    assert "breakdown" not in data["skipped"]
+    assert [len(bd["host"]), len(bd["worker"])] == [3, 3]
+    assert all(_number(r["us"]) and r["us"] > 0 for r in bd["host"] + bd["worker"])
+    for side in ("host", "worker"):
+        assert bd[f"{side}_rest_us"] == pytest.approx(bd[f"{side}_total_us"] - sum(r["us"] for r in bd[side]))
+    assert "BREAKDOWN" in out.getvalue()
+
     # density: 3 tenants x 4 libraries live in one supervisor, the first tenant's idle alone
     dn = data["density"]
     assert "density" not in data["skipped"]
