@@ -1,6 +1,7 @@
 """One worker process as the host sees it: its connection, its pid, its end.
 
     start()     INIT to a worker the zygote forked ahead (host/zygote.py take()),
+                held to go with the first call (one send, one wake-up),
                 or else FORK to the zygote with a fresh socketpair and INIT into it
                 (the pid comes later, as a Future: the call is sent at once);
                 stdout/stderr to the output pump
@@ -84,13 +85,14 @@ class WorkerProcess:
             host_sock, log_r, forked = reserved
             conn = P.Connection(host_sock)
             try:
-                conn.send(P.INIT, init)
+                if conn.readable_now():           # (EOF: it died waiting; a fresh one below)
+                    raise OSError("the reserved worker is gone")
+                conn.hold(P.INIT, init)           # sent with the call: the worker wakes once
             except BaseException as exc:
                 conn.close()
                 os.close(log_r)
                 if not isinstance(exc, OSError):
                     raise
-                # (it died waiting: a fresh one below)
             else:
                 pump.add(log_r, library, log_bytes_per_s)
                 return cls(forked, zygote, conn, init.tmpdir)
