@@ -78,8 +78,10 @@ class WorkerProcess:
               log_bytes_per_s: int, template: int = 0) -> "WorkerProcess":
         """Fork a worker that will serve ``init`` (from the library's ``template``
         process when given, see host/templates.py); raises ZygoteGone or OSError.
-        Without a template, a worker the zygote forked ahead serves when there is one."""
-        take = None if template else getattr(zygote, "take", None)   # (a stand-in may only fork)
+        Without a template, a worker forked ahead serves an unconfined INIT when there
+        is one (a stand-in zygote without take() only forks)."""
+        # Not for a confined worker: the one forked ahead holds the host's environment (PRIME).
+        take = None if template or init.confine is not None else getattr(zygote, "take", None)
         reserved = take() if take else None
         if reserved is not None:
             host_sock, log_r, forked = reserved

@@ -8,9 +8,11 @@ kill and signal workers, learn how they ended.
     kill / signal(pid) ── KILL / SIGNAL ─►
     reader thread ◄── EXITED(pid, status) ── wait_exit(), on_exit(pid, status)
 
-    take() ── a worker forked ahead (FORK sent when nobody waited): it holds its
-              socket and log pipe and waits for an INIT, so a cold start sends INIT
-              and the call to it at once, with no zygote in the way
+    take() ── a worker forked ahead (FORK sent when nobody waited, then PRIME: the
+              host's environment and sys.path, set while nobody waits): it holds its
+              socket and log pipe and waits for an INIT, so an unconfined cold start
+              sends INIT and the call to it at once, with no zygote in the way (a
+              confined one forks: it never holds the host's environment)
     settle() ─ after that call: the reader thread forks the replacement a moment
               later (RESERVE_DELAY_S); waking the thread earlier would take the CPU
               and the GIL from the cold start itself
@@ -34,7 +36,9 @@ from ..core.policy import ENGINE_DIR, allowed_environment
 from ..protocol.control import (EXITED, FORK, FORKED, KILL, MAX_RECORD as _MAXMSG, READY, SIGNAL, TEMPLATE,
                                 TFORK)
 from ..protocol.control import pack as _pack, unpack as _unpack
-from ..protocol.framing import pair
+from ..protocol.framing import Connection, pair
+from ..protocol.messages import PRIME, Prime
+from .worker_init import host_environment
 
 RESERVED = 1                # workers forked ahead, waiting for their INIT
 RESERVE_DELAY_S = 0.005     # after a take(), so its replacement does not compete with the new worker
@@ -175,7 +179,10 @@ class Zygote:
             return False
         try:
             fut = self.fork(worker_sock.fileno(), log_w)
-        except ZygoteGone:
+            # Its environment and sys.path now, while nobody waits (a fresh process pays
+            # for each putenv); only an unconfined INIT takes it (take()).
+            Connection(host_sock).send(PRIME, Prime(host_environment(), list(sys.path)))
+        except (ZygoteGone, OSError):
             host_sock.close()
             os.close(log_r)
             return False
