@@ -136,3 +136,41 @@ def test_the_host_environment_goes_as_bytes_and_a_worker_sets_exactly_it(monkeyp
 def test_a_library_env_goes_over_the_host_environment():
     init = P.Init("lib", [], None, {}, 0, None, {b"A": b"host", b"B": b"b"}, None, None, [], {"env": {"A": "lib", "C": 3}})
     assert confine.environment_of(init) == {b"A": b"lib", b"B": b"b", b"C": b"3"}
+
+
+class _Signals:
+    """A zygote that records the signals the host sends."""
+
+    def __init__(self):
+        self.sent = []
+
+    def signal(self, pid, sig):
+        self.sent.append((pid, sig))
+
+
+def test_an_interrupt_before_the_host_read_ready_is_signalled_when_it_does():
+    """A worker handed INIT with its call may be importing before the host has read its
+    READY: interrupt() then holds the signal until READY (the worker's handler is set)."""
+    from lcp_sandbox.core.discovery import Library
+    from lcp_sandbox.host.limits import Limits
+    from lcp_sandbox.host.objects import HostObjects
+    from lcp_sandbox.host.slot import Slot
+
+    host_end, worker_end = P.pair()
+    zyg = _Signals()
+    forked = Future()
+    forked.set_result(4242)
+    proc = WorkerProcess(forked, zyg, P.Connection(host_end))
+    slot = Slot("t", Library("lib", [], ""), Limits())
+    slot.proc = proc
+    slot.begin_call()
+    try:
+        assert slot.interrupt() is True and zyg.sent == []          # not ready: held
+        enc = P.Encoder(repr)
+        worker_end.sendall(enc.encode(P.READY, [{}]) + enc.encode(P.RESULT, [None, P.TIMED_OUT, ""]))
+        result = proc.exchange(P.Call("tool_x", 0, {}, "/", None, 0), HostObjects(lambda ref: None), Limits(), 30)
+    finally:
+        proc.conn.close()
+        worker_end.close()
+    assert zyg.sent == [(4242, P.SOFT_TIMEOUT_SIGNAL)]                 # sent on READY, once
+    assert result.outcome == P.TIMED_OUT

@@ -9,7 +9,8 @@
 
         send CALL | PROMPT | MODCALL | LOAD      (a CALL carries the worker's spin budget)
         poll the socket for the slot's spin window (host/spin.py), then:
-        loop:  READY (first, exactly once)  ─► on_ready(report)
+        loop:  READY (first, exactly once)  ─► on_ready(report); an interrupt() that
+                                               came before it is signalled now
                REQUEST ─► HostObjects.handle() here, REPLY   (clock paused meanwhile)
                RESULT  ─► checked, returned
                deadline ─► SIGUSR1 (soft) ... grace_s ... kill the tree (hard): DeadlinePassed
@@ -242,6 +243,8 @@ class WorkerProcess:
                     return reply
                 if kind == P.READY:
                     self.ready = True
+                    if self.interrupted and not soft_sent:   # interrupt() came before READY
+                        self.zygote.signal(self.pid, P.SOFT_TIMEOUT_SIGNAL)
                     self.report = reply.report
                     self.on_ready(self)
                     continue
