@@ -123,7 +123,7 @@ class Supervisor(Closing):
             self._watchdog.call_ended(slot)     # (holding the lock: see Watchdog._idle)
             slot.lock.release()
             zyg = self._zygote
-            if zyg is not None:
+            if getattr(zyg, "owed", False):     # (a stand-in zygote owes nothing)
                 zyg.settle()                    # a worker forked ahead served: replace it now
 
     def _slot(self, spec: WorkerSpec) -> Slot:
