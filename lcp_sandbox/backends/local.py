@@ -122,6 +122,9 @@ class Supervisor(Closing):
                 self._retire(slot, proc, "evict", "stopped to give its room to a waiting tenant")
             self._watchdog.call_ended(slot)     # (holding the lock: see Watchdog._idle)
             slot.lock.release()
+            zyg = self._zygote
+            if getattr(zyg, "owed", False):     # (a stand-in zygote owes nothing)
+                zyg.settle()                    # a worker forked ahead served: replace it now
 
     def _slot(self, spec: WorkerSpec) -> Slot:
         s = self._slots.get(spec.key)

@@ -1,6 +1,7 @@
 """One worker process as the host sees it: its connection, its pid, its end.
 
     start()     INIT to a worker the zygote forked ahead (host/zygote.py take()),
+                held to go with the first call (one send, one wake-up),
                 or else FORK to the zygote with a fresh socketpair and INIT into it
                 (the pid comes later, as a Future: the call is sent at once);
                 stdout/stderr to the output pump
@@ -8,7 +9,8 @@
 
         send CALL | PROMPT | MODCALL | LOAD      (a CALL carries the worker's spin budget)
         poll the socket for the slot's spin window (host/spin.py), then:
-        loop:  READY (first, exactly once)  ─► on_ready(report)
+        loop:  READY (first, exactly once)  ─► on_ready(report); an interrupt() that
+                                               came before it is signalled now
                REQUEST ─► HostObjects.handle() here, REPLY   (clock paused meanwhile)
                RESULT  ─► checked, returned
                deadline ─► SIGUSR1 (soft) ... grace_s ... kill the tree (hard): DeadlinePassed
@@ -77,20 +79,23 @@ class WorkerProcess:
               log_bytes_per_s: int, template: int = 0) -> "WorkerProcess":
         """Fork a worker that will serve ``init`` (from the library's ``template``
         process when given, see host/templates.py); raises ZygoteGone or OSError.
-        Without a template, a worker the zygote forked ahead serves when there is one."""
-        take = None if template else getattr(zygote, "take", None)   # (a stand-in may only fork)
+        Without a template, a worker forked ahead serves an unconfined INIT when there
+        is one (a stand-in zygote without take() only forks)."""
+        # Not for a confined worker: the one forked ahead holds the host's environment (PRIME).
+        take = None if template or init.confine is not None else getattr(zygote, "take", None)
         reserved = take() if take else None
         if reserved is not None:
             host_sock, log_r, forked = reserved
             conn = P.Connection(host_sock)
             try:
-                conn.send(P.INIT, init)
+                if conn.readable_now():           # (EOF: it died waiting; a fresh one below)
+                    raise OSError("the reserved worker is gone")
+                conn.hold(P.INIT, init)           # sent with the call: the worker wakes once
             except BaseException as exc:
                 conn.close()
                 os.close(log_r)
                 if not isinstance(exc, OSError):
                     raise
-                # (it died waiting: a fresh one below)
             else:
                 pump.add(log_r, library, log_bytes_per_s)
                 return cls(forked, zygote, conn, init.tmpdir)
@@ -238,6 +243,8 @@ class WorkerProcess:
                     return reply
                 if kind == P.READY:
                     self.ready = True
+                    if self.interrupted and not soft_sent:   # interrupt() came before READY
+                        self.zygote.signal(self.pid, P.SOFT_TIMEOUT_SIGNAL)
                     self.report = reply.report
                     self.on_ready(self)
                     continue

@@ -124,12 +124,14 @@ class Slot:
 
     def interrupt(self) -> bool:
         """Signal the call in flight as its soft timeout would (the host cancelled it).
-        Not a call still queued, nor one whose worker is not ready yet."""
+        Not a call still queued.  A worker whose READY the host has not read yet is
+        signalled when it is (its handler is in place by then: host/process.py)."""
         proc = self.proc
-        if not self.busy or proc is None or not proc.ready or proc.exit_status is not None:
+        if not self.busy or proc is None or proc.exit_status is not None:
             return False
         self.interrupted = proc.interrupted = True
-        proc.zygote.signal(proc.pid, P.SOFT_TIMEOUT_SIGNAL)
+        if proc.ready:
+            proc.zygote.signal(proc.pid, P.SOFT_TIMEOUT_SIGNAL)
         return True
 
     def measured(self, pid: int, rss: int, uss: int, at: float) -> None:

@@ -28,7 +28,8 @@ class Workspaces:
         if cwd in self._existing:
             return None
         try:
-            os.makedirs(cwd, exist_ok=True)
+            if not os.path.isdir(cwd):            # (one stat; makedirs makes three calls)
+                os.makedirs(cwd, exist_ok=True)
         except OSError as exc:
             return normalize.failure(f"[{library}] tool '{tool}' not run: the workspace {cwd!r} does not "
                                      f"exist and cannot be created ({exc.strerror or exc}).")

@@ -8,10 +8,14 @@ kill and signal workers, learn how they ended.
     kill / signal(pid) ── KILL / SIGNAL ─►
     reader thread ◄── EXITED(pid, status) ── wait_exit(), on_exit(pid, status)
 
-    take() ── a worker forked ahead (FORK sent when nobody waited): it holds its
-              socket and log pipe and waits for an INIT, so a cold start sends INIT
-              and the call to it at once, with no zygote in the way; the reader
-              thread forks its replacement a moment later (RESERVE_DELAY_S)
+    take() ── a worker forked ahead (FORK sent when nobody waited, then PRIME: the
+              host's environment and sys.path, set while nobody waits): it holds its
+              socket and log pipe and waits for an INIT, so an unconfined cold start
+              sends INIT and the call to it at once, with no zygote in the way (a
+              confined one forks: it never holds the host's environment)
+    settle() ─ after that call: the reader thread forks the replacement a moment
+              later (RESERVE_DELAY_S); waking the thread earlier would take the CPU
+              and the GIL from the cold start itself
 
 Records are protocol/control.py's.
 """
@@ -32,7 +36,9 @@ from ..core.policy import ENGINE_DIR, allowed_environment
 from ..protocol.control import (EXITED, FORK, FORKED, KILL, MAX_RECORD as _MAXMSG, READY, SIGNAL, TEMPLATE,
                                 TFORK)
 from ..protocol.control import pack as _pack, unpack as _unpack
-from ..protocol.framing import pair
+from ..protocol.framing import Connection, pair
+from ..protocol.messages import PRIME, Prime
+from .worker_init import host_environment
 
 RESERVED = 1                # workers forked ahead, waiting for their INIT
 RESERVE_DELAY_S = 0.005     # after a take(), so its replacement does not compete with the new worker
@@ -77,6 +83,7 @@ class Zygote:
         self.alive = True
         self._reserved: list = []              # [(host socket, log read end, forked future)]
         self._due = 0.0                        # when the reader forks a reserved worker (0: not owed)
+        self.owed = False                      # a take() whose replacement settle() asks for
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         self._ready = threading.Event()
@@ -88,6 +95,7 @@ class Zygote:
         self._owe(0.0)
 
     def _owe(self, delay: float = RESERVE_DELAY_S) -> None:
+        self.owed = False
         self._due = self._due or time.monotonic() + delay
         try:
             os.write(self._wake_w, b"x")
@@ -171,7 +179,10 @@ class Zygote:
             return False
         try:
             fut = self.fork(worker_sock.fileno(), log_w)
-        except ZygoteGone:
+            # Its environment and sys.path now, while nobody waits (a fresh process pays
+            # for each putenv); only an unconfined INIT takes it (take()).
+            Connection(host_sock).send(PRIME, Prime(host_environment(), list(sys.path)))
+        except (ZygoteGone, OSError):
             host_sock.close()
             os.close(log_r)
             return False
@@ -183,10 +194,11 @@ class Zygote:
         return True
 
     def take(self) -> Optional[tuple]:
-        """A reserved worker, (host socket, log read end, forked future), or None."""
+        """A reserved worker, (host socket, log read end, forked future), or None.
+        Its replacement is owed: call settle() once the call it serves is answered."""
         with self._send_lock:
             got = self._reserved.pop() if self._reserved and self.alive else None
-        self._owe()
+        self.owed = True
         if got is not None:
             fut = got[2]
             if not fut.done() or (fut.exception() is None and fut.result() not in self._exits):
@@ -194,6 +206,11 @@ class Zygote:
             got[0].close()                        # it died waiting (or the zygote did)
             os.close(got[1])
         return None
+
+    def settle(self) -> None:
+        """Fork what take() used, a moment from now (no-op when nothing is owed)."""
+        if self.owed:
+            self._owe()
 
     def template(self, conn_fd: int) -> Future:
         """Start a template process reading its INIT from ``conn_fd``; the future's result is its pid."""

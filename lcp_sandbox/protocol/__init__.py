@@ -7,6 +7,7 @@ checks of what a worker sends), ``framing`` (frames on a socket), ``values``
 records).  Everything but ``control`` is re-exported here: ``P.Call``,
 ``P.Connection``...
 
+    host ──PRIME (a worker forked ahead: environment) ─► worker   0..1, unconfined only
     host ──INIT (once) ───────────────────────────────► worker
     host ◄─READY (what protections are in force) ────── worker   first message, exactly once
     host ──CALL | PROMPT | MODCALL | LOAD ────────────► worker   one call at a time

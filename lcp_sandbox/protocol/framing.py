@@ -21,7 +21,8 @@ class Connection:
     timeout stays buffered and the next read continues it.  ``spin`` polls for
     the next bytes for a bounded window before a read would sleep."""
 
-    __slots__ = ("sock", "fd", "_buf", "_big", "_poll", "_rcvtimeo", "_spun", "decoder", "broken")
+    __slots__ = ("sock", "fd", "_buf", "_big", "_poll", "_rcvtimeo", "_spun", "decoder", "broken",
+                 "_held")
 
     def __init__(self, sock: socket.socket) -> None:
         sock.setblocking(True)
@@ -34,19 +35,32 @@ class Connection:
         self._spun: Optional[bytes] = None      # what spin() read, for the next read
         self.decoder = Decoder()
         self.broken: Optional[str] = None       # set once the peer broke the protocol
+        self._held = b""                        # frames that go out with the next send
 
     # -- sending -------------------------------------------------------
     def send(self, kind: int, msg: tuple = (), deadline: Optional[float] = None) -> int:
         """Pickle and send a host -> worker message; returns the payload size."""
         return self.send_frame(kind, dumps(msg) if msg else b"", deadline)
 
+    def hold(self, kind: int, msg: tuple) -> None:
+        """Pickle a message now (PayloadError now) and send it with the next one: one
+        send, so the peer wakes once for both."""
+        body = dumps(msg)
+        if len(body) >= _BIG:
+            raise PayloadError(f"a held message of {len(body)} bytes")
+        self._held += _HDR.pack(len(body), kind) + body
+
     def send_frame(self, kind: int, body: bytes, deadline: Optional[float] = None) -> int:
-        """Send one frame.  A peer that stops reading cannot hold the sender past
-        ``deadline`` (time.monotonic()): TimeoutError, and the connection is broken
-        (part of the frame may have gone)."""
+        """Send one frame (after the held ones).  A peer that stops reading cannot hold
+        the sender past ``deadline`` (time.monotonic()): TimeoutError, and the
+        connection is broken (part of the frame may have gone)."""
         n = len(body)
+        held, self._held = self._held, b""
+        if held and n >= _BIG:
+            self._send_all(held, deadline)
+            held = b""
         if n < _BIG:
-            data = _HDR.pack(n, kind) + body
+            data = held + _HDR.pack(n, kind) + body
             try:          # the common case: one non-blocking send takes the whole frame
                 sent = self.sock.send(data, socket.MSG_DONTWAIT)
             except BlockingIOError:

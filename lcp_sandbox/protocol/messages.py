@@ -32,6 +32,8 @@ INIT, CALL, PROMPT, MODCALL, LOAD, SHUTDOWN = 1, 2, 3, 4, 5, 6
 REQUEST, REPLY = 7, 8
 # Worker -> host:
 READY, RESULT = 9, 10
+# Host -> a worker forked ahead, before its INIT (host/zygote.py):
+PRIME = 11
 
 
 class Init(NamedTuple):
@@ -41,11 +43,18 @@ class Init(NamedTuple):
     configs: dict             # host_tool_configs of the library's stems (host callables as refs)
     handlers: int             # HANDLER_* bits
     sys_path: Optional[list]
-    env: Optional[dict]       # the whole environment (unconfined) or the allowlisted part (confined)
+    env: Optional[dict]       # the whole environment (unconfined) or the allowlisted part (confined), bytes
     confine: Optional[dict]   # {"root", "read_paths"} when confined
     tmpdir: Optional[str]     # the private temp dir the host made for a confined worker
     disabled: list            # protections switched off for tests (LCP_SANDBOX_DISABLE)
     limits: dict              # Limits as a dict
+
+
+class Prime(NamedTuple):
+    """What every unconfined worker of this host gets, set while the worker waits for
+    its INIT; INIT's own values are set again over it (then nothing differs)."""
+    env: dict                 # the host's environment, bytes
+    sys_path: list
 
 
 class Call(NamedTuple):
@@ -111,7 +120,7 @@ class Result(NamedTuple):
 OK, TIMED_OUT, OUT_OF_MEMORY, LOAD_FAILED, RAISED = 0, 1, 2, 3, 4
 
 HOST_TO_WORKER = {INIT: Init, CALL: Call, PROMPT: Prompt, MODCALL: ModCall, LOAD: Load,
-                  SHUTDOWN: Shutdown, REQUEST: Request, REPLY: Reply}
+                  SHUTDOWN: Shutdown, REQUEST: Request, REPLY: Reply, PRIME: Prime}
 
 # REQUEST ops
 OP_CALL = 0       # ref(*args, **kwargs)

@@ -1,6 +1,7 @@
 """The worker: one process serving one tool library, one call at a time.
 
-    serve(sock) ── INIT ──► prepare(): environment, confinement, limits
+    serve(sock) ── [PRIME: environment, sys.path, while nobody waits]
+                ── INIT ──► prepare(): environment, confinement, limits
                  ◄── READY (what is in force)
         loop:  CALL ──► enter the workspace ─► lazy load file (import, hooks,
                         init_tools_library) ─► filter params, inject host
@@ -24,7 +25,6 @@ import atexit
 import dataclasses
 import enum
 import importlib.util
-import inspect
 import os
 import signal
 import sys
@@ -37,8 +37,9 @@ from typing import Any, Optional
 from .. import protocol as P
 from ..core import normalize
 from ..protocol import error_value
-from .confine import prepare
+from .confine import prepare, set_environment
 from .proxies import Channel, Proxy
+from .signature import accepts, positional
 
 PERSISTENT_PREFIX = "lollms_client.tools_bindings.lcp.persistent_"
 PRELOADED: set = set()      # module names the library's template imported before forking us
@@ -58,11 +59,8 @@ class _Entry:
     __slots__ = ("fn", "names", "var_kw", "injectable")
 
     def __init__(self, fn: Any) -> None:
-        sig = inspect.signature(fn)
         self.fn = fn
-        self.var_kw = any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values())
-        self.names = frozenset(n for n, p in sig.parameters.items()
-                               if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL, p.POSITIONAL_ONLY))
+        self.names, self.var_kw = accepts(fn)
         self.injectable = HOST_PARAMS if self.var_kw else HOST_PARAMS & self.names
 
 
@@ -159,8 +157,7 @@ class Worker:
             self._hooks(mod, cfg)
             init_fn = getattr(mod, "init_tools_library", None)
             if callable(init_fn):
-                params = inspect.signature(init_fn).parameters.values()
-                if any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) for p in params):
+                if positional(init_fn):
                     init_fn(cfg)
                 else:
                     init_fn()
@@ -313,9 +310,19 @@ class Worker:
 REHEARSED: list = []        # what this process's rehearsal ran (worker/rehearsal.py); READY says it
 
 
+def prime(msg: P.Prime) -> None:
+    """A worker forked ahead sets its host's environment and sys.path while nobody
+    waits: a fresh process pays for every putenv (page faults), so INIT only compares."""
+    set_environment(msg.env)
+    sys.path[:] = msg.sys_path
+
+
 def session(conn: P.Connection) -> None:
-    """INIT, READY, then calls until SHUTDOWN or EOF; raises what broke it."""
+    """[PRIME,] INIT, READY, then calls until SHUTDOWN or EOF; raises what broke it."""
     kind, payload = conn.recv_frame()
+    if kind == P.PRIME:                      # forked ahead: set now what INIT will say again
+        prime(P.loads_from_host(kind, payload))
+        kind, payload = conn.recv_frame()
     init = P.loads_from_host(kind, payload)
     report = prepare(init)
     if REHEARSED:

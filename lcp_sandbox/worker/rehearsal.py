@@ -30,7 +30,7 @@ LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lcp_sandbox_
 _MODULE = loop.PERSISTENT_PREFIX + "lcp_sandbox_rehearsal"
 # Variables set, then unset: the C library's environment array grows to hold a host's
 # environment, and the memory its setenv() allocates is paged in, before the real INIT.
-_ENV = {f"LCP_SANDBOX_REHEARSAL_{i}": "x" * 48 for i in range(64)}
+_ENV = {f"LCP_SANDBOX_REHEARSAL_{i}".encode(): b"x" * 48 for i in range(64)}
 
 
 def rehearse() -> None:
@@ -40,7 +40,7 @@ def rehearse() -> None:
     host = P.Connection(host_end)
     cwd = os.getcwd()
     try:
-        env = {**os.environ, **_ENV}
+        env = {**os.environb, **_ENV}             # bytes, as a host's INIT has it
         host.send(P.INIT, P.Init("_rehearsal", [LIBRARY], None, {}, 0, None, env, None, None, [],
                                  {"max_result_mb": 64}))
         host.send(P.CALL, P.Call("tool_rehearse", 0, {"a": 1, "b": "x"}, cwd, None, 0))
@@ -57,5 +57,5 @@ def rehearse() -> None:
         ours.close()
         os.chdir(cwd)
         for key in _ENV:
-            os.environ.pop(key, None)
+            os.environb.pop(key, None)
         sys.modules.pop(_MODULE, None)

@@ -35,7 +35,7 @@ import threading
 
 from .. import protocol as P
 from ..proc import children
-from .confine import set_environment
+from .confine import environment_of, set_environment
 from .rlimits import die_with_parent
 
 _MAX_FD = 0x7FFFFFFF
@@ -129,7 +129,7 @@ def _fds() -> set:
 def _import(init: P.Init) -> str:
     """Import the library's files as a worker would; "ok" or "refused: why"."""
     from .loop import PERSISTENT_PREFIX, PRELOADED
-    set_environment({**(init.env or {}), **{str(k): str(v) for k, v in (init.limits.get("env") or {}).items()}})
+    set_environment(environment_of(init))
     if not init.limits.get("network", True) and "netns" not in (init.disabled or ()):
         from .confine.network import isolate_network
         state = isolate_network()

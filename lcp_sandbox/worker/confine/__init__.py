@@ -47,15 +47,26 @@ _DISABLED = "unavailable (disabled by LCP_SANDBOX_DISABLE)"
 
 
 def set_environment(env: dict) -> None:
-    """Make os.environ exactly ``env``, touching only what differs (most of it is
-    usually the zygote's allowlisted environment already: putenv is not free in a
-    process that was just forked)."""
-    current = os.environ
+    """Make the environment exactly ``env`` (bytes names and values, as INIT carries
+    them; str ones are encoded), touching only what differs: most of it is usually
+    the zygote's allowlisted environment already (putenv is not free in a process
+    that was just forked), and os.environb spares encoding every name and value."""
+    if env and type(next(iter(env))) is not bytes:
+        env = {os.fsencode(k): os.fsencode(v) for k, v in env.items()}
+    current = os.environb
     for key in [k for k in current if k not in env]:
         del current[key]
+    get = current.get
     for key, value in env.items():
-        if current.get(key) != value:
+        if get(key) != value:
             current[key] = value
+
+
+def environment_of(init: P.Init) -> dict:
+    """The environment INIT gives the worker: the host's (filtered when confined) and
+    the library's own ``env`` over it."""
+    extra = init.limits.get("env") or {}
+    return {**(init.env or {}), **{os.fsencode(str(k)): os.fsencode(str(v)) for k, v in extra.items()}}
 
 
 def prepare(init: P.Init) -> dict:
@@ -66,7 +77,7 @@ def prepare(init: P.Init) -> dict:
     conf = init.confine
     extra = lim.get("env")
     if init.env is not None:       # a confined worker's was filtered by the host (allowlist)
-        set_environment({**init.env, **{str(k): str(v) for k, v in (extra or {}).items()}})
+        set_environment(environment_of(init))
     report: dict = {"env": "host environment" if conf is None else
                     "clean (allowlist" + (" + library env)" if extra else ")")}
     disabled = set(init.disabled or ())        # LCP_SANDBOX_DISABLE in the host, for tests
