@@ -137,7 +137,8 @@ class Supervisor(Closing):
         if self._closed:
             raise Unavailable.not_run(name, tool, "the sandbox supervisor is closed.")
         now = time.monotonic()
-        slot.refuse_if_quarantined(tool, now)
+        if slot.quarantined_until > now:
+            slot.refuse_if_quarantined(tool, now)
         proc = slot.proc
         # Did it die (or speak out of turn) while idle?  The zygote says so within a
         # moment; a worker that sat idle for over a millisecond is also asked (poll)
@@ -173,19 +174,21 @@ class Supervisor(Closing):
             raise CallFailed(f"[{name}] tool '{tool}': the host failed while handling the call "
                              f"({type(exc).__name__}: {exc}); the worker was stopped and will be replaced on "
                              f"the next call.") from None
-        return self._outcome(slot, proc, msg, result, tool, timeout)
-
-    def _outcome(self, slot: Slot, proc: WorkerProcess, msg: tuple, result: P.Result, tool: str,
-                 timeout: Optional[float]) -> Any:
-        name = slot.library.name
         proc.calls += 1
         slot.served()
-        outcome, value = result.outcome, result.value
-        if outcome == P.OK:
+        value = result[0]
+        if result[1] == P.OK:                     # the common case, inline
             why = invalid_answer(msg, value)
             if why:
                 self._violation(slot, proc, tool, why)
             return value
+        return self._outcome(slot, proc, msg, result, tool, timeout)
+
+    def _outcome(self, slot: Slot, proc: WorkerProcess, msg: tuple, result: P.Result, tool: str,
+                 timeout: Optional[float]) -> Any:
+        """A RESULT other than OK: what the call's caller gets."""
+        name = slot.library.name
+        outcome, value = result.outcome, result.value
         if outcome == P.TIMED_OUT and slot.interrupted:
             self._event("interrupt", slot, pid=proc.pid, tool=tool)
             raise Cancelled(name, tool)

@@ -331,6 +331,12 @@ def session(conn: P.Connection) -> None:
     signal.signal(P.SOFT_TIMEOUT_SIGNAL, on_soft_timeout)   # before READY: the host may signal then
     conn.send_encoded(worker.ch.encoder.encode(P.READY, [report]))
 
+    serve_calls(conn, worker)
+
+
+def serve_calls(conn: P.Connection, worker: Worker) -> None:
+    """Answer the host's messages until SHUTDOWN or EOF (or a library that failed to load)."""
+    ch = worker.ch
     recv, loads, spin, monotonic = conn.recv_frame, P.loads_from_host, conn.spin, time.monotonic
     ops = {P.CALL: (worker.call, "tool"), P.MODCALL: (worker.modcall, "function"),
            P.PROMPT: (worker.prompt, "prompt provider"), P.LOAD: (worker.load, "load")}
