@@ -305,7 +305,7 @@ class SandboxedBinding(LcpSurface, BindingControls):
         refused = self._workspaces.check(lib.name, tool_name, cwd)
         if refused is not None:
             return refused
-        msg = P.Call(tool_name, route.index, params, cwd, injected, self._handlers_mask())
+        msg = tuple.__new__(P.Call, (tool_name, route.index, params, cwd, injected, self._handlers_mask(), 0))  # (no Python __new__)
         try:
             return self.supervisor.run(self._spec(lib, cwd), msg, objects, tool=tool_name, timeout_s=timeout_s)
         except SandboxEvent as ev:

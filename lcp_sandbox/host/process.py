@@ -205,8 +205,11 @@ class WorkerProcess:
             except OSError:
                 pass                              # the worker is gone: the read below tells how
             # Poll for the answer a short while before sleeping; never past the deadline.
-            caught = None if not window else conn.spin(
-                sent + window if deadline is None else min(sent + window, deadline))
+            if window:
+                until = sent + window
+                caught = conn.spin(until if deadline is None or until < deadline else deadline)
+            else:
+                caught = None
             while True:
                 try:
                     kind, payload = conn.recv_frame(deadline, call_caps if self.ready else _READY_CAPS)
@@ -222,7 +225,7 @@ class WorkerProcess:
                 except (EOFError, OSError):
                     raise WorkerGone from None
                 if kind == P.RESULT:
-                    if reply.outcome == P.TIMED_OUT and not soft_sent and not self.interrupted:
+                    if reply[1] == P.TIMED_OUT and not soft_sent and not self.interrupted:
                         raise P.ProtocolViolation("it reported a timeout nobody signalled")
                     if conn.pending():
                         raise P.ProtocolViolation("it sent more after its RESULT")

@@ -90,12 +90,20 @@ class Encoder:
 
     def __init__(self, convert: Callable[[Any], Any]) -> None:
         self._convert = convert
+        # Text is packed by the strict UTF-8 packer (msgpack's fast path); text with a lone
+        # surrogate makes it raise, and the message is packed again by the one that carries it.
+        self._utf8 = msgpack.Packer(default=self._default, strict_types=True, use_bin_type=True, datetime=False)
         self._packer = msgpack.Packer(default=self._default, strict_types=True, use_bin_type=True,
                                       unicode_errors="surrogatepass", datetime=False)
 
     def encode(self, kind: int, fields: list) -> bytes:
         try:
-            body = self._packer.pack(self._plain(fields, 0))
+            plain = self._plain(fields, 0)
+            try:
+                body = self._utf8.pack(plain)
+            except UnicodeEncodeError:
+                self._utf8.reset()
+                body = self._packer.pack(plain)
         except Unsendable:
             raise
         except Exception as exc:
