@@ -298,8 +298,7 @@ class SandboxedBinding(LcpSurface, BindingControls):
                       or params.get("lollms_client_instance")}
             for k in HOST_PARAMS:
                 params.pop(k, None)
-            if any(v is not None for v in values.values()):
-                injected = {k: objects.lend(v) for k, v in values.items() if v is not None}
+            injected = objects.lend_named(values)
         # One resolution, here, against the host's CWD (never the worker's).
         cwd = os.path.realpath(workspace) if workspace else (self.workspace or os.getcwd())
         refused = self._workspaces.check(lib.name, tool_name, cwd)

@@ -223,9 +223,12 @@ class Worker:
 
         if entry.var_kw:
             kwargs = {k: v for k, v in params.items() if k not in HOST_PARAMS}
-        else:
+        else:        # (a loop: a local read by a comprehension would be a cell made on every call)
             names = entry.names
-            kwargs = {k: v for k, v in params.items() if k in names and k not in HOST_PARAMS}
+            kwargs = {}
+            for k, v in params.items():
+                if k in names and k not in HOST_PARAMS:
+                    kwargs[k] = v
         if entry.injectable:
             if injected:
                 for k, v in injected.items():
