@@ -21,6 +21,19 @@
 
 What a slot, the pool and the crash policy make of an end is not decided
 here (see backends/local.py and host/slot.py).
+
+A warm call end to end, the common case (a CALL answered by an OK RESULT, no
+REQUEST), each step one Python frame or less:
+
+    host    SandboxedBinding.execute_tool: route, params, workspace, the CALL
+            ─► Supervisor.run: FifoLock (uncontended: one non-blocking acquire);
+               a live worker called within the last ms needs no other check
+            ─► exchange(): spin plan ─► pickle + send ─► poll ─► recv_frame (cap)
+               ─► parse_from_worker (decode + every check) ─► RESULT
+            ─► back in run: invalid_answer(), the value
+    worker  serve_calls: recv_frame ─► loads_from_host ─► Worker.call (workspace,
+            params, the tool, normalize) ─► reply: Encoder (plain check, msgpack)
+            ─► send ─► poll for the next CALL for its spin_us
 """
 from __future__ import annotations
 
