@@ -109,7 +109,8 @@ class Supervisor(Closing):
         call's timeout from the moment the call was made."""
         timeout = spec.limits.timeout_s if timeout_s is None else timeout_s
         queue_deadline = time.monotonic() + timeout if timeout else None
-        slot = self._slot(spec)
+        slot = self._slots.get(spec.key) or self._slot(spec)
+        slot.limits = spec.limits
         if not slot.lock.acquire(timeout=timeout if timeout else None):
             raise Unavailable.not_run(spec.library.name, tool, f"its worker stayed busy with earlier calls "
                                       f"for the whole {timeout:g} s timeout.")
@@ -145,10 +146,6 @@ class Supervisor(Closing):
             slot.lock.release()
 
     def _slot(self, spec: WorkerSpec) -> Slot:
-        s = self._slots.get(spec.key)
-        if s is not None:
-            s.limits = spec.limits
-            return s
         with self._lock:
             return self._slots.setdefault(spec.key, Slot(spec.tenant, spec.library, spec.limits, spec.root))
 

@@ -146,7 +146,8 @@ class SpinPolicy:
             gap = now - self.last_answer
             if self.worker_budget:               # did the worker's poll catch this call?
                 hit = gap <= self.worker_budget
-                self.worker_backoff.record(hit)
+                if not hit or self.worker_backoff.streak:     # (a hit after a hit changes nothing)
+                    self.worker_backoff.record(hit)
                 if hit:
                     self.worker_hits += 1
                 else:
@@ -157,8 +158,9 @@ class SpinPolicy:
             self.off_busy += 1
             self.host_window = self.worker_budget = 0.0
             return 0.0, 0
-        self.host_window = 0.0 if self.host_backoff.paused() else _window(self.service)
-        self.worker_budget = 0.0 if self.worker_backoff.paused() else _window(self.gap)
+        # (``hold and``: no call into a back-off that holds nothing, the common case)
+        self.host_window = 0.0 if self.host_backoff.hold and self.host_backoff.paused() else _window(self.service)
+        self.worker_budget = 0.0 if self.worker_backoff.hold and self.worker_backoff.paused() else _window(self.gap)
         return self.host_window, int(self.worker_budget * 1e6)
 
     def answered(self, sent: float, now: float, caught: Optional[bool]) -> None:
@@ -168,7 +170,8 @@ class SpinPolicy:
         self.service += ((took if took < _LONG_S else _LONG_S) - self.service) * _WEIGHT
         self.last_answer = now
         if caught is not None:
-            self.host_backoff.record(caught)
+            if not caught or self.host_backoff.streak:
+                self.host_backoff.record(caught)
             if caught:
                 self.host_hits += 1
             else:

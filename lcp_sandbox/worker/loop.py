@@ -215,7 +215,7 @@ class Worker:
             return [normalize.failure(f"[{self.library}] tool '{tool}' not run: cannot enter the "
                                       f"workspace {cwd!r} ({exc.strerror})."), P.OK, ""]
         try:
-            entry = self._entry(tool, file_index)
+            entry = self.entries.get(tool) or self._entry(tool, file_index)
         except LoadFailed as exc:
             return [self._load_failure(tool, exc), P.LOAD_FAILED, ""]
         if entry is None:
