@@ -47,6 +47,9 @@ CASES = {
     "success_empty_output": ({"success": True, "output": ""}, ok(OK_EMPTY)),
     "success_none_output": ({"success": True, "output": None}, ok(OK_EMPTY)),
     "success_dict_output": ({"success": True, "output": {"a": 1}}, ok({"a": 1})),
+    # a dict with none of the keys normalize looks at: the whole dict is the output
+    "plain_dict": ({"ok": True, "rows": [1, {"x": None}]}, ok({"ok": True, "rows": [1, {"x": None}]})),
+    "plain_dict_falsy_values": ({"n": 0, "s": ""}, ok({"n": 0, "s": ""})),
     # success False
     # NB: the output fallback runs *before* the failure check (as upstream), so a
     # failure whose dict holds only meta keys gets the output "Tool executed

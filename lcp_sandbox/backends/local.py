@@ -3,13 +3,15 @@
     SandboxedBinding.execute_tool ─► Supervisor.run(spec, msg, objects)
         slot = slots[spec.key]                         (tenant, library, root): one FIFO lock each
         with slot.lock:
-            closed / quarantined? ─► 503
-            idle worker died or spoke out of turn? ─► buried
-            no live worker? ─► pool room, root handed over, WorkerProcess.start(spec.init())
-            WorkerProcess.exchange(msg) ─► RESULT ─► _outcome(): the value, or an outcome
-                  WorkerGone ─► _died()        500 (507 if the watchdog killed it)
-                  ProtocolViolation ─► _violation()  killed, 500
-                  DeadlinePassed ─► 504 (killed); a soft timeout the tool obeyed: 504, kept
+            a live worker, called within the last ms (the warm case)? straight on; else
+            _worker_for():  closed / quarantined? ─► 503
+                            idle worker died or spoke out of turn? ─► buried
+                            no live worker? ─► pool room, root handed over, WorkerProcess.start()
+            WorkerProcess.exchange(msg) ─► RESULT OK ─► the value (checked), inline
+                                           RESULT other ─► _outcome(): the value, or an outcome
+                  raised ─► _failed(): WorkerGone ─► buried, 500 (507 if the watchdog killed it)
+                           ProtocolViolation ─► _violation()  killed, 500
+                           DeadlinePassed ─► 504 (killed); a soft timeout the tool obeyed: 504, kept
         after the call: a waiting tenant may take this worker's room (pool fairness)
 
     host/process.py WorkerProcess (spawn, exchange, deadlines, kill, reap); host/slot.py
@@ -107,19 +109,39 @@ class Supervisor(Closing):
         call's timeout from the moment the call was made."""
         timeout = spec.limits.timeout_s if timeout_s is None else timeout_s
         queue_deadline = time.monotonic() + timeout if timeout else None
-        slot = self._slot(spec)
+        slot = self._slots.get(spec.key) or self._slot(spec)
+        slot.limits = spec.limits
         if not slot.lock.acquire(timeout=timeout if timeout else None):
             raise Unavailable.not_run(spec.library.name, tool, f"its worker stayed busy with earlier calls "
                                       f"for the whole {timeout:g} s timeout.")
         try:
-            return self._run_locked(slot, spec, msg, objects, tool, timeout, queue_deadline)
+            proc = slot.proc
+            now = time.monotonic()
+            # The common case, back to back calls to a live worker, skips every check below.
+            if (proc is None or proc.exit_status is not None or now - slot.last_used > 0.001
+                    or slot.quarantined_until > now or self._closed):
+                proc = self._worker_for(slot, spec, tool, queue_deadline, now)
+            slot.begin_call()
+            self._watchdog.call_started(slot)
+            try:
+                result = proc.exchange(msg, objects, slot.limits, timeout, slot.spin)
+            except BaseException as exc:
+                self._failed(slot, proc, tool, timeout, exc)      # (raises the call's outcome)
+            proc.calls += 1
+            slot.served()
+            value = result[0]
+            if result[1] == P.OK:
+                why = invalid_answer(msg, value)
+                if why:
+                    self._violation(slot, proc, tool, why)
+                return value
+            return self._outcome(slot, proc, msg, result, tool, timeout)
         finally:
             slot.busy = False
             slot.caller = None
             slot.last_used = time.monotonic()
-            proc = slot.proc
-            if proc is not None and self.pool.limited and self.pool.should_yield(spec.tenant):
-                self._retire(slot, proc, "evict", "stopped to give its room to a waiting tenant")
+            if slot.proc is not None and self.pool.limited and self.pool.should_yield(spec.tenant):
+                self._retire(slot, slot.proc, "evict", "stopped to give its room to a waiting tenant")
             self._watchdog.call_ended(slot)     # (holding the lock: see Watchdog._idle)
             slot.lock.release()
             zyg = self._zygote
@@ -127,68 +149,66 @@ class Supervisor(Closing):
                 zyg.settle()                    # a worker forked ahead served: replace it now
 
     def _slot(self, spec: WorkerSpec) -> Slot:
-        s = self._slots.get(spec.key)
-        if s is not None:
-            s.limits = spec.limits
-            return s
         with self._lock:
             return self._slots.setdefault(spec.key, Slot(spec.tenant, spec.library, spec.limits, spec.root))
 
-    def _run_locked(self, slot: Slot, spec: WorkerSpec, msg: tuple, objects: HostObjects, tool: str,
-                    timeout: Optional[float], queue_deadline: Optional[float]) -> Any:
-        name = slot.library.name
+    def _worker_for(self, slot: Slot, spec: WorkerSpec, tool: str, queue_deadline: Optional[float],
+                    now: float) -> WorkerProcess:
+        """The slot's worker, alive and idle, started if need be (503: closed, quarantined)."""
         if self._closed:
-            raise Unavailable.not_run(name, tool, "the sandbox supervisor is closed.")
-        now = time.monotonic()
+            raise Unavailable.not_run(slot.library.name, tool, "the sandbox supervisor is closed.")
         slot.refuse_if_quarantined(tool, now)
         proc = slot.proc
-        # Did it die (or speak out of turn) while idle?  The zygote says so within a
-        # moment; a worker that sat idle for over a millisecond is also asked (poll)
-        # in case the zygote's word is still on its way.  Back-to-back calls skip that.
+        # Did it die (or speak out of turn) while idle?  The zygote says so within a moment; a
+        # worker idle for over a millisecond is also asked (poll): that word may be on its way.
         if proc is not None and (proc.exit_status is not None or
                                  (now - slot.last_used > 0.001 and proc.conn.readable_now())):
-            self._idle_check(slot, proc)
+            if proc.exit_status is None and proc.conn.sent_while_idle():
+                self._violation(slot, proc, None, "it sent a message while no call was running")
+            else:
+                self._bury(slot, proc, served_a_call=proc.calls > 0)
             proc = None if slot.proc is not proc else proc
         if proc is None:
             proc = self._spawn(slot, spec.init(), queue_deadline, tool)
-        slot.begin_call()
-        self._watchdog.call_started(slot)
-        try:
-            result = proc.exchange(msg, objects, slot.limits, timeout, slot.spin)
-        except WorkerGone:
-            self._died(slot, proc, tool)
-        except P.ProtocolViolation as exc:
+        return proc
+
+    def _failed(self, slot: Slot, proc: WorkerProcess, tool: str, timeout: Optional[float],
+                exc: BaseException) -> None:
+        """The exchange raised ``exc``: the worker's fate; raises the call's SandboxEvent (or ``exc``)."""
+        name = slot.library.name
+        if isinstance(exc, WorkerGone):
+            how = self._bury(slot, proc, served_a_call=proc.calls > 0)
+            reason = proc.kill_reason
+            if self._closed:
+                raise Unavailable(f"[{name}] tool '{tool}' was stopped: the sandbox supervisor was closed while it ran.")
+            if reason and reason.get("code") == OUT_OF_MEMORY:
+                self._event("memory", slot, pid=proc.pid, tool=tool, reason=reason["why"])
+                raise OutOfMemory.killed(name, tool, reason["why"])
+            raise WorkerDied(name, tool, how)
+        if isinstance(exc, P.ProtocolViolation):
             self._violation(slot, proc, tool, str(exc))
-        except DeadlinePassed:
+        if isinstance(exc, DeadlinePassed):
             self._bury(slot, proc, served_a_call=True)
             self._event("timeout", slot, pid=proc.pid, tool=tool, stage="hard", seconds=timeout)
             raise TimedOut(name, tool, timeout, killed=True) from None
-        except P.PayloadError as exc:
+        if isinstance(exc, P.PayloadError):
             raise CallFailed.not_run(name, tool, f"its parameters could not be sent to the worker ({exc}); "
                                      f"the worker was kept.") from None
-        except BaseException as exc:
-            # Whatever went wrong here, the stream may be out of step: never reuse it.
-            proc.kill({"why": f"stopped after an error in the host ({type(exc).__name__})", "counts": False})
-            self._bury(slot, proc, served_a_call=True)
-            if not isinstance(exc, Exception):
-                raise
-            log.exception("internal error while %s ran %s", name, tool)
-            raise CallFailed(f"[{name}] tool '{tool}': the host failed while handling the call "
-                             f"({type(exc).__name__}: {exc}); the worker was stopped and will be replaced on "
-                             f"the next call.") from None
-        return self._outcome(slot, proc, msg, result, tool, timeout)
+        # Whatever went wrong here, the stream may be out of step: never reuse it.
+        proc.kill({"why": f"stopped after an error in the host ({type(exc).__name__})", "counts": False})
+        self._bury(slot, proc, served_a_call=True)
+        if not isinstance(exc, Exception):
+            raise exc
+        log.exception("internal error while %s ran %s", name, tool)
+        raise CallFailed(f"[{name}] tool '{tool}': the host failed while handling the call "
+                         f"({type(exc).__name__}: {exc}); the worker was stopped and will be replaced on "
+                         f"the next call.") from None
 
     def _outcome(self, slot: Slot, proc: WorkerProcess, msg: tuple, result: P.Result, tool: str,
                  timeout: Optional[float]) -> Any:
+        """A RESULT other than OK: what the call's caller gets."""
         name = slot.library.name
-        proc.calls += 1
-        slot.served()
         outcome, value = result.outcome, result.value
-        if outcome == P.OK:
-            why = invalid_answer(msg, value)
-            if why:
-                self._violation(slot, proc, tool, why)
-            return value
         if outcome == P.TIMED_OUT and slot.interrupted:
             self._event("interrupt", slot, pid=proc.pid, tool=tool)
             raise Cancelled(name, tool)
@@ -220,24 +240,6 @@ class Supervisor(Closing):
         self._event("violation", slot, pid=proc.known_pid, tool=tool, reason=what)
         if tool is not None:
             raise ProtocolViolated(slot.library.name, tool, what)
-
-    def _died(self, slot: Slot, proc: WorkerProcess, tool: str) -> None:
-        how = self._bury(slot, proc, served_a_call=proc.calls > 0)
-        name = slot.library.name
-        reason = proc.kill_reason
-        if self._closed:
-            raise Unavailable(f"[{name}] tool '{tool}' was stopped: the sandbox supervisor was closed while it ran.")
-        if reason and reason.get("code") == OUT_OF_MEMORY:
-            self._event("memory", slot, pid=proc.pid, tool=tool, reason=reason["why"])
-            raise OutOfMemory.killed(name, tool, reason["why"])
-        raise WorkerDied(name, tool, how)
-
-    def _idle_check(self, slot: Slot, proc: WorkerProcess) -> None:
-        """An idle worker is readable: it is gone, or it sent what nobody asked for."""
-        if proc.exit_status is None and proc.conn.sent_while_idle():
-            self._violation(slot, proc, None, "it sent a message while no call was running")
-        else:
-            self._bury(slot, proc, served_a_call=proc.calls > 0)
 
     # ------------------------------------------------------------ workers
     def _zyg(self) -> Zygote:

@@ -18,6 +18,7 @@ PASSTHROUGH_KEYS = ("image_filename", "image_b64", "images", "image_media_types"
 _PAYLOAD_KEYS = ("result", "data", "response", "papers", "content", "text")
 _META_KEYS = frozenset({"success", "status", "error", "message", "return_code", "stderr"})
 _FAILED_STATUSES = ("error", "failure", "failed")
+_LOOKED_AT = _META_KEYS | {"output", "context_files", *_PAYLOAD_KEYS, *PASSTHROUGH_KEYS}
 
 # Status codes of sandbox events (see README "Result codes").
 NOT_FOUND = 404
@@ -51,10 +52,14 @@ def resolve_context_files(value: Any, cwd: Path) -> list[str]:
 
 def normalize(result: Any, cwd: Optional[str] = None) -> dict:
     """Turn whatever a tool returned into the LCP success or failure shape."""
-    if type(result) is dict and len(result) == 2 and result.get("success") is True and "output" in result:
-        # The canonical success shape: nothing to look for (same result as below).
-        return {"output": result["output"] or "Tool executed successfully (no output).",
-                "status_code": 200, "success": True}
+    if type(result) is dict:
+        # Two common shapes with nothing to look for (the same results as below): the
+        # canonical success, and a plain dict with none of the keys looked at (its output).
+        if len(result) == 2 and result.get("success") is True and "output" in result:
+            return {"output": result["output"] or "Tool executed successfully (no output).",
+                    "status_code": 200, "success": True}
+        if result and result.keys().isdisjoint(_LOOKED_AT):
+            return {"output": dict(result), "status_code": 200, "success": True}
     if not isinstance(result, dict):
         result = {"success": True, "output": result}
     else:

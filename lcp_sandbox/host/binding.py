@@ -298,14 +298,13 @@ class SandboxedBinding(LcpSurface, BindingControls):
                       or params.get("lollms_client_instance")}
             for k in HOST_PARAMS:
                 params.pop(k, None)
-            if any(v is not None for v in values.values()):
-                injected = {k: objects.lend(v) for k, v in values.items() if v is not None}
+            injected = objects.lend_named(values)
         # One resolution, here, against the host's CWD (never the worker's).
         cwd = os.path.realpath(workspace) if workspace else (self.workspace or os.getcwd())
         refused = self._workspaces.check(lib.name, tool_name, cwd)
         if refused is not None:
             return refused
-        msg = P.Call(tool_name, route.index, params, cwd, injected, self._handlers_mask())
+        msg = tuple.__new__(P.Call, (tool_name, route.index, params, cwd, injected, self._handlers_mask(), 0))  # (no Python __new__)
         try:
             return self.supervisor.run(self._spec(lib, cwd), msg, objects, tool=tool_name, timeout_s=timeout_s)
         except SandboxEvent as ev:

@@ -80,6 +80,11 @@ class HostObjects:
         other object as a Ref the worker turns into a Proxy."""
         return value if is_plain(value) else map_containers(value, self._lend_one)
 
+    def lend_named(self, values: dict) -> Optional[dict]:
+        """``values`` (name -> object) lent, those that are not None; None when all are."""
+        lent = {k: self.lend(v) for k, v in values.items() if v is not None}
+        return lent or None
+
     def _lend_one(self, value: Any) -> Any:
         if is_plain(value):
             return value

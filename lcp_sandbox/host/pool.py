@@ -23,15 +23,12 @@ class Pool:
     def __init__(self, max_workers: Optional[int] = None, max_per_tenant: Optional[int] = None) -> None:
         self.max_workers = max_workers
         self.max_per_tenant = max_per_tenant
+        self.limited = max_workers is not None or max_per_tenant is not None   # (read on every call)
         self.live: collections.Counter = collections.Counter()
         self.total = 0
         self._cond = threading.Condition(threading.RLock())
         self._tickets: list[tuple[int, str]] = []
         self._seq = itertools.count()
-
-    @property
-    def limited(self) -> bool:
-        return self.max_workers is not None or self.max_per_tenant is not None
 
     def _fits(self, tenant: str) -> bool:
         return ((self.max_workers is None or self.total < self.max_workers) and

@@ -23,6 +23,19 @@
 
 What a slot, the pool and the crash policy make of an end is not decided
 here (see backends/local.py and host/slot.py).
+
+A warm call end to end, the common case (a CALL answered by an OK RESULT, no
+REQUEST), each step one Python frame or less:
+
+    host    SandboxedBinding.execute_tool: route, params, workspace, the CALL
+            ─► Supervisor.run: FifoLock (uncontended: one non-blocking acquire);
+               a live worker called within the last ms needs no other check
+            ─► exchange(): spin plan ─► pickle + send ─► poll ─► recv_frame (cap)
+               ─► parse_from_worker (decode + every check) ─► RESULT
+            ─► back in run: invalid_answer(), the value
+    worker  serve_calls: recv_frame ─► loads_from_host ─► Worker.call (workspace,
+            params, the tool, normalize) ─► reply: Encoder (plain check, msgpack)
+            ─► send ─► poll for the next CALL for its spin_us
 """
 from __future__ import annotations
 
@@ -181,15 +194,6 @@ class WorkerProcess:
 
         Raises PayloadError (``msg`` could not be sent: nothing was), WorkerGone,
         DeadlinePassed (the tree was killed) or protocol.ProtocolViolation."""
-        token = id(self)                          # (one call at a time per worker)
-        in_flight = calls_in_flight.enter(token)
-        try:
-            return self._exchange(msg, objects, limits, timeout, spin, in_flight)
-        finally:
-            calls_in_flight.leave(token)
-
-    def _exchange(self, msg: tuple, objects: HostObjects, limits: Limits, timeout: Optional[float],
-                  spin: Optional[SpinPolicy], in_flight: int) -> P.Result:
         conn = self.conn
         grace = limits.grace_s
         sent = time.monotonic()
@@ -198,27 +202,32 @@ class WorkerProcess:
         first = _KIND[type(msg)]
         if not self.ready:
             spin = None                           # (its first call starts it: nothing to learn from)
-        if spin is not None:
-            window, budget = spin.plan(sent, in_flight)
-            if type(msg) is P.Call and budget != msg.spin_us:
-                msg = msg[:-1] + (budget,)        # spin_us, its last field (sent as a plain tuple anyway)
-        try:
-            # A worker that stops reading cannot hold the host past the hard deadline.
-            conn.send(first, msg, None if deadline is None else deadline + grace)
-        except TimeoutError:
-            raise P.ProtocolViolation(conn.broken) from None
-        except OSError:
-            pass                                  # the worker is gone: the read below tells how
-        # Poll for the answer a short while before sleeping; never past the deadline.
-        caught = None if not window else conn.spin(sent + window if deadline is None else min(sent + window, deadline))
-
         if self._caps_mb != limits.max_result_mb:          # (built once, not per call)
             self._caps_mb = limits.max_result_mb
             self._caps = {P.REQUEST: P.REQUEST_CAP, P.RESULT: int(limits.max_result_mb * 1048576) + P.RESULT_OVERHEAD}
         call_caps = self._caps
         soft_sent = False
         objects.conn = conn
+        token = id(self)                          # (one call at a time per worker)
+        calls = calls_in_flight.enter(token)
         try:
+            if spin is not None:
+                window, budget = spin.plan(sent, calls)
+                if first == P.CALL and budget != msg[-1]:
+                    msg = msg[:-1] + (budget,)    # spin_us, its last field (sent as a plain tuple anyway)
+            try:
+                # A worker that stops reading cannot hold the host past the hard deadline.
+                conn.send(first, msg, None if deadline is None else deadline + grace)
+            except TimeoutError:
+                raise P.ProtocolViolation(conn.broken) from None
+            except OSError:
+                pass                              # the worker is gone: the read below tells how
+            # Poll for the answer a short while before sleeping; never past the deadline.
+            if window:
+                until = sent + window
+                caught = conn.spin(until if deadline is None or until < deadline else deadline)
+            else:
+                caught = None
             while True:
                 try:
                     kind, payload = conn.recv_frame(deadline, call_caps if self.ready else _READY_CAPS)
@@ -234,7 +243,7 @@ class WorkerProcess:
                 except (EOFError, OSError):
                     raise WorkerGone from None
                 if kind == P.RESULT:
-                    if reply.outcome == P.TIMED_OUT and not soft_sent and not self.interrupted:
+                    if reply[1] == P.TIMED_OUT and not soft_sent and not self.interrupted:
                         raise P.ProtocolViolation("it reported a timeout nobody signalled")
                     if conn.pending():
                         raise P.ProtocolViolation("it sent more after its RESULT")
@@ -269,4 +278,5 @@ class WorkerProcess:
                     # count; a flood of quick requests does, or it could stretch the deadline.
                     deadline += waited
         finally:
+            calls_in_flight.leave(token)
             objects.release()

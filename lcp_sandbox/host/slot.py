@@ -31,17 +31,23 @@ if TYPE_CHECKING:
 
 
 class FifoLock:
-    """A lock granted in arrival order (threading.Lock makes no such promise)."""
+    """A lock granted in arrival order (threading.Lock makes no such promise).
+
+    ``_held`` is a plain lock held by the owner; it passes from owner to waiter
+    without being released.  Uncontended, acquire is one non-blocking
+    ``_held.acquire`` (no waiter queued: nobody arrived first); a queued waiter
+    keeps later callers off that path, and release hands over under ``_mutex``."""
 
     def __init__(self) -> None:
         self._mutex = threading.Lock()
         self._waiters: collections.deque = collections.deque()
-        self._held = False
+        self._held = threading.Lock()
 
     def acquire(self, timeout: Optional[float] = None) -> bool:
+        if not self._waiters and self._held.acquire(False):
+            return True
         with self._mutex:
-            if not self._held and not self._waiters:
-                self._held = True
+            if not self._waiters and self._held.acquire(False):
                 return True
             gate = threading.Lock()
             gate.acquire()
@@ -60,7 +66,7 @@ class FifoLock:
             if self._waiters:
                 self._waiters.popleft().release()   # ownership passes directly
             else:
-                self._held = False
+                self._held.release()
 
     def __enter__(self) -> "FifoLock":
         self.acquire()

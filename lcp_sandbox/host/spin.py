@@ -80,8 +80,16 @@ class InFlight:
 calls_in_flight = InFlight()
 
 
+# (Conditional expressions, not min(): these run on every warm call, and min() costs
+# several times as much.)
+_LONG_S = 2 * SPIN_CAP_S       # a sample counts as at most this much
+
+
 def _window(typical: float) -> float:
-    return 0.0 if typical > SPIN_CAP_S else min(SPIN_CAP_S, 2.0 * typical + _SLACK_S)
+    if typical > SPIN_CAP_S:
+        return 0.0
+    w = 2.0 * typical + _SLACK_S
+    return w if w < SPIN_CAP_S else SPIN_CAP_S
 
 
 class _Backoff:
@@ -138,28 +146,32 @@ class SpinPolicy:
             gap = now - self.last_answer
             if self.worker_budget:               # did the worker's poll catch this call?
                 hit = gap <= self.worker_budget
-                self.worker_backoff.record(hit)
+                if not hit or self.worker_backoff.streak:     # (a hit after a hit changes nothing)
+                    self.worker_backoff.record(hit)
                 if hit:
                     self.worker_hits += 1
                 else:
                     self.worker_misses += 1
-            self.gap += (min(gap, 2 * SPIN_CAP_S) - self.gap) * _WEIGHT
+            self.gap += ((gap if gap < _LONG_S else _LONG_S) - self.gap) * _WEIGHT
             self.last_answer = 0.0               # (a call that never answers teaches nothing)
         if in_flight >= USABLE_CPUS:
             self.off_busy += 1
             self.host_window = self.worker_budget = 0.0
             return 0.0, 0
-        self.host_window = 0.0 if self.host_backoff.paused() else _window(self.service)
-        self.worker_budget = 0.0 if self.worker_backoff.paused() else _window(self.gap)
+        # (``hold and``: no call into a back-off that holds nothing, the common case)
+        self.host_window = 0.0 if self.host_backoff.hold and self.host_backoff.paused() else _window(self.service)
+        self.worker_budget = 0.0 if self.worker_backoff.hold and self.worker_backoff.paused() else _window(self.gap)
         return self.host_window, int(self.worker_budget * 1e6)
 
     def answered(self, sent: float, now: float, caught: Optional[bool]) -> None:
         """The RESULT of the call sent at ``sent`` arrived at ``now``; ``caught``:
         the host's poll got it (None: the host did not poll)."""
-        self.service += (min(now - sent, 2 * SPIN_CAP_S) - self.service) * _WEIGHT
+        took = now - sent
+        self.service += ((took if took < _LONG_S else _LONG_S) - self.service) * _WEIGHT
         self.last_answer = now
         if caught is not None:
-            self.host_backoff.record(caught)
+            if not caught or self.host_backoff.streak:
+                self.host_backoff.record(caught)
             if caught:
                 self.host_hits += 1
             else:

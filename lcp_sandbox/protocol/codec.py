@@ -19,11 +19,16 @@ from .messages import (HOST_TO_WORKER, LOAD_FAILED, MAX_DEPTH, MAX_HASHED, OK, O
                        READY, REF_CONFIRM, REF_UI, REPLY, REQUEST, RESULT, TIMED_OUT, HEADER as _HDR,
                        Call, Load, PayloadError, Prompt, ProtocolViolation, Ready, Reply, Request, Result)
 
+# A field list as its NamedTuple: _make without its Python frame and length check
+# (the host sends every field; a worker's fields are checked before).
+_new = tuple.__new__
+
+
 # ---------------------------------------------------------------- host -> worker codec
 def dumps(msg: tuple) -> bytes:
     """Pickle a host -> worker message (cloudpickle only for what pickle refuses)."""
     try:
-        return pickle.dumps(tuple(msg), protocol=5)
+        return pickle.dumps(msg if type(msg) is tuple else tuple(msg), 5)
     except Exception as first:
         try:
             import cloudpickle
@@ -35,7 +40,7 @@ def dumps(msg: tuple) -> bytes:
 def loads_from_host(kind: int, payload: bytes) -> tuple:
     """In the worker: the host's message (trusted)."""
     cls = HOST_TO_WORKER[kind]
-    return cls._make(pickle.loads(payload)) if payload else cls()
+    return _new(cls, pickle.loads(payload)) if payload else cls()
 
 
 # ---------------------------------------------------------------- worker -> host codec
@@ -45,6 +50,7 @@ _X_DATETIME, _X_DATE, _X_TIME, _X_TIMEDELTA, _X_DECIMAL, _X_UUID, _X_PATH = 8, 9
 _X_REF, _X_WORKER_REF = 15, 16
 
 _LEAF = frozenset({str, int, float, bool, type(None), bytes})
+_SCALAR = frozenset({str, float, bool, type(None), bytes})      # packed as they are, at any size
 _INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1
 
 
@@ -84,12 +90,20 @@ class Encoder:
 
     def __init__(self, convert: Callable[[Any], Any]) -> None:
         self._convert = convert
+        # Text is packed by the strict UTF-8 packer (msgpack's fast path); text with a lone
+        # surrogate makes it raise, and the message is packed again by the one that carries it.
+        self._utf8 = msgpack.Packer(default=self._default, strict_types=True, use_bin_type=True, datetime=False)
         self._packer = msgpack.Packer(default=self._default, strict_types=True, use_bin_type=True,
                                       unicode_errors="surrogatepass", datetime=False)
 
     def encode(self, kind: int, fields: list) -> bytes:
         try:
-            body = self._packer.pack(self._plain(fields, 0))
+            plain = self._plain(fields, 0)
+            try:
+                body = self._utf8.pack(plain)
+            except UnicodeEncodeError:
+                self._utf8.reset()
+                body = self._packer.pack(plain)
         except Unsendable:
             raise
         except Exception as exc:
@@ -100,7 +114,7 @@ class Encoder:
     def _plain(self, v: Any, depth: int) -> Any:
         """``v`` with what msgpack would pack wrongly fixed: non-str keys, big ints.
         Returns ``v`` itself when nothing needed fixing (the common case).  Leaves
-        are checked inline: this runs on every message a worker sends."""
+        are checked inline (one set lookup): this runs on every message a worker sends."""
         t = type(v)
         if t is dict or t is list:
             if depth > MAX_DEPTH:
@@ -111,7 +125,7 @@ class Encoder:
                 if is_dict and type(k) is not str and type(k) is not bytes:
                     return self._pairs(v, depth)
                 tx = type(x)
-                if tx is str or tx is bool or tx is float or x is None or (tx is int and _INT_MIN <= x <= _INT_MAX):
+                if tx in _SCALAR or (tx is int and _INT_MIN <= x <= _INT_MAX):
                     continue
                 y = self._plain(x, depth + 1)
                 if y is not x:
@@ -303,21 +317,21 @@ def parse_from_worker(kind: int, payload: bytes, decoder: Decoder) -> tuple:
             raise ProtocolViolation("malformed RESULT")
         if fields[1] == RAISED and not is_error(fields[0]):
             raise ProtocolViolation("malformed error in RESULT")
-        return Result(*fields)
+        return _new(Result, fields)
     if kind == REQUEST:
         if (n != 5 or type(fields[0]) is not int or fields[0] not in OPS or not valid_ref(fields[1])
                 or not (fields[2] is None or type(fields[2]) is str)
                 or type(fields[3]) is not list or type(fields[4]) is not dict):
             raise ProtocolViolation("malformed REQUEST")
-        return Request(*fields)
+        return _new(Request, fields)
     if kind == REPLY:
         if n != 2 or type(fields[0]) is not bool or (not fields[0] and not is_error(fields[1])):
             raise ProtocolViolation("malformed REPLY")
-        return Reply(*fields)
+        return _new(Reply, fields)
     if kind == READY:
         if n != 1 or not _is_str_dict(fields[0]):
             raise ProtocolViolation("malformed READY")
-        return Ready(*fields)
+        return _new(Ready, fields)
     raise ProtocolViolation(f"a worker may not send messages of kind {kind}")
 
 

@@ -128,7 +128,7 @@ class Connection:
             if not buf and len(chunk) >= 5:       # the common case: one read, one whole frame
                 n, kind = _HDR.unpack_from(chunk)
                 if len(chunk) == 5 + n:
-                    if caps is not None:
+                    if caps is not None and not n <= caps.get(kind, -1):   # (a call only to fail)
                         self._check(kind, n, caps)
                     return kind, chunk[5:]
             buf += chunk

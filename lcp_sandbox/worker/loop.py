@@ -204,28 +204,31 @@ class Worker:
     # ------------------------------------------------------------ calling
     # Each returns the RESULT fields: [value, outcome, detail].
     def call(self, msg: P.Call) -> list:
-        tool = msg.tool
+        # (one unpacking: a NamedTuple's field access is a descriptor call each)
+        tool, file_index, params, cwd, injected, handlers, _ = msg
         try:
-            self._enter(msg.cwd, msg.handlers)
+            self._enter(cwd, handlers)
         except OSError as exc:
             return [normalize.failure(f"[{self.library}] tool '{tool}' not run: cannot enter the "
-                                      f"workspace {msg.cwd!r} ({exc.strerror})."), P.OK, ""]
+                                      f"workspace {cwd!r} ({exc.strerror})."), P.OK, ""]
         try:
-            entry = self._entry(tool, msg.file_index)
+            entry = self.entries.get(tool) or self._entry(tool, file_index)
         except LoadFailed as exc:
             return [self._load_failure(tool, exc), P.LOAD_FAILED, ""]
         if entry is None:
             return [normalize.failure(f"[{self.library}] Function '{tool}' not found in module."), P.OK, ""]
 
-        params = msg.params
         if entry.var_kw:
             kwargs = {k: v for k, v in params.items() if k not in HOST_PARAMS}
-        else:
+        else:        # (a loop: a local read by a comprehension would be a cell made on every call)
             names = entry.names
-            kwargs = {k: v for k, v in params.items() if k in names and k not in HOST_PARAMS}
+            kwargs = {}
+            for k, v in params.items():
+                if k in names and k not in HOST_PARAMS:
+                    kwargs[k] = v
         if entry.injectable:
-            if msg.injected:
-                for k, v in msg.injected.items():
+            if injected:
+                for k, v in injected.items():
                     if k in entry.injectable:
                         kwargs[k] = self.ch.wrap(v)
             if self.handlers & P.HANDLER_UI and "user_interaction_handler" in entry.injectable:
@@ -246,7 +249,7 @@ class Worker:
         finally:
             self.in_tool = False
         try:
-            return [normalize.normalize(out, msg.cwd), P.OK, ""]
+            return [normalize.normalize(out, cwd), P.OK, ""]
         except Exception as exc:
             return [normalize.crashed(tool, exc, traceback.format_exc()), P.OK, ""]
 
@@ -338,6 +341,12 @@ def session(conn: P.Connection) -> None:
     signal.signal(P.SOFT_TIMEOUT_SIGNAL, on_soft_timeout)   # before READY: the host may signal then
     conn.send_encoded(worker.ch.encoder.encode(P.READY, [report]))
 
+    serve_calls(conn, worker)
+
+
+def serve_calls(conn: P.Connection, worker: Worker) -> None:
+    """Answer the host's messages until SHUTDOWN or EOF (or a library that failed to load)."""
+    ch = worker.ch
     recv, loads, spin, monotonic = conn.recv_frame, P.loads_from_host, conn.spin, time.monotonic
     ops = {P.CALL: (worker.call, "tool"), P.MODCALL: (worker.modcall, "function"),
            P.PROMPT: (worker.prompt, "prompt provider"), P.LOAD: (worker.load, "load")}
@@ -359,8 +368,8 @@ def session(conn: P.Connection) -> None:
         worker.reply(op[1], msg[0] if kind != P.LOAD else worker.library, fields)
         if fields[1] == P.LOAD_FAILED:           # the library failed to load: start afresh
             return
-        if kind == P.CALL and msg.spin_us:       # the host expects the next call soon
-            spin(monotonic() + msg.spin_us * 1e-6)
+        if kind == P.CALL and msg[-1]:           # spin_us: the host expects the next call soon
+            spin(monotonic() + msg[-1] * 1e-6)
 
 
 def serve(sock) -> None:
