@@ -108,6 +108,9 @@ class FakeZygote:
         self._socks: dict = {}
         self._next = 1 << 30
 
+    def take(self) -> None:
+        return None                # no worker forked ahead: every start forks
+
     def fork(self, sock_fd: int, log_fd: int) -> Future:
         sock = socket.socket(fileno=os.dup(sock_fd))
         log = os.dup(log_fd)

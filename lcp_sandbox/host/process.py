@@ -93,10 +93,9 @@ class WorkerProcess:
         """Fork a worker that will serve ``init`` (from the library's ``template``
         process when given, see host/templates.py); raises ZygoteGone or OSError.
         Without a template, a worker forked ahead serves an unconfined INIT when there
-        is one (a stand-in zygote without take() only forks)."""
+        is one."""
         # Not for a confined worker: the one forked ahead holds the host's environment (PRIME).
-        take = None if template or init.confine is not None else getattr(zygote, "take", None)
-        reserved = take() if take else None
+        reserved = None if template or init.confine is not None else zygote.take()
         if reserved is not None:
             host_sock, log_r, forked = reserved
             conn = P.Connection(host_sock)
