@@ -108,8 +108,10 @@ class FakeZygote:
         self._socks: dict = {}
         self._next = 1 << 30
 
+    owed = False                   # no worker forked ahead: every start forks, nothing to replace
+
     def take(self) -> None:
-        return None                # no worker forked ahead: every start forks
+        return None
 
     def fork(self, sock_fd: int, log_fd: int) -> Future:
         sock = socket.socket(fileno=os.dup(sock_fd))

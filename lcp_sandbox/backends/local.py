@@ -145,8 +145,8 @@ class Supervisor(Closing):
             self._watchdog.call_ended(slot)     # (holding the lock: see Watchdog._idle)
             slot.lock.release()
             zyg = self._zygote
-            if getattr(zyg, "owed", False):     # (a stand-in zygote owes nothing)
-                zyg.settle()                    # a worker forked ahead served: replace it now
+            if zyg is not None and zyg.owed:    # a worker forked ahead served: replace it now
+                zyg.settle()
 
     def _slot(self, spec: WorkerSpec) -> Slot:
         with self._lock:
