@@ -25,7 +25,7 @@ import time
 from typing import Any, Callable
 
 from lcp_sandbox import protocol as P
-from lcp_sandbox.host.slot import FifoLock
+from lcp_sandbox.backends.local.slot import FifoLock
 from lcp_sandbox.worker.loop import Worker
 
 

@@ -28,8 +28,8 @@ import time
 from typing import Any
 
 from lcp_sandbox import SandboxedBinding, Supervisor
-from lcp_sandbox.host.watchdog import SAMPLE_DELAY_S, SHUTDOWN_GRACE_S
-from lcp_sandbox.proc import memory, process_tree, tree_memory
+from lcp_sandbox.backends.local.watchdog import SAMPLE_DELAY_S, SHUTDOWN_GRACE_S
+from lcp_sandbox.system.proc import memory, process_tree, tree_memory
 
 from .harness import LIBS, latency_rows, percentile, pin_thread, sched, secs
 from .memory import parent_pid

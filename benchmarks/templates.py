@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 from lcp_sandbox import SandboxedBinding, Supervisor
-from lcp_sandbox.proc import memory
+from lcp_sandbox.system.proc import memory
 
 from .harness import ratio, summarize
 

@@ -17,15 +17,17 @@ import logging
 from importlib import import_module
 from typing import Any
 
-__version__ = "0.1.0"
+from .core.version import __version__
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 _EXPORTS = {
-    "SandboxedBinding": "host.binding", "bundled_tools_dir": "host.locations",
-    "lollms_bindings_dir": "host.locations", "lollms_binding_class": "host.binding",
-    "Supervisor": "backends.local", "CrashPolicy": "backends.local", "SandboxEvent": "host.outcomes",
-    "Limits": "host.limits", "RaySupervisor": "backends.ray",
+    # the binding comes through its lollms front, which registers (without importing
+    # lollms_client) the subclass a binding made after lollms_client is loaded becomes
+    "SandboxedBinding": "fronts.lollms", "lollms_binding_class": "fronts.lollms",
+    "bundled_tools_dir": "binding.locations", "lollms_bindings_dir": "binding.locations",
+    "Supervisor": "backends.local", "CrashPolicy": "backends.local",
+    "RaySupervisor": "backends.ray.driver", "SandboxEvent": "core.outcomes", "Limits": "core.limits",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -9,9 +9,9 @@ from concurrent.futures import Future
 
 from lcp_sandbox import SandboxedBinding, Supervisor
 from lcp_sandbox import protocol as P
-from lcp_sandbox.host import zygote as host_zygote
-from lcp_sandbox.host.process import WorkerProcess
-from lcp_sandbox.host.worker_init import host_environment
+from lcp_sandbox.backends.local import zygote as host_zygote
+from lcp_sandbox.backends.local.process import WorkerProcess
+from lcp_sandbox.core.policy import host_environment
 from lcp_sandbox.worker import confine
 
 TOOL = '''
@@ -152,9 +152,9 @@ def test_an_interrupt_before_the_host_read_ready_is_signalled_when_it_does():
     """A worker handed INIT with its call may be importing before the host has read its
     READY: interrupt() then holds the signal until READY (the worker's handler is set)."""
     from lcp_sandbox.core.discovery import Library
-    from lcp_sandbox.host.limits import Limits
-    from lcp_sandbox.host.objects import HostObjects
-    from lcp_sandbox.host.slot import Slot
+    from lcp_sandbox.core.limits import Limits
+    from lcp_sandbox.binding.objects import HostObjects
+    from lcp_sandbox.backends.local.slot import Slot
 
     host_end, worker_end = P.pair()
     zyg = _Signals()

@@ -9,7 +9,7 @@ import psutil
 import pytest
 
 from lcp_sandbox import SandboxedBinding, Supervisor
-from lcp_sandbox.host import zygote as host_zygote
+from lcp_sandbox.backends.local import zygote as host_zygote
 from lcp_sandbox.worker import confine, zygote
 
 PROBE = '''

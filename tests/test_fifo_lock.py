@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import threading
 
-from lcp_sandbox.host.slot import FifoLock
+from lcp_sandbox.backends.local.slot import FifoLock
 
 
 def _queued(lock: FifoLock, n: int) -> None:

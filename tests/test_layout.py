@@ -1,12 +1,22 @@
 """The layout is the architecture: checked by reading the imports (AST), not by running.
 
-- host side (host/, backends/, fronts/, the package's __init__) never imports the
-  worker side (worker/): the two meet through protocol/ and share core/ and proc.py;
-- the worker side never imports the host side (the zygote, whose memory every
-  worker starts from, must stay lean);
-- core/ is pure: no process, thread, socket or system-call module, nothing of
-  either side;
-- every module has its place, and none grows past 400 lines.
+The package is a house of floors, top to bottom; each floor imports only the
+floors below it (or its own), and no module imports another that leads back to
+it, counting imports inside functions:
+
+    the package (__init__, testing)     the public API, imported lazily; test hooks
+    fronts/, lollms_bindings/           CLI, MCP server, the lollms subclass
+    binding/                            SandboxedBinding: the LCP surface
+    backends/                           the local supervisor and its processes; Ray
+    worker/                             the worker's loop, confinement, the zygote
+    system/                             what the operating system tells (read only)
+    core/                               pure: no processes
+    protocol/                           the wire both sides share
+
+Besides the order: the host side (backends/ and above) never imports worker/
+(the zygote is started as a fresh interpreter that imports it, and the worker
+side must stay lean); core/ imports no process, thread, socket or system-call
+module; modules and functions stay small enough to read at once.
 """
 import ast
 from pathlib import Path
@@ -15,10 +25,14 @@ import pytest
 
 PKG = Path(__file__).resolve().parent.parent / "lcp_sandbox"
 
-SIDES = {"core": "pure", "protocol": "shared", "proc": "shared", "host": "host", "backends": "host",
-         "fronts": "host", "__init__": "host", "worker": "worker", "lollms_bindings": "host"}
+FLOORS = [("package", {"__init__", "testing"}), ("fronts", {"fronts", "lollms_bindings"}),
+          ("binding", {"binding"}), ("backends", {"backends"}), ("worker", {"worker"}),
+          ("system", {"system"}), ("core", {"core"}), ("protocol", {"protocol"})]
+LEVEL = {room: i for i, (_, rooms) in enumerate(FLOORS) for room in rooms}
+HOST_SIDE = {"package", "fronts", "binding", "backends"}
 PROCESS_MODULES = {"subprocess", "multiprocessing", "signal", "socket", "select", "selectors", "threading",
                    "concurrent", "ctypes", "resource", "fcntl", "psutil", "asyncio"}
+MAX_MODULE_LINES, MAX_SUPERVISOR_LINES, MAX_FUNCTION_LINES = 450, 350, 80
 
 
 def modules():
@@ -28,65 +42,126 @@ def modules():
         yield path, rel, dotted.removesuffix(".__init__")
 
 
-def side(rel: Path) -> str:
-    return SIDES[rel.parts[0].removesuffix(".py")]
+MODULES = {dotted: path for path, _, dotted in modules()}
+
+
+def floor(name: str) -> int:
+    """The floor of a module name of the package (the package itself: the top)."""
+    parts = name.split(".")
+    return LEVEL["__init__"] if len(parts) == 1 else LEVEL[parts[1]]
+
+
+def floor_name(name: str) -> str:
+    return FLOORS[floor(name)][0]
 
 
 def imported(path: Path, dotted: str) -> set:
-    """Absolute names of every module the file imports (anywhere in it)."""
+    """Modules of the package the file imports (anywhere in it), as the most
+    precise module each import names: ``from .x import y`` is ``x.y`` when that
+    is a module, else ``x``."""
     package = dotted if path.name == "__init__.py" else dotted.rpartition(".")[0]
     out = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
-            out.update(a.name for a in node.names)
+            names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
-            base = package.split(".")
             if node.level:
-                base = base[:len(base) - node.level + 1]
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
                 name = ".".join(base + ([node.module] if node.module else []))
             else:
-                name = node.module
-            out.add(name)
-            out.update(f"{name}.{a.name}" for a in node.names)     # "from . import x" imports x
+                name = node.module or ""
+            subs = [f"{name}.{a.name}" for a in node.names if f"{name}.{a.name}" in MODULES]
+            names = subs if len(subs) == len(node.names) else [name, *subs]
+        else:
+            continue
+        out.update(n for n in names if n.split(".")[0] == "lcp_sandbox")
     return out
 
 
-def side_of(name: str):
-    parts = name.split(".")
-    if parts[0] != "lcp_sandbox" or len(parts) == 1:
-        return None
-    return SIDES.get(parts[1])
+GRAPH = {dotted: imported(path, dotted) for path, _, dotted in modules()}
 
 
-def test_every_module_has_a_side():
+def test_every_module_is_on_a_floor():
     for _, rel, _ in modules():
-        assert rel.parts[0].removesuffix(".py") in SIDES, f"{rel}: put it in core/, host/, worker/, backends/ or fronts/"
+        assert rel.parts[0].removesuffix(".py") in LEVEL, f"{rel}: put it on a floor ({[f for f, _ in FLOORS]})"
 
 
 @pytest.mark.parametrize("path,rel,dotted", list(modules()), ids=lambda v: str(v) if isinstance(v, Path) else "")
-def test_no_import_crosses_the_line(path, rel, dotted):
-    mine = side(rel)
-    for name in imported(path, dotted):
-        theirs = side_of(name)
-        if mine == "host":
-            assert theirs != "worker", f"{rel} (host side) imports {name} (worker side)"
-        elif mine == "worker":
-            assert theirs != "host", f"{rel} (worker side) imports {name} (host side)"
-        elif mine in ("pure", "shared"):
-            assert theirs in (None, "pure", "shared"), f"{rel} ({mine}) imports {name}"
-        if mine == "pure":
-            assert name.split(".")[0] not in PROCESS_MODULES, f"{rel} (pure) imports {name}"
+def test_imports_go_down(path, rel, dotted):
+    mine = floor(dotted)
+    for name in GRAPH[dotted]:
+        assert floor(name) >= mine, f"{rel} ({floor_name(dotted)}) imports {name} ({floor_name(name)}), above it"
+        if floor_name(dotted) in HOST_SIDE:
+            assert floor_name(name) != "worker", f"{rel} (host side) imports {name} (worker side)"
+    if floor_name(dotted) == "core":
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and not getattr(node, "level", 0):
+                for name in [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]:
+                    assert name.split(".")[0] not in PROCESS_MODULES, f"{rel} (pure) imports {name}"
+
+
+def test_no_import_cycle():
+    """Depth-first search over every import (function-level ones included); a module
+    importing its own package's __init__ is not a cycle (Python loads it first)."""
+    state: dict[str, int] = {}
+
+    def visit(mod: str, trail: list) -> None:
+        state[mod] = 1
+        for dep in sorted(GRAPH.get(mod, ())):
+            if dep not in GRAPH or mod.startswith(dep + "."):
+                continue
+            assert state.get(dep) != 1, "import cycle: " + " -> ".join(trail[trail.index(dep):] + [dep]) \
+                if dep in trail else f"import cycle through {dep}"
+            if dep not in state:
+                visit(dep, trail + [dep])
+        state[mod] = 2
+
+    for mod in sorted(GRAPH):
+        if mod not in state:
+            visit(mod, [mod])
+
+
+def test_the_lollms_front_is_the_only_module_that_imports_lollms_client():
+    for path, rel, _ in modules():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if any(n.split(".")[0] == "lollms_client" for n in names):
+                assert rel == Path("fronts/lollms_binding.py"), f"{rel} imports lollms_client"
 
 
 def test_the_zygote_boots_from_the_worker_side():
-    text = (PKG / "host" / "zygote.py").read_text(encoding="utf-8")
+    text = (PKG / "backends" / "local" / "zygote.py").read_text(encoding="utf-8")
     assert "from lcp_sandbox.worker.zygote import main" in text
 
 
-def test_no_module_over_400_lines():
+def test_rooms_fit_their_job():
     for path, rel, _ in modules():
-        n = len(path.read_text(encoding="utf-8").splitlines())
-        assert n <= 400, f"{rel} has {n} lines: split it by role"
+        lines = path.read_text(encoding="utf-8").splitlines()
+        cap = MAX_SUPERVISOR_LINES if rel == Path("backends/local/supervisor.py") else MAX_MODULE_LINES
+        assert len(lines) <= cap, f"{rel} has {len(lines)} lines (at most {cap})"
+        for node in ast.walk(ast.parse("\n".join(lines))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                assert n <= MAX_FUNCTION_LINES, f"{rel}:{node.lineno} {node.name}() has {n} lines"
+
+
+def test_no_environment_switch_turns_a_protection_off():
+    for path, rel, _ in modules():
+        assert "LCP_SANDBOX_DISABLE" not in path.read_text(encoding="utf-8"), rel
+
+
+def test_the_package_never_edits_sys_path_of_the_host():
+    """The worker side sets its own process's sys.path from INIT (the host's); the
+    host side never edits its own."""
+    for path, rel, dotted in modules():
+        if floor_name(dotted) not in HOST_SIDE:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and node.attr in ("append", "insert", "extend") \
+                    and isinstance(node.value, ast.Attribute) and node.value.attr == "path" \
+                    and isinstance(node.value.value, ast.Name) and node.value.value.id == "sys":
+                raise AssertionError(f"{rel}:{node.lineno} edits sys.path")
 
 
 def test_the_binding_uses_only_the_backend_interface():
@@ -95,7 +170,7 @@ def test_the_binding_uses_only_the_backend_interface():
     assert isinstance(Supervisor(), Backend)
     allowed = {n for n in dir(Backend) if not n.startswith("_")} | {"confine"}
     for module in ("binding.py", "lcp_surface.py"):
-        tree = ast.parse((PKG / "host" / module).read_text(encoding="utf-8"))
+        tree = ast.parse((PKG / "binding" / module).read_text(encoding="utf-8"))
         for node in ast.walk(tree):
             if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
                     and node.value.attr == "supervisor"):

@@ -21,7 +21,7 @@ def run_python(code: str, *args: str, cwd=None) -> subprocess.CompletedProcess:
 def test_importing_the_binding_and_the_cli_does_not_import_lollms_client(tmp_path):
     p = run_python("""
         import importlib.util, json, sys
-        import lcp_sandbox.host.binding, lcp_sandbox.fronts.cli
+        import lcp_sandbox.binding.binding, lcp_sandbox.fronts.cli
         after_import = sorted(m for m in sys.modules if m.split(".")[0] == "lollms_client")
         from lcp_sandbox import SandboxedBinding
         with SandboxedBinding(tools_folders=[sys.argv[1]], workspace=sys.argv[2]) as b:
@@ -35,7 +35,7 @@ def test_importing_the_binding_and_the_cli_does_not_import_lollms_client(tmp_pat
     result = json.loads(p.stdout.strip().splitlines()[-1])
     assert result["installed"] is True                     # it could have been imported: the test means something
     assert result["after_import"] == [] and result["after_use"] == []
-    assert result["out"]["output"] == 2 and result["type"] == "lcp_sandbox.host.binding"
+    assert result["out"]["output"] == 2 and result["type"] == "lcp_sandbox.binding.binding"
 
 
 def test_a_binding_made_after_lollms_is_imported_is_a_lollms_tool_binding(tmp_path):
@@ -114,11 +114,11 @@ def test_public_methods_have_docstrings_and_no_comment_shows_as_one():
     import pydoc
     from lcp_sandbox.core import discovery
     from lcp_sandbox.fronts import cli
-    from lcp_sandbox.host import binding
-    from lcp_sandbox.host.binding import SandboxedBinding
-    from lcp_sandbox.host.lcp_surface import LcpSurface
-    from lcp_sandbox.host.tool_catalog import LibraryHandle
-    from lcp_sandbox.backends.local import Supervisor
+    from lcp_sandbox.binding import binding
+    from lcp_sandbox.binding.binding import SandboxedBinding
+    from lcp_sandbox.binding.lcp_surface import LcpSurface
+    from lcp_sandbox.binding.tool_catalog import LibraryHandle
+    from lcp_sandbox.backends.local.supervisor import Supervisor
     for cls in (SandboxedBinding, LcpSurface):             # LcpSurface: the rest of its surface
         for name, fn in _members(cls):
             if not name.startswith("_") or name in ("__enter__", "__exit__"):

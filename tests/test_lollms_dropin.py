@@ -453,7 +453,7 @@ NO_LOLLMS_SCRIPT = textwrap.dedent("""
               "lollms_findable": importlib.util.find_spec("lollms_client") is not None}
     import lcp_sandbox
     from lcp_sandbox import SandboxedBinding
-    import lcp_sandbox.host.binding as binding
+    import lcp_sandbox.fronts.lollms as binding
     try:
         binding.lollms_binding_class()
         result["lollms_class"] = "made"

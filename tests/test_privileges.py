@@ -17,7 +17,7 @@ import pytest
 from conftest import HERE
 from lcp_sandbox import SandboxedBinding, Supervisor
 from lcp_sandbox import Limits
-from lcp_sandbox.host import handover
+from lcp_sandbox.backends.local import handover
 from lcp_sandbox.worker.confine import seccomp
 
 LIBS = HERE / "priv_libs"
@@ -204,7 +204,7 @@ def test_hand_over_skips_mount_points(open_tmp):
     (outside / "f.txt").write_text("x")
     code = f"""if True:
         import ctypes, os
-        from lcp_sandbox.host import handover
+        from lcp_sandbox.backends.local import handover
         libc = ctypes.CDLL(None, use_errno=True)
         assert libc.unshare(0x20000) == 0
         assert libc.mount(b"none", b"/", None, 16384 | (1 << 18), None) == 0       # MS_REC | MS_PRIVATE

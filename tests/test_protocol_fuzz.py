@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from lcp_sandbox import CrashPolicy, SandboxedBinding, Supervisor
 from lcp_sandbox import protocol as P
-from lcp_sandbox.backends import local as supervisor_module
+from lcp_sandbox.backends.local import supervisor as supervisor_module
 
 MARKER = Path(os.environ.get("TMPDIR", "/tmp")) / f"lcp-fuzz-marker-{uuid.uuid4().hex}"
 

@@ -15,7 +15,7 @@ import pytest
 
 from lcp_sandbox import SandboxedBinding, Supervisor
 from lcp_sandbox import protocol as P
-from lcp_sandbox.proc import memory
+from lcp_sandbox.system.proc import memory
 
 LIBS = Path(__file__).resolve().parent / "template_libs"
 HOSTILE = Path(__file__).resolve().parent / "hostile_libs"

@@ -9,6 +9,7 @@ import pytest
 
 from conftest import HERE
 from lcp_sandbox import SandboxedBinding, Supervisor
+from lcp_sandbox.testing import protections_off
 
 LIBS = HERE / "tenant_libs"
 
@@ -143,8 +144,8 @@ def test_network_off_and_on(roots, listener):
 
 def test_missing_mechanism_warns_once_and_stats_tell(roots, monkeypatch, caplog):
     a, b = roots
-    monkeypatch.setenv("LCP_SANDBOX_DISABLE", "landlock")
-    with Supervisor(confine=True) as sup, caplog.at_level(logging.WARNING, logger="lcp_sandbox"):
+    with Supervisor(confine=True) as sup, protections_off(sup, "landlock"), \
+            caplog.at_level(logging.WARNING, logger="lcp_sandbox"):
         t = SandboxedBinding(tools_folders=[LIBS], supervisor=sup, tenant="a", workspace=str(a),
                              workspace_root=str(a))
         assert t.execute_tool("tool_read_file", {"path": str(b / "secret.txt")})["output"] == "b's secret"

@@ -16,10 +16,10 @@ from concurrent.futures import Future
 import pytest
 
 from lcp_sandbox import protocol as P
-from lcp_sandbox.host import spin as S
-from lcp_sandbox.host.limits import Limits
-from lcp_sandbox.host.objects import HostObjects
-from lcp_sandbox.host.process import WorkerProcess
+from lcp_sandbox.backends.local import spin as S
+from lcp_sandbox.core.limits import Limits
+from lcp_sandbox.binding.objects import HostObjects
+from lcp_sandbox.backends.local.process import WorkerProcess
 
 SPIN_KEYS = {"host_window_us", "worker_window_us", "host_hits", "host_misses", "worker_hits",
              "worker_misses", "off_busy"}

@@ -7,8 +7,8 @@ import time
 import pytest
 
 from lcp_sandbox import SandboxedBinding, Supervisor
-import lcp_sandbox.host.slot as slot_module
-from lcp_sandbox.host import watchdog
+import lcp_sandbox.backends.local.slot as slot_module
+from lcp_sandbox.backends.local import watchdog
 from conftest import HERE, LIBS
 
 TENANT_LIBS = HERE / "tenant_libs"

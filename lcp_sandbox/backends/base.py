@@ -12,9 +12,10 @@ What crosses the seam is plain data, so a remote backend can ship it: the
 :class:`WorkerSpec` (which worker, with which limits) and the message (a
 protocol.Call, Prompt, ModCall or Load).  Two things stay in the host:
 
-* ``objects`` (host/objects.py): what the call lends the tool (handlers, a
-  client, a discussion).  The backend relays the worker's REQUESTs to it and
-  sends its REPLYs back; the objects themselves never travel.
+* ``objects`` (:class:`Lent`; the binding's HostObjects, binding/objects.py):
+  what the call lends the tool (handlers, a client, a discussion).  The backend
+  relays the worker's REQUESTs to it and sends its REPLYs back; the objects
+  themselves never travel.
 * ``spec.init``: called in the host, only when a new worker must start, it
   returns the protocol.Init to start it with (plain data again).
 """
@@ -23,14 +24,26 @@ from __future__ import annotations
 import logging
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, runtime_checkable
+from typing import Any, Callable, Optional, Protocol, runtime_checkable
 
 from .. import protocol as P
 from ..core.discovery import Library
-from ..host.limits import Limits
+from ..core.limits import Limits
 
-if TYPE_CHECKING:
-    from ..host.objects import HostObjects
+
+class Lent(Protocol):
+    """What a call lends its tool, as a backend sees it: the worker's REQUESTs are
+    handed to ``handle`` on the thread waiting for the call, with ``conn`` (the
+    call's connection, for a callback into the tool) and ``deadline`` set while
+    it runs; ``release`` drops everything lent when the call ends."""
+    conn: Any
+    deadline: Optional[float]
+
+    def handle(self, req: P.Request, saw_ref: bool) -> tuple:
+        """The REPLY to one REQUEST of the worker."""
+
+    def release(self) -> None:
+        """The call ended: nothing lent is reachable any more."""
 
 
 @dataclass(frozen=True)
@@ -64,7 +77,7 @@ class Backend(Protocol):
     def start(self) -> None:
         """Get ready now rather than at the first call."""
 
-    def run(self, spec: WorkerSpec, msg: tuple, objects: "HostObjects", *, tool: str,
+    def run(self, spec: WorkerSpec, msg: tuple, objects: Lent, *, tool: str,
             timeout_s: Optional[float] = None) -> Any:
         """Run one message on the worker of ``spec``; its value, or SandboxEvent."""
 

@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from ..host.binding import SandboxedBinding
-from ..host.locations import bundled_tools_dir
+from .lollms import SandboxedBinding
+from ..binding.locations import bundled_tools_dir
 from .mcp_cli import add_parser as add_serve_mcp
 
 
@@ -199,11 +199,9 @@ _BENCH_MISSING = ("speed figures against baselines; not part of the installed pa
 
 
 def _add_bench(sub: Any, verbose: argparse.ArgumentParser) -> None:
-    """``bench`` comes from the benchmark harness when it can be imported; else
-    --help still lists it, with how to run it."""
-    root = Path(__file__).resolve().parent.parent       # benchmarks/ of a source checkout
-    if (root / "benchmarks" / "__main__.py").is_file() and str(root) not in sys.path:
-        sys.path.append(str(root))
+    """``bench`` comes from the benchmark harness when it can be imported (a source
+    checkout's ``benchmarks/`` on ``sys.path``, as with ``python -m``); else --help
+    still lists it, with how to run it.  The engine never edits ``sys.path``."""
     try:
         from benchmarks.cli import add_parser
     except ImportError as exc:                            # an installed package: no benchmarks

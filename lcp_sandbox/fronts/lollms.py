@@ -1,25 +1,33 @@
-"""``SandboxedBinding`` as a lollms_client ``LollmsToolBinding``.
+"""The lollms front: ``SandboxedBinding`` as lollms_client sees it.
 
-The only module of lcp_sandbox that imports lollms_client.  Nothing imports it
-at start-up: ``binding.lollms_binding_class()`` does, when lollms' loader asks
-for the "sandboxed" tools binding (``lollms_bindings/sandboxed/__init__.py``),
-or when a ``SandboxedBinding`` is created in a process that has already
-imported lollms_client's tools binding module.  So importing lcp_sandbox, or
-running its command line, never pays for importing lollms_client.
+    lcp_sandbox.SandboxedBinding(...)   ──►  binding.SandboxedBinding.__new__
+        lollms_client's tools binding module already imported?  ──► the subclass
+    lollms_binding_class()  ──► fronts/lollms_binding.py (imports lollms_client)
+                                class SandboxedBinding(binding.SandboxedBinding, LollmsToolBinding)
+
+Importing this module does not import lollms_client: it registers with the
+binding which subclass to make once lollms_client's tools binding module is
+loaded (``SandboxedBinding.promote_when``), and builds that subclass only when
+asked.  So ``import lcp_sandbox`` and the command line never pay for lollms_client,
+and the binding itself knows nothing of lollms.
 """
 from __future__ import annotations
 
-from typing import Any
+from ..binding.binding import SandboxedBinding
 
-from lollms_client.lollms_tools_binding import LollmsToolBinding
+#: Once this module is loaded, a new SandboxedBinding is a LollmsToolBinding too.
+LOLLMS_TOOLS_MODULE = "lollms_client.lollms_tools_binding"
 
-from ..host import binding
+
+def lollms_binding_class() -> type[SandboxedBinding]:
+    """The ``LollmsToolBinding`` subclass of ``SandboxedBinding`` (imports lollms_client).
+
+    lollms' loader gets this class for ``tools_binding_name="sandboxed"``.
+    Raises ``ImportError`` when lollms_client is not installed."""
+    from . import lollms_binding
+    return lollms_binding.SandboxedBinding
 
 
-class SandboxedBinding(binding.SandboxedBinding, LollmsToolBinding):
-    """A ``SandboxedBinding`` that is also a ``LollmsToolBinding`` (so it has
-    ``to_chat_tool_specs``, ``get_binding_config``...).  Same constructor."""
+SandboxedBinding.promote_when(LOLLMS_TOOLS_MODULE, lollms_binding_class)
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        LollmsToolBinding.__init__(self, binding_name="sandboxed")
-        binding.SandboxedBinding.__init__(self, *args, **kwargs)
+__all__ = ["SandboxedBinding", "lollms_binding_class"]

@@ -35,7 +35,9 @@ import mcp_types as types
 from mcp.server.lowlevel import NotificationOptions, Server
 from mcp.shared.exceptions import MCPError
 
-from .. import SandboxedBinding, Supervisor, __version__
+from ..backends.local import Supervisor
+from ..core.version import __version__
+from .lollms import SandboxedBinding
 from . import mcp_mapping as M
 
 log = logging.getLogger("lcp_sandbox.mcp")

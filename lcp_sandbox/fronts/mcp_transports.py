@@ -21,7 +21,7 @@ import anyio
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
 
-from .. import Supervisor
+from ..backends.local import Supervisor
 from .mcp_server import McpFront, ServeOptions
 
 MCP_PATH = "/mcp"

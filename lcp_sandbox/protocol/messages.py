@@ -46,7 +46,7 @@ class Init(NamedTuple):
     env: Optional[dict]       # the whole environment (unconfined) or the allowlisted part (confined), bytes
     confine: Optional[dict]   # {"root", "read_paths"} when confined
     tmpdir: Optional[str]     # the private temp dir the host made for a confined worker
-    disabled: list            # protections switched off for tests (LCP_SANDBOX_DISABLE)
+    disabled: list            # protections switched off for a test (lcp_sandbox.testing)
     limits: dict              # Limits as a dict
 
 

@@ -9,6 +9,7 @@ name: never by unpickling.
 from __future__ import annotations
 
 import builtins
+import pickle
 from typing import Any, Callable
 
 _SCALARS = (type(None), bool, int, float, complex, str, bytes)
@@ -25,6 +26,19 @@ def is_plain(value: Any, depth: int = 0) -> bool:
     if type(value) is dict:
         return all(isinstance(k, _SCALARS) and is_plain(v, depth + 1) for k, v in value.items())
     return False
+
+
+def sendable(value: Any) -> bool:
+    """Whether ``value`` can be sent to a worker as it is (else it is lent)."""
+    if is_plain(value):
+        return True
+    if callable(value):
+        return False
+    try:
+        pickle.dumps(value)
+        return True
+    except Exception:
+        return False
 
 
 def map_containers(value: Any, leaf: Callable[[Any], Any]) -> Any:

@@ -34,7 +34,7 @@ import sys
 import threading
 
 from .. import protocol as P
-from ..proc import children
+from ..system.proc import children
 from .confine import environment_of, set_environment
 from .rlimits import die_with_parent
 

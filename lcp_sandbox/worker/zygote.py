@@ -42,7 +42,7 @@ import sys
 import time
 from typing import Optional
 
-from ..proc import children, process_tree, status_from_wait
+from ..system.proc import children, process_tree, status_from_wait
 from ..protocol.control import (EXITED, FORK, FORKED, KILL, MAX_RECORD as _MAXMSG, READY, SIGNAL, TEMPLATE,
                                 TFORK)
 from ..protocol.control import pack as _pack, unpack as _unpack

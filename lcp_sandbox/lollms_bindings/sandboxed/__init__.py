@@ -7,7 +7,7 @@
 lollms loads this file when it is asked for the binding; only then is the
 ``LollmsToolBinding`` subclass of ``lcp_sandbox.SandboxedBinding`` made.
 """
-from lcp_sandbox import lollms_binding_class
+from lcp_sandbox.fronts.lollms import lollms_binding_class
 
 SandboxedBinding = lollms_binding_class()
 BindingName = "SandboxedBinding"

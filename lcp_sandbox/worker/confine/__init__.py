@@ -43,7 +43,7 @@ from .network import isolate_network
 from .privileges import drop_privileges
 from .seccomp import block_unix_sockets
 
-_DISABLED = "unavailable (disabled by LCP_SANDBOX_DISABLE)"
+_DISABLED = "unavailable (switched off for a test: lcp_sandbox.testing)"
 
 
 def set_environment(env: dict) -> None:
@@ -80,7 +80,7 @@ def prepare(init: P.Init) -> dict:
         set_environment(environment_of(init))
     report: dict = {"env": "host environment" if conf is None else
                     "clean (allowlist" + (" + library env)" if extra else ")")}
-    disabled = set(init.disabled or ())        # LCP_SANDBOX_DISABLE in the host, for tests
+    disabled = set(init.disabled or ())        # lcp_sandbox.testing.protections_off()
     if lim.get("network", True):
         report["network"] = "host network"
     else:

@@ -32,13 +32,12 @@ import time
 from concurrent.futures import Future
 from typing import Callable, Optional
 
-from ..core.policy import ENGINE_DIR, allowed_environment
-from ..protocol.control import (EXITED, FORK, FORKED, KILL, MAX_RECORD as _MAXMSG, READY, SIGNAL, TEMPLATE,
+from ...core.policy import ENGINE_DIR, allowed_environment, host_environment
+from ...protocol.control import (EXITED, FORK, FORKED, KILL, MAX_RECORD as _MAXMSG, READY, SIGNAL, TEMPLATE,
                                 TFORK)
-from ..protocol.control import pack as _pack, unpack as _unpack
-from ..protocol.framing import Connection, pair
-from ..protocol.messages import PRIME, Prime
-from .worker_init import host_environment
+from ...protocol.control import pack as _pack, unpack as _unpack
+from ...protocol.framing import Connection, pair
+from ...protocol.messages import PRIME, Prime
 
 RESERVED = 1                # workers forked ahead, waiting for their INIT
 RESERVE_DELAY_S = 0.005     # after a take(), so its replacement does not compete with the new worker

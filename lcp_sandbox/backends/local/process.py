@@ -44,10 +44,10 @@ import time
 from concurrent.futures import Future
 from typing import Any, Callable, Optional
 
-from .. import protocol as P
-from ..proc import describe_exit
-from .limits import Limits
-from .objects import HostObjects
+from ... import protocol as P
+from ..base import Lent
+from ...system.proc import describe_exit
+from ...core.limits import Limits
 from .output import OutputPump
 from .spin import SpinPolicy, calls_in_flight
 from .zygote import Zygote
@@ -184,7 +184,7 @@ class WorkerProcess:
         return describe_exit(status)
 
     # ------------------------------------------------------------ a call
-    def exchange(self, msg: tuple, objects: HostObjects, limits: Limits, timeout: Optional[float],
+    def exchange(self, msg: tuple, objects: Lent, limits: Limits, timeout: Optional[float],
                  spin: Optional[SpinPolicy] = None) -> P.Result:
         """Send ``msg`` and serve the worker until its RESULT: READY first (once),
         REQUESTs answered meanwhile; anything else, or a frame over its cap, is a

@@ -11,10 +11,10 @@ import re
 import stat
 import tempfile
 
-from .. import protocol as P
-from ..core import policy
-from ..core.policy import DEFAULT_RUN_AS, may_hand_over, path_within as _within, run_as_ids
-from .outcomes import Refused
+from ... import protocol as P
+from ...core import policy
+from ...core.policy import DEFAULT_RUN_AS, may_hand_over, path_within as _within, run_as_ids
+from ...core.outcomes import Refused
 
 
 def hand_over_root(init: P.Init, run_as: tuple, library: str, tool: str) -> P.Init:

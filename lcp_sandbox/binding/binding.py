@@ -26,20 +26,19 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Union
+from typing import Any, Callable, ClassVar, Mapping, Optional, Union
 
 from .. import protocol as P
 from ..backends.base import Backend, WorkerSpec
-from ..backends.local import Supervisor
+from ..backends.local.supervisor import Supervisor
 from ..core import discovery, normalize
 from ..protocol import HANDLER_CONFIRM, HANDLER_UI, HOST_PARAMS
-from .controls import BindingControls
 from .lcp_surface import LcpSurface
-from .limits import Limits
-from .locations import as_paths, bundled_tools_dir, lollms_bindings_dir, lollms_default_tools_dir  # noqa: F401
+from ..core.limits import Limits
+from .locations import as_paths, bundled_tools_dir, lollms_default_tools_dir
 from .objects import HostObjects, NamedRefs
-from .outcomes import SandboxEvent
-from .tool_catalog import LibraryHandle, ToolCatalog  # noqa: F401  (LibraryHandle: its old home)
+from ..core.outcomes import SandboxEvent
+from .tool_catalog import ToolCatalog
 from .workspaces import Workspaces
 from .worker_init import build_init
 
@@ -48,20 +47,7 @@ log = logging.getLogger("lcp_sandbox")
 PathLike = Union[str, Path]
 
 
-def lollms_binding_class() -> type:
-    """The ``LollmsToolBinding`` subclass of ``SandboxedBinding`` (imports lollms_client).
-
-    lollms' loader gets this class for ``tools_binding_name="sandboxed"``.
-    Raises ``ImportError`` when lollms_client is not installed."""
-    from ..fronts.lollms import SandboxedBinding as LollmsSandboxedBinding
-    return LollmsSandboxedBinding
-
-
-#: Once this module is loaded, a new SandboxedBinding is a LollmsToolBinding too.
-_LOLLMS_TOOLS_MODULE = "lollms_client.lollms_tools_binding"
-
-
-class SandboxedBinding(LcpSurface, BindingControls):
+class SandboxedBinding(LcpSurface):
     """Drop-in for lollms_client's ``LCPBinding`` that runs each tool library in a
     long-lived worker process of its own (module state survives between calls).
 
@@ -116,15 +102,28 @@ class SandboxedBinding(LcpSurface, BindingControls):
         ``TOOL_LIBRARY_LOAD_FLAG = "X"`` loads only when ``X=True`` is given here
         or in its ``host_tool_configs`` entry.
 
-    Use it as a context manager, or call ``close()``.  When lollms_client's tools
-    binding module is already imported, the new binding is an instance of
-    ``lollms_binding_class()``, a ``LollmsToolBinding`` subclass of this class;
-    lcp_sandbox itself never imports lollms_client.
+    Use it as a context manager, or call ``close()``.  A front may register a
+    subclass to build instead once a module is imported (``promote_when``): the
+    lollms front makes it a ``LollmsToolBinding`` once lollms_client's tools
+    binding module is loaded.
     """
 
+    #: (module name, subclass factory): once that module is imported, a new
+    #: ``SandboxedBinding(...)`` is an instance of the factory's subclass.  A front
+    #: registers itself here (fronts/lollms.py: lollms_client's tools binding).
+    _promotions: ClassVar[list[tuple[str, Callable[[], type]]]] = []
+
+    @classmethod
+    def promote_when(cls, module: str, subclass: Callable[[], type]) -> None:
+        """Make ``SandboxedBinding(...)`` build ``subclass()`` once ``module`` is imported."""
+        cls._promotions.append((module, subclass))
+
     def __new__(cls, *args: Any, **kwargs: Any) -> "SandboxedBinding":
-        if cls is SandboxedBinding and _LOLLMS_TOOLS_MODULE in sys.modules:
-            cls = lollms_binding_class()
+        if cls is SandboxedBinding:
+            for module, subclass in cls._promotions:
+                if module in sys.modules:
+                    cls = subclass()
+                    break
         return super().__new__(cls)
 
     def __init__(self, host_tool_configs: Optional[dict] = None, *, tools_folders: Any = None,
@@ -362,6 +361,32 @@ class SandboxedBinding(LcpSurface, BindingControls):
         self.catalog.dynamic[tool_name_prefix] = (lib, parsed)
         self.catalog.discover()
         return True
+
+    # ------------------------------------------------------------ controls
+    def interrupt(self, thread_id: int) -> bool:
+        """Interrupt the call of this binding that the host thread ``thread_id``
+        (``threading.get_ident()`` of the thread in ``execute_tool``) is waiting for,
+        as its soft timeout would: ``ToolTimeout`` is raised inside the tool (a tool
+        waiting for the host, e.g. for a confirmation, is interrupted once it has its
+        answer), its worker and module state are kept, and that ``execute_tool``
+        returns a failure with status 499.  For hosts whose user cancelled a call.
+        Returns whether a running call was signalled: False when that thread runs no
+        call of this binding, or its call still waits for its worker."""
+        if self._closed:
+            return False
+        return self.supervisor.interrupt(self.tenant, thread_id)
+
+    def restart_library(self, library_name: str) -> bool:
+        """Stop the worker(s) of the library ``library_name`` (this binding's tenant), so
+        that its next call starts a fresh worker that imports the library's files again:
+        for a library whose code changed on disk (module state is lost, and
+        ``init_tools_library`` runs again).  Call ``discover_tools(force_refresh=True)``
+        too when its tools may have changed.  Returns whether the library is known
+        (whether or not a worker was running)."""
+        keys = self.catalog.library_keys(library_name)
+        for key in keys:
+            self.supervisor.stop(self.tenant, key)
+        return bool(keys)
 
     # ------------------------------------------------------------ lifecycle
     def stats(self) -> list[dict]:

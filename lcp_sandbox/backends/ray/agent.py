@@ -28,13 +28,13 @@ from typing import Any, Optional
 
 import ray
 
-from ..core.normalize import TOOL_FAILED, failure
-from ..host.outcomes import SandboxEvent
-from .. import protocol as P
-from ..protocol import error_value
-from .base import WorkerSpec
-from .local import Supervisor
-from .ray_relay import EVENT, RAISED, SANDBOX_EVENT, VALUE, Relay, pack_outcome
+from ...core.normalize import TOOL_FAILED, failure
+from ...core.outcomes import SandboxEvent
+from ... import protocol as P
+from ...protocol import error_value
+from ..base import WorkerSpec
+from ..local.supervisor import Supervisor
+from .relay import EVENT, RAISED, SANDBOX_EVENT, VALUE, Relay, pack_outcome
 
 #: Threads for calls in flight on one node (a call waiting for the driver holds one).
 CALL_THREADS = 64

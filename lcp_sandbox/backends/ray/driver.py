@@ -32,13 +32,12 @@ import time
 import weakref
 from typing import Any, Callable, Optional
 
-from .. import protocol as P
-from ..core.normalize import UNAVAILABLE, failure
-from ..host.objects import HostObjects
-from ..host.outcomes import CallFailed, SandboxEvent, Unavailable
-from .base import Closing, WorkerSpec, emit
-from .ray_nodes import Node, Nodes, Placed
-from .ray_relay import ABORT, ANSWER, INIT, NEED_INIT, RAISED, REQUEST, SANDBOX_EVENT, VALUE, RemoteConn, unpack_outcome
+from ... import protocol as P
+from ...core.normalize import UNAVAILABLE, failure
+from ...core.outcomes import CallFailed, SandboxEvent, Unavailable
+from ..base import Closing, Lent, WorkerSpec, emit
+from .nodes import Node, Nodes, Placed
+from .relay import ABORT, ANSWER, INIT, NEED_INIT, RAISED, REQUEST, SANDBOX_EVENT, VALUE, RemoteConn, unpack_outcome
 
 log = logging.getLogger("lcp_sandbox")
 
@@ -153,7 +152,7 @@ class RaySupervisor(Closing):
         emit(self.on_event, event)
 
     # ------------------------------------------------------------ calling
-    def run(self, spec: WorkerSpec, msg: tuple, objects: HostObjects, *, tool: str,
+    def run(self, spec: WorkerSpec, msg: tuple, objects: Lent, *, tool: str,
             timeout_s: Optional[float] = None) -> Any:
         """As Supervisor.run, on the node the slot of ``spec`` lives on."""
         name = spec.library.name
@@ -188,7 +187,7 @@ class RaySupervisor(Closing):
                     pass
             objects.release()
 
-    def _request(self, call: _Call, conn: RemoteConn, objects: HostObjects, item: tuple) -> None:
+    def _request(self, call: _Call, conn: RemoteConn, objects: Lent, item: tuple) -> None:
         """One REQUEST of the worker, served here: decoded with this host's Decoder."""
         _, _, frame, remaining = item
         objects.conn = conn

@@ -29,8 +29,8 @@ import time
 from concurrent.futures import Future
 from typing import Any, Callable, Optional
 
-from .. import protocol as P
-from ..proc import tree_memory
+from ... import protocol as P
+from ...system.proc import tree_memory
 from .process import WorkerProcess
 from .zygote import Zygote
 

@@ -18,9 +18,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from ..host.outcomes import Unavailable
-from .base import WorkerSpec
-from .ray_relay import EVENT
+from ...core.outcomes import Unavailable
+from ..base import WorkerSpec
+from .relay import EVENT
 
 log = logging.getLogger("lcp_sandbox")
 
@@ -87,7 +87,7 @@ class Nodes:
             self._refreshed = now
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-            from .ray_agent import NodeAgent
+            from .agent import NodeAgent
             live = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
             fresh = [nid for nid in live if nid not in self._nodes and nid not in self._lost]
             if not fresh and not self.live():

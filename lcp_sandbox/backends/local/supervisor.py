@@ -33,23 +33,22 @@ import time
 import weakref
 from typing import Any, Callable, Optional
 
-from .. import protocol as P
-from ..core.normalize import OUT_OF_MEMORY
-from ..core.policy import DEFAULT_RUN_AS, not_in_force, run_as_ids
-from ..host.handover import hand_over_root
-from ..host.limits import out_of_descriptors, raise_open_files_limit
-from ..host.objects import HostObjects
-from ..host.outcomes import (CallFailed, Cancelled, OutOfMemory, ProtocolViolated,  # noqa: F401 (exported)
+from ... import protocol as P
+from ...core.normalize import OUT_OF_MEMORY
+from ...core.policy import DEFAULT_RUN_AS, not_in_force, run_as_ids
+from .handover import hand_over_root
+from .descriptors import out_of_descriptors, raise_open_files_limit
+from ...core.outcomes import (CallFailed, Cancelled, OutOfMemory, ProtocolViolated,  # noqa: F401 (exported)
                              SandboxEvent, TimedOut, Unavailable, WorkerDied)
-from ..host.output import OutputPump
-from ..host.pool import Pool
-from ..host.process import DeadlinePassed, WorkerGone, WorkerProcess
-from ..host.slot import CrashPolicy, Slot, evict_one
-from ..host.templates import Templates
-from ..host.watchdog import Watchdog
-from ..host.zygote import Zygote, ZygoteGone
-from ..protocol import invalid_answer, is_error, rebuild_error
-from .base import Closing, WorkerSpec, emit
+from .output import OutputPump
+from .pool import Pool
+from .process import DeadlinePassed, WorkerGone, WorkerProcess
+from .slot import CrashPolicy, Slot, evict_one
+from .templates import Templates
+from .watchdog import Watchdog
+from .zygote import Zygote, ZygoteGone
+from ...protocol import invalid_answer, is_error, rebuild_error
+from ..base import Closing, Lent, WorkerSpec, emit
 
 log = logging.getLogger("lcp_sandbox")
 
@@ -93,13 +92,14 @@ class Supervisor(Closing):
                                   lambda now: self.templates.tick(now, self._zygote))
         self.templates.on_idle = self._watchdog.tick_at
         self._warned: set[str] = set()
+        self.protections_off: frozenset[str] = frozenset()   # tests only: lcp_sandbox.testing
         _live_supervisors.add(self)
 
     def _event(self, kind: str, slot: Slot, **details: Any) -> None:
         emit(self.on_event, {"event": kind, "tenant": slot.tenant, "library": slot.library.name, **details})
 
     # ------------------------------------------------------------ calling
-    def run(self, spec: WorkerSpec, msg: tuple, objects: HostObjects, *, tool: str,
+    def run(self, spec: WorkerSpec, msg: tuple, objects: Lent, *, tool: str,
             timeout_s: Optional[float] = None) -> Any:
         """Send ``msg`` (a protocol.Call, Prompt, ModCall or Load) to the worker of
         ``spec`` and return the value of its RESULT; SandboxEvent when the sandbox
@@ -281,6 +281,8 @@ class Supervisor(Closing):
         try:
             zyg = self._zyg()
             try:
+                if self.protections_off:
+                    init = init._replace(disabled=sorted(self.protections_off))
                 if init.confine is not None:
                     init = hand_over_root(init, slot.limits.run_as or self.run_as, name, tool)
                     tmpdir = init.tmpdir

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Optional
 
-from ..core.policy import run_as_ids
+from .policy import run_as_ids
 
 
 @dataclass
@@ -43,31 +43,3 @@ class Limits:
             return base
         known = {k: v for k, v in override.items() if k in cls.__dataclass_fields__}
         return replace(base, **known)        # (not asdict: it deep-copies every field, slowly)
-
-
-def raise_open_files_limit() -> dict:
-    """Raise this process's soft RLIMIT_NOFILE to its hard limit (the host holds two
-    descriptors per worker: its socket and its log pipe); what holds, for pool_stats()."""
-    import resource
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    out = {"soft": soft, "hard": hard, "raised_from": None}
-    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
-    if soft != resource.RLIM_INFINITY and soft < target:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            out.update(soft=target, raised_from=soft)
-        except (ValueError, OSError) as exc:
-            out["not_raised"] = str(exc)
-    return out
-
-
-def out_of_descriptors(exc: BaseException) -> str:
-    """A sentence for an OSError that is EMFILE / ENFILE (else "")."""
-    import errno
-    import resource
-    if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        which = "this process's limit of" if exc.errno == errno.EMFILE else "the system's file table, limit"
-        return (f". The host ran out of file descriptors ({which} {soft} open files, RLIMIT_NOFILE; "
-                f"each worker holds two): raise the limit or lower max_workers")
-    return ""

@@ -33,8 +33,8 @@ import struct
 import time
 from typing import Any, Callable, Optional
 
-from .. import protocol as P
-from ..host.outcomes import Unavailable
+from ... import protocol as P
+from ...core.outcomes import Unavailable
 
 # Tags of the driver's messages to a call on a node (agent.reply(cid, message)).
 INIT, ANSWER, XFER, ABORT = "init", "answer", "xfer", "abort"

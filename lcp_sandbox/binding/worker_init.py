@@ -12,36 +12,15 @@
 from __future__ import annotations
 
 import os
-import pickle
 import sys
 from pathlib import Path
 from typing import Any
 
 from .. import protocol as P
 from ..core.discovery import Library
-from ..core.policy import allowed_environment
-from ..protocol import Ref, is_plain
-from .limits import Limits
-
-
-def sendable(value: Any) -> bool:
-    """Whether ``value`` can be sent to a worker as it is (else it is lent)."""
-    if is_plain(value):
-        return True
-    if callable(value):
-        return False
-    try:
-        pickle.dumps(value)
-        return True
-    except Exception:
-        return False
-
-
-def host_environment() -> dict:
-    """The host's environment as bytes names and values, the way the worker sets it
-    (os.environb): copying the bytes behind os.environ costs 1 us, decoding them
-    30 us; the worker then compares and sets bytes, with no encoding either."""
-    return dict(os.environ._data)                # type: ignore[attr-defined]  (POSIX: bytes)
+from ..core.policy import allowed_environment, host_environment
+from ..protocol import Ref, sendable
+from ..core.limits import Limits
 
 
 def _allowed(env: dict) -> dict:
@@ -63,7 +42,6 @@ def build_init(library: Library, limits: Limits, root: str, host_tool_configs: d
     if root:
         confine = {"root": root, "read_paths": [str(p) for p in (library.root, *limits.read_paths) if p]}
         env = _allowed(env)
-    disabled = [x.strip() for x in os.environ.get("LCP_SANDBOX_DISABLE", "").split(",") if x.strip()]
     return P.Init(library.name, [str(f) for f in library.files], library.source, configs, handlers,
-                  list(sys.path), env, confine, None, disabled,
+                  list(sys.path), env, confine, None, [],
                   {k: getattr(limits, k) for k in limits.__dataclass_fields__})

@@ -38,8 +38,8 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from ..core.normalize import OUT_OF_MEMORY
-from ..proc import tree_usage
+from ...core.normalize import OUT_OF_MEMORY
+from ...system.proc import tree_usage
 from .process import WorkerProcess
 from .slot import Slot
 

@@ -19,11 +19,11 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from .. import protocol as P
-from ..core.discovery import Library
-from ..proc import tree_memory
-from .limits import Limits
-from .outcomes import Unavailable
+from ... import protocol as P
+from ...core.discovery import Library
+from ...system.proc import tree_memory
+from ...core.limits import Limits
+from ...core.outcomes import Unavailable
 from .spin import SpinPolicy
 
 if TYPE_CHECKING:

@@ -1,0 +1,38 @@
+"""Test hooks: switch protections off for one supervisor, to prove a test would
+fail without them.
+
+    with protections_off(supervisor, "landlock"):
+        ...   # workers started meanwhile by that supervisor run without Landlock
+
+Only a Python call in the host can do this: no environment variable, option or
+configuration file turns a protection off, so a deployment cannot do it by
+accident.  Each switch is logged as a warning, and the workers' ``stats()`` say
+the protection is unavailable, switched off for a test.
+"""
+from __future__ import annotations
+
+import logging
+from contextlib import contextmanager
+from typing import Iterator
+
+from .backends.local import Supervisor
+
+#: What can be switched off: Landlock, the own network namespace of a network-off
+#: worker, the system call filter of a confined worker.
+SWITCHES = frozenset({"landlock", "netns", "syscalls"})
+
+
+@contextmanager
+def protections_off(supervisor: Supervisor, *names: str) -> Iterator[None]:
+    """Workers ``supervisor`` starts inside the block run without ``names``."""
+    unknown = set(names) - SWITCHES
+    if unknown:
+        raise ValueError(f"unknown protections {sorted(unknown)}; known: {sorted(SWITCHES)}")
+    logging.getLogger("lcp_sandbox").warning(
+        "TEST HOOK: workers started by this supervisor run without %s", ", ".join(sorted(names)))
+    before = supervisor.protections_off
+    supervisor.protections_off = before | frozenset(names)
+    try:
+        yield
+    finally:
+        supervisor.protections_off = before
