@@ -63,3 +63,30 @@ def test_token_bucket_allows_a_burst_then_the_rate():
 def test_retry_after_is_whole_seconds_at_least_one():
     assert retry_after(0.01) == "1" and retry_after(1.2) == "2" and retry_after(3.0) == "3"
     assert 16 <= default_max_sessions() <= 1024
+
+
+def test_the_exposition_parses_as_prometheus_text_with_the_counts_kept():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from lcp_sandbox.fronts.mcp_metrics import exposition
+    m = Metrics()
+    m.call("workspace_tools", "tool_read_file", 200, 0.002)
+    m.call("workspace_tools", "tool_read_file", 504, 7.0)
+    m.started("template")
+    m.ended("timeout")
+    m.refused("quarantine")
+    text = exposition(lambda: {**m.snapshot(), "workers": {"idle": 3, "busy": 1}, "sessions": 2,
+                               "refusals": {"rate": 4, **m.snapshot()["refusals"]}})().decode()
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for fam in text_string_to_metric_families(text) for s in fam.samples}
+    calls = "lcp_sandbox_tool_calls_total"
+    assert samples[(calls, (("library", "workspace_tools"), ("status", "200"),
+                            ("tool", "tool_read_file")))] == 1
+    assert samples[("lcp_sandbox_tool_call_duration_seconds_count", ())] == 2
+    assert samples[("lcp_sandbox_tool_call_duration_seconds_bucket", (("le", "0.0025"),))] == 1
+    assert samples[("lcp_sandbox_tool_call_duration_seconds_bucket", (("le", "+Inf"),))] == 2
+    assert samples[("lcp_sandbox_worker_starts_total", (("kind", "template"),))] == 1
+    assert samples[("lcp_sandbox_worker_deaths_total", (("cause", "timeout"),))] == 1
+    assert samples[("lcp_sandbox_refusals_total", (("reason", "rate"),))] == 4
+    assert samples[("lcp_sandbox_workers", (("state", "busy"),))] == 1
+    assert samples[("lcp_sandbox_sessions", ())] == 2
