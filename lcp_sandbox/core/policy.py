@@ -77,6 +77,8 @@ def in_force(kind: str, state: str) -> bool:
         return state.startswith("uid ")
     if kind == "unix_sockets":
         return state.startswith("blocked")
+    if kind == "syscalls":
+        return state.startswith("allowlist")
     return state.startswith("on")
 
 
@@ -85,7 +87,7 @@ def not_in_force(report: dict, confined: bool, network: bool) -> list[tuple[str,
     in force, as (kind, what the report says)."""
     wanted = []
     if confined:
-        wanted += ["filesystem", "privileges"] + ([] if network else ["unix_sockets"])
+        wanted += ["filesystem", "privileges", "syscalls"] + ([] if network else ["unix_sockets"])
     if not network:
         wanted.append("network")
     return [(kind, state) for kind in wanted

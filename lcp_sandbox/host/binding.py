@@ -35,7 +35,7 @@ from ..core import discovery, normalize
 from ..protocol import HANDLER_CONFIRM, HANDLER_UI, HOST_PARAMS
 from .controls import BindingControls
 from .lcp_surface import LcpSurface
-from .limits import Limits
+from .limits import Limits, library_limits
 from .locations import as_paths, bundled_tools_dir, lollms_bindings_dir, lollms_default_tools_dir  # noqa: F401
 from .objects import HostObjects, NamedRefs
 from .outcomes import SandboxEvent
@@ -236,7 +236,7 @@ class SandboxedBinding(LcpSurface, BindingControls):
         lim = self._lib_limits.get(lib.key)
         if lim is None:
             cfg = self.host_tool_configs.get(lib.name) or {}
-            lim = self._lib_limits[lib.key] = Limits.merged(self.limits, cfg.get("sandbox"))
+            lim = self._lib_limits[lib.key] = library_limits(self.limits, cfg.get("sandbox"), lib.name)
         return lim
 
     def _spec(self, lib: discovery.Library, cwd: str) -> WorkerSpec:
