@@ -20,6 +20,7 @@ A library's ``"sandbox": {"syscalls": {"allow": [names]}}`` adds calls (check_se
 from __future__ import annotations
 
 import difflib
+import functools
 from typing import Any, Optional
 
 from .syscall_numbers import ARCHES, NUMBERS, number
@@ -174,10 +175,11 @@ IOCTL_REQUESTS: dict[str, int] = {
 ALLOWED = frozenset(n for _, _, names in GROUPS for n in names.split())
 
 
-def allowed_on(machine: str, extra: tuple = ()) -> list[str]:
+@functools.lru_cache(maxsize=64)
+def allowed_on(machine: str, extra: tuple = ()) -> tuple[str, ...]:
     """The names allowed on ``machine`` (with a library's ``extra``), sorted; calls the
     architecture does not have are left out."""
-    return sorted(n for n in ALLOWED.union(extra) if number(n, machine) is not None)
+    return tuple(sorted(n for n in ALLOWED.union(extra) if number(n, machine) is not None))
 
 
 def check_setting(value: Any) -> Optional[dict]:

@@ -191,7 +191,10 @@ def filter_program(machine: str, network: bool, allowlist: bool = True, allow: t
 
 
 @functools.lru_cache(maxsize=32)
-def _packed(rows: tuple[Row, ...]) -> bytes:
+def _packed(machine: str, network: bool, allowlist: bool, allow: tuple,
+            dangerous: bool) -> bytes:
+    """filter_program() as struct sock_filter bytes (what seccomp(2) reads)."""
+    rows = filter_program(machine, network, allowlist, allow, dangerous)
     return b"".join(struct.pack("<HBBI", *row) for row in rows)
 
 
@@ -200,13 +203,14 @@ def prebuild() -> None:
     machine = os.uname().machine
     if machine in _AUDIT_ARCH:
         for network in (True, False):
-            _packed(filter_program(machine, network))
+            _packed(machine, network, True, (), False)
+        S.allowed_on(machine, ())
 
 
-def _install(rows: tuple[Row, ...], machine: str) -> str:
-    """Install ``rows`` on every thread of this process: "" or why not."""
-    data = ctypes.create_string_buffer(_packed(rows), 8 * len(rows))
-    prog = _SockFprog(len(rows), ctypes.cast(data, ctypes.POINTER(_SockFilter)))
+def _install(packed: bytes, machine: str) -> str:
+    """Install the program ``packed`` on every thread of this process: "" or why not."""
+    data = ctypes.create_string_buffer(packed, len(packed))
+    prog = _SockFprog(len(packed) // 8, ctypes.cast(data, ctypes.POINTER(_SockFilter)))
     if _prctl(PR_SET_NO_NEW_PRIVS, 1) < 0:
         return "unavailable (no_new_privs refused)"
     rc = _libc.syscall(ctypes.c_long(_nr("seccomp", machine)), ctypes.c_long(_SECCOMP_SET_MODE_FILTER),
@@ -244,8 +248,8 @@ def restrict_syscalls(network: bool, allow: tuple = (), dangerous: bool = False,
         return why, unix if network else why
     if not allowlist and network:
         return "unavailable (disabled by LCP_SANDBOX_DISABLE)", unix
-    rows = filter_program(machine, network, allowlist, tuple(sorted(allow)), dangerous)
-    failed = _install(rows, machine)
+    allow = tuple(sorted(allow))
+    failed = _install(_packed(machine, network, allowlist, allow, dangerous), machine)
     if failed:
         return failed, unix if network else failed
     state = "unavailable (disabled by LCP_SANDBOX_DISABLE)"
@@ -253,7 +257,7 @@ def restrict_syscalls(network: bool, allow: tuple = (), dangerous: bool = False,
         if not _refused("unshare", machine, 0):
             state = "failed (the filter is installed but unshare(0) still works)"
         else:
-            n = len(S.allowed_on(machine, allow))
+            n = len(S.allowed_on(machine, allow))          # (cached: the zygote's prebuild())
             extra = sorted(set(allow) - S.ALLOWED)
             lifted = sorted(set(allow) & set(S.FILTERED))
             state = (f"allowlist ({n} calls, {machine}"
