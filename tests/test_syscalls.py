@@ -58,9 +58,9 @@ def sup():
 def make(sup, root: Path, tenant: str, **sandbox) -> SandboxedBinding:
     ws = root / tenant
     ws.mkdir(exist_ok=True)
+    configs = {"sysprobe": {"sandbox": sandbox}} if sandbox else None
     return SandboxedBinding(tools_folders=[LIBS], supervisor=sup, tenant=tenant, workspace=str(ws),
-                            workspace_root=str(ws),
-                            host_tool_configs={"sysprobe": {"sandbox": sandbox}} if sandbox else None)
+                            workspace_root=str(ws), host_tool_configs=configs)
 
 
 @pytest.fixture(scope="module")

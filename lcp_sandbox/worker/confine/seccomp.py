@@ -213,7 +213,8 @@ def _install(packed: bytes, machine: str) -> str:
     prog = _SockFprog(len(packed) // 8, ctypes.cast(data, ctypes.POINTER(_SockFilter)))
     if _prctl(PR_SET_NO_NEW_PRIVS, 1) < 0:
         return "unavailable (no_new_privs refused)"
-    rc = _libc.syscall(ctypes.c_long(_nr("seccomp", machine)), ctypes.c_long(_SECCOMP_SET_MODE_FILTER),
+    rc = _libc.syscall(ctypes.c_long(_nr("seccomp", machine)),
+                       ctypes.c_long(_SECCOMP_SET_MODE_FILTER),
                        ctypes.c_long(_SECCOMP_FILTER_FLAG_TSYNC), ctypes.byref(prog))
     if rc < 0 and ctypes.get_errno() == errno.ENOSYS:       # kernel < 3.17: this thread only
         rc = _prctl(PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.addressof(prog))
