@@ -34,7 +34,7 @@ from ..backends.local.supervisor import Supervisor
 from ..core import discovery, normalize
 from ..protocol import HANDLER_CONFIRM, HANDLER_UI, HOST_PARAMS
 from .lcp_surface import LcpSurface
-from ..core.limits import Limits
+from ..core.limits import Limits, library_limits
 from .locations import as_paths, bundled_tools_dir, lollms_default_tools_dir
 from .objects import HostObjects, NamedRefs
 from ..core.outcomes import SandboxEvent
@@ -235,7 +235,7 @@ class SandboxedBinding(LcpSurface):
         lim = self._lib_limits.get(lib.key)
         if lim is None:
             cfg = self.host_tool_configs.get(lib.name) or {}
-            lim = self._lib_limits[lib.key] = Limits.merged(self.limits, cfg.get("sandbox"))
+            lim = self._lib_limits[lib.key] = library_limits(self.limits, cfg.get("sandbox"), lib.name)
         return lim
 
     def _spec(self, lib: discovery.Library, cwd: str) -> WorkerSpec:

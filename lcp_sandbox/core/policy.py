@@ -20,6 +20,10 @@ DEFAULT_RUN_AS = (65534, 65534)          # nobody:nogroup on most distributions
 ENGINE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+#: A protection switched off by lcp_sandbox.testing.protections_off(), as stats() show it.
+SWITCHED_OFF = "unavailable (switched off for a test: lcp_sandbox.testing)"
+
+
 def host_environment() -> dict:
     """The host's environment as bytes names and values, the way the worker sets it
     (os.environb): copying the bytes behind os.environ costs 1 us, decoding them
@@ -84,6 +88,8 @@ def in_force(kind: str, state: str) -> bool:
         return state.startswith("uid ")
     if kind == "unix_sockets":
         return state.startswith("blocked")
+    if kind == "syscalls":
+        return state.startswith("allowlist")
     return state.startswith("on")
 
 
@@ -92,7 +98,7 @@ def not_in_force(report: dict, confined: bool, network: bool) -> list[tuple[str,
     in force, as (kind, what the report says)."""
     wanted = []
     if confined:
-        wanted += ["filesystem", "privileges"] + ([] if network else ["unix_sockets"])
+        wanted += ["filesystem", "privileges", "syscalls"] + ([] if network else ["unix_sockets"])
     if not network:
         wanted.append("network")
     return [(kind, state) for kind in wanted
