@@ -17,7 +17,7 @@ import logging
 from importlib import import_module
 from typing import Any
 
-from .core.version import __version__
+from .core.version import __version__ as __version__  # the public version
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 

@@ -22,7 +22,6 @@ protocol.Call, Prompt, ModCall or Load).  Two things stay in the host:
 from __future__ import annotations
 
 import logging
-
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Protocol, runtime_checkable
 

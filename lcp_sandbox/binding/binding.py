@@ -32,15 +32,15 @@ from .. import protocol as P
 from ..backends.base import Backend, WorkerSpec
 from ..backends.local.supervisor import Supervisor
 from ..core import discovery, normalize
+from ..core.limits import Limits
+from ..core.outcomes import SandboxEvent
 from ..protocol import HANDLER_CONFIRM, HANDLER_UI, HOST_PARAMS
 from .lcp_surface import LcpSurface
-from ..core.limits import Limits
 from .locations import as_paths, bundled_tools_dir, lollms_default_tools_dir
 from .objects import HostObjects, NamedRefs
-from ..core.outcomes import SandboxEvent
 from .tool_catalog import ToolCatalog
-from .workspaces import Workspaces
 from .worker_init import build_init
+from .workspaces import Workspaces
 
 log = logging.getLogger("lcp_sandbox")
 

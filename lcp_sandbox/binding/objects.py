@@ -34,7 +34,15 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from .. import protocol as P
-from ..protocol import Ref, WorkerRef, error_value, is_plain, map_containers, rebuild_error, sendable
+from ..protocol import (
+    Ref,
+    WorkerRef,
+    error_value,
+    is_plain,
+    map_containers,
+    rebuild_error,
+    sendable,
+)
 
 # Operations a proxy forwards by name (never a getattr of a dunder).
 OPERATORS: dict[str, Callable] = {

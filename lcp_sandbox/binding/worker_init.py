@@ -14,13 +14,12 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 from .. import protocol as P
 from ..core.discovery import Library
+from ..core.limits import Limits
 from ..core.policy import allowed_environment, host_environment
 from ..protocol import Ref, sendable
-from ..core.limits import Limits
 
 
 def _allowed(env: dict) -> dict:

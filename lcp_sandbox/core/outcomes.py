@@ -17,7 +17,15 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .normalize import CANCELLED, FORBIDDEN, OUT_OF_MEMORY, TIMED_OUT, TOOL_FAILED, UNAVAILABLE, failure
+from .normalize import (
+    CANCELLED,
+    FORBIDDEN,
+    OUT_OF_MEMORY,
+    TIMED_OUT,
+    TOOL_FAILED,
+    UNAVAILABLE,
+    failure,
+)
 
 _LOST = "will be replaced on the next call (module state was lost)."
 

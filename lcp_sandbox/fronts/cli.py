@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from .lollms import SandboxedBinding
 from ..binding.locations import bundled_tools_dir
+from .lollms import SandboxedBinding
 from .mcp_cli import add_parser as add_serve_mcp
 
 

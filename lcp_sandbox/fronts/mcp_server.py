@@ -37,8 +37,8 @@ from mcp.shared.exceptions import MCPError
 
 from ..backends.local import Supervisor
 from ..core.version import __version__
-from .lollms import SandboxedBinding
 from . import mcp_mapping as M
+from .lollms import SandboxedBinding
 
 log = logging.getLogger("lcp_sandbox.mcp")
 

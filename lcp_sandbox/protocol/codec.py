@@ -15,9 +15,33 @@ from typing import Any, Callable, Optional
 
 import msgpack
 
-from .messages import (HOST_TO_WORKER, LOAD_FAILED, MAX_DEPTH, MAX_HASHED, OK, OPS, OUT_OF_MEMORY, RAISED,
-                       READY, REF_CONFIRM, REF_UI, REPLY, REQUEST, RESULT, TIMED_OUT, HEADER as _HDR,
-                       Call, Load, PayloadError, Prompt, ProtocolViolation, Ready, Reply, Request, Result)
+from .messages import HEADER as _HDR
+from .messages import (
+    HOST_TO_WORKER,
+    LOAD_FAILED,
+    MAX_DEPTH,
+    MAX_HASHED,
+    OK,
+    OPS,
+    OUT_OF_MEMORY,
+    RAISED,
+    READY,
+    REF_CONFIRM,
+    REF_UI,
+    REPLY,
+    REQUEST,
+    RESULT,
+    TIMED_OUT,
+    Call,
+    Load,
+    PayloadError,
+    Prompt,
+    ProtocolViolation,
+    Ready,
+    Reply,
+    Request,
+    Result,
+)
 
 # A field list as its NamedTuple: _make without its Python frame and length check
 # (the host sends every field; a worker's fields are checked before).

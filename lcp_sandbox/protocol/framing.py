@@ -8,7 +8,8 @@ import time
 from typing import Optional
 
 from .codec import Decoder, dumps
-from .messages import HEADER as _HDR, PayloadError, ProtocolViolation
+from .messages import HEADER as _HDR
+from .messages import PayloadError, ProtocolViolation
 
 _BIG = 1 << 16
 

@@ -24,13 +24,13 @@ import os
 import pickle
 import queue
 import threading
-from typing import Any, Optional
+from typing import Optional
 
 import ray
 
+from ... import protocol as P
 from ...core.normalize import TOOL_FAILED, failure
 from ...core.outcomes import SandboxEvent
-from ... import protocol as P
 from ...protocol import error_value
 from ..base import WorkerSpec
 from ..local.supervisor import Supervisor

@@ -37,7 +37,18 @@ from ...core.normalize import UNAVAILABLE, failure
 from ...core.outcomes import CallFailed, SandboxEvent, Unavailable
 from ..base import Closing, Lent, WorkerSpec, emit
 from .nodes import Node, Nodes, Placed
-from .relay import ABORT, ANSWER, INIT, NEED_INIT, RAISED, REQUEST, SANDBOX_EVENT, VALUE, RemoteConn, unpack_outcome
+from .relay import (
+    ABORT,
+    ANSWER,
+    INIT,
+    NEED_INIT,
+    RAISED,
+    REQUEST,
+    SANDBOX_EVENT,
+    VALUE,
+    RemoteConn,
+    unpack_outcome,
+)
 
 log = logging.getLogger("lcp_sandbox")
 

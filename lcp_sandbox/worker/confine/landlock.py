@@ -17,7 +17,8 @@ import os
 import struct
 from typing import Iterable
 
-from ..libc import PR_SET_NO_NEW_PRIVS, libc as _libc, prctl
+from ..libc import PR_SET_NO_NEW_PRIVS, prctl
+from ..libc import libc as _libc
 
 _SYS_create_ruleset, _SYS_add_rule, _SYS_restrict_self = 444, 445, 446   # same on all Linux arches
 _RULE_PATH_BENEATH = 1

@@ -6,7 +6,8 @@ import os
 import stat
 from typing import Iterable
 
-from ...core.policy import DEFAULT_RUN_AS, SYSTEM_READ_PATHS, path_within as _within, run_as_ids
+from ...core.policy import DEFAULT_RUN_AS, SYSTEM_READ_PATHS, run_as_ids
+from ...core.policy import path_within as _within
 from ..libc import libc as _libc
 
 _CLONE_NEWNS = 0x00020000

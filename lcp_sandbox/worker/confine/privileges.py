@@ -12,9 +12,19 @@ import os
 import signal
 
 from ...core.policy import DEFAULT_RUN_AS, run_as_ids
-from ..libc import (PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, PR_CAP_AMBIENT_IS_SET, PR_CAPBSET_DROP,
-                    PR_CAPBSET_READ, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_PDEATHSIG,
-                    PR_SET_SECUREBITS, libc as _libc, prctl as _prctl)
+from ..libc import (
+    PR_CAP_AMBIENT,
+    PR_CAP_AMBIENT_CLEAR_ALL,
+    PR_CAP_AMBIENT_IS_SET,
+    PR_CAPBSET_DROP,
+    PR_CAPBSET_READ,
+    PR_SET_DUMPABLE,
+    PR_SET_NO_NEW_PRIVS,
+    PR_SET_PDEATHSIG,
+    PR_SET_SECUREBITS,
+)
+from ..libc import libc as _libc
+from ..libc import prctl as _prctl
 
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 # SECBIT_NOROOT (+ locked): uid 0 gains no capabilities by execve; KEEP_CAPS locked off,
