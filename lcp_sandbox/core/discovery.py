@@ -164,7 +164,8 @@ def _scan_folder(base: str, dirs: Optional[list] = None) -> Iterable[Library]:
             primary = os.path.join(entry.path, entry.name + ".py")
             py = [e for e in _entries(entry.path)
                   if e.name.endswith(".py") and e.name != "__init__.py" and e.is_file()]
-            files = [_real(e) for e in py if e.path == primary] + [_real(e) for e in py if e.path != primary]
+            files = ([_real(e) for e in py if e.path == primary]
+                     + [_real(e) for e in py if e.path != primary])
             if files:
                 yield Library(entry.name, path, tuple(Path(f) for f in files), root=Path(path))
         elif entry.name.endswith(".py") and entry.name != "__init__.py" and entry.is_file():
@@ -202,9 +203,10 @@ class Route:
 @dataclass
 class Discovered:
     specs: list[dict] = field(default_factory=list)
-    routes: dict[str, Route] = field(default_factory=dict)                 # tool name -> Route
-    libraries: dict[str, Library] = field(default_factory=dict)           # key -> Library with tools
-    prompt_providers: dict[str, tuple[Library, str, int]] = field(default_factory=dict)  # stem -> (lib, fn, file)
+    routes: dict[str, Route] = field(default_factory=dict)          # tool name -> Route
+    libraries: dict[str, Library] = field(default_factory=dict)    # key -> Library with tools
+    # stem -> (lib, fn, file)
+    prompt_providers: dict[str, tuple[Library, str, int]] = field(default_factory=dict)
 
 
 def file_permitted(parsed: ParsedFile, stem: str, host_tool_configs: dict,

@@ -14,7 +14,8 @@ from typing import Any, Optional
 
 log = logging.getLogger("lcp_sandbox")
 
-PASSTHROUGH_KEYS = ("image_filename", "image_b64", "images", "image_media_types", "prompt_injection")
+PASSTHROUGH_KEYS = ("image_filename", "image_b64", "images", "image_media_types",
+                    "prompt_injection")
 _PAYLOAD_KEYS = ("result", "data", "response", "papers", "content", "text")
 _META_KEYS = frozenset({"success", "status", "error", "message", "return_code", "stderr"})
 _FAILED_STATUSES = ("error", "failure", "failed")
@@ -102,7 +103,8 @@ def normalize(result: Any, cwd: Optional[str] = None) -> dict:
         if result.get(key) is not None:
             final[key] = result[key]
     if result.get("context_files") is not None:
-        final["context_files"] = resolve_context_files(result["context_files"], Path(cwd) if cwd else Path.cwd())
+        final["context_files"] = resolve_context_files(result["context_files"],
+                                                       Path(cwd) if cwd else Path.cwd())
     return final
 
 

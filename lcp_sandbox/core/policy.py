@@ -66,9 +66,9 @@ def path_within(path: str, root: str) -> bool:
 # Paths a confinement root must not contain: handing them to an unprivileged uid
 # would give it the system (think of a confined binding without a workspace in a
 # host whose CWD is "/").
-_NEVER_HAND_OVER = ("/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/media",
-                    "/mnt", "/opt", "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr",
-                    "/var", "/var/tmp")
+_NEVER_HAND_OVER = ("/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64",
+                    "/media", "/mnt", "/opt", "/proc", "/root", "/run", "/sbin", "/srv", "/sys",
+                    "/tmp", "/usr", "/var", "/var/tmp")
 
 
 def may_hand_over(path: str) -> bool:

@@ -116,7 +116,8 @@ class Encoder:
         self._convert = convert
         # Text is packed by the strict UTF-8 packer (msgpack's fast path); text with a lone
         # surrogate makes it raise, and the message is packed again by the one that carries it.
-        self._utf8 = msgpack.Packer(default=self._default, strict_types=True, use_bin_type=True, datetime=False)
+        self._utf8 = msgpack.Packer(default=self._default, strict_types=True, use_bin_type=True,
+                                    datetime=False)
         self._packer = msgpack.Packer(default=self._default, strict_types=True, use_bin_type=True,
                                       unicode_errors="surrogatepass", datetime=False)
 
@@ -158,15 +159,17 @@ class Encoder:
                     out[k] = y
             return v if out is None else out
         if t is int and not _INT_MIN <= v <= _INT_MAX:
-            return msgpack.ExtType(_X_BIGINT, v.to_bytes((v.bit_length() + 8) // 8, "big", signed=True))
+            return msgpack.ExtType(_X_BIGINT,
+                                   v.to_bytes((v.bit_length() + 8) // 8, "big", signed=True))
         return v          # a leaf, or packed by _default
 
     def _pairs(self, d: dict, depth: int) -> msgpack.ExtType:
         return self._ext(_X_PAIRS, [[k, x] for k, x in d.items()], depth)
 
     def _ext(self, code: int, items: list, depth: int) -> msgpack.ExtType:
-        return msgpack.ExtType(code, msgpack.packb(self._plain(items, depth + 1), default=self._default,
-                                                   strict_types=True, use_bin_type=True,
+        return msgpack.ExtType(code, msgpack.packb(self._plain(items, depth + 1),
+                                                   default=self._default, strict_types=True,
+                                                   use_bin_type=True,
                                                    unicode_errors="surrogatepass", datetime=False))
 
     def _default(self, o: Any) -> Any:
@@ -179,7 +182,8 @@ class Encoder:
             t = type(o)
             if t is dict or t is list or t in _LEAF:
                 return self._plain(o, 1)
-            if isinstance(o, (dict, list, tuple, str, int, float, bytes)) and not hasattr(o, "tolist"):
+            if (isinstance(o, (dict, list, tuple, str, int, float, bytes))
+                    and not hasattr(o, "tolist")):
                 o = _base_copy(o)          # subclasses: OrderedDict, NamedTuple, IntEnum...
             else:
                 o = self._convert(o)
@@ -202,7 +206,8 @@ class Encoder:
         if t is datetime.time:
             return msgpack.ExtType(_X_TIME, o.isoformat().encode())
         if t is datetime.timedelta:
-            return msgpack.ExtType(_X_TIMEDELTA, struct.pack("!iii", o.days, o.seconds, o.microseconds))
+            return msgpack.ExtType(_X_TIMEDELTA,
+                                   struct.pack("!iii", o.days, o.seconds, o.microseconds))
         if t is decimal.Decimal:
             return msgpack.ExtType(_X_DECIMAL, str(o).encode())
         if t is uuid.UUID:
@@ -245,7 +250,8 @@ class Decoder:
         except ProtocolViolation:
             raise
         except Exception as exc:      # msgpack's errors, RecursionError, MemoryError...
-            raise ProtocolViolation(f"undecodable payload ({type(exc).__name__}: {exc})"[:300]) from None
+            raise ProtocolViolation(
+                f"undecodable payload ({type(exc).__name__}: {exc})"[:300]) from None
 
     def _unpack(self, data: bytes) -> Any:
         return msgpack.unpackb(data, ext_hook=self._ext, raw=False, strict_map_key=True,
@@ -326,7 +332,8 @@ def valid_ref(ref: Any, worker_ref: bool = False) -> bool:
 
 # Shapes of worker -> host messages: field count and a check per field.
 def _is_str_dict(d: Any) -> bool:
-    return type(d) is dict and all(type(k) is str and type(v) is str and len(v) < 4096 for k, v in d.items())
+    return type(d) is dict and all(type(k) is str and type(v) is str and len(v) < 4096
+                                   for k, v in d.items())
 
 
 def parse_from_worker(kind: int, payload: bytes, decoder: Decoder) -> tuple:
@@ -361,7 +368,8 @@ def parse_from_worker(kind: int, payload: bytes, decoder: Decoder) -> tuple:
 
 def is_error(v: Any) -> bool:
     """An exception as it travels: [type name, args]."""
-    return type(v) is list and len(v) == 2 and type(v[0]) is str and len(v[0]) < 200 and type(v[1]) is list
+    return (type(v) is list and len(v) == 2 and type(v[0]) is str and len(v[0]) < 200
+            and type(v[1]) is list)
 
 
 def invalid_answer(msg: tuple, value: Any) -> Optional[str]:
