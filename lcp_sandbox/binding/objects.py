@@ -173,12 +173,11 @@ class HostObjects:
                 kind, payload = conn.recv_frame(self.deadline, caps)
                 msg = P.parse_from_worker(kind, payload, conn.decoder)
                 saw_ref = conn.decoder.saw_ref
-                if type(msg) is P.Reply:
+                if kind == P.REPLY:
                     if not msg.ok:
                         raise rebuild_error(*msg.value)
                     return self.unwrap(msg.value) if saw_ref else msg.value
-                # the caps let nothing else through
-                conn.send(P.REPLY, self.handle(cast(P.Request, msg), saw_ref), self.deadline)
+                conn.send(P.REPLY, self.handle(msg, saw_ref), self.deadline)
         except P.ProtocolViolation as exc:
             conn.broken = conn.broken or str(exc)
             raise

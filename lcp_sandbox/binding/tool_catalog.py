@@ -130,16 +130,19 @@ class ToolCatalog:
         return bool(expected) and expected <= self.routes.keys()
 
     def mount_tool_library(self, library_name: str) -> bool:
-        resolved = catalog.resolve_library_name(self.search_dirs(), library_name, self.cache) or library_name
+        resolved = (catalog.resolve_library_name(self.search_dirs(), library_name, self.cache)
+                    or library_name)
         if not discovery.office_library_admitted(resolved, self.session_flags):
-            log.warning("mount of %r refused: office-family library and its session flag is off", library_name)
+            log.warning("mount of %r refused: office-family library and its session flag is off",
+                        library_name)
             return False
         lib = catalog.library_of(self.search_dirs(), resolved)
         if lib is None:
             log.warning("mount of %r: library not found in %s", library_name, self.search_dirs())
             return False
         if lib.files and not self._file_admitted(Path(lib.files[0])):
-            log.warning("mount of %r refused: its TOOL_LIBRARY_LOAD_FLAG is not enabled", library_name)
+            log.warning("mount of %r refused: its TOOL_LIBRARY_LOAD_FLAG is not enabled",
+                        library_name)
             return False
         if self.is_library_mounted(resolved):
             return True
@@ -185,7 +188,11 @@ class LibraryHandle:
     def __getattr__(self, name: str) -> Any:
         if name not in self._binding.catalog.function_names(self._library):
             raise AttributeError(f"library {self._library.name!r} has no function {name!r}")
-        return lambda *args, **kwargs: self._binding.call_library_function(self._library, name, *args, **kwargs)
+        binding, library = self._binding, self._library
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return binding.call_library_function(library, name, *args, **kwargs)
+        return call
 
     def __repr__(self) -> str:
         return f"<sandboxed library {self._library.name} ({self._library.key})>"

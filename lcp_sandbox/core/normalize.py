@@ -51,7 +51,7 @@ def resolve_context_files(value: Any, cwd: Path) -> list[str]:
     return out
 
 
-def normalize(result: Any, cwd: Optional[str] = None) -> dict:
+def normalize(result: Any, cwd: Optional[str] = None) -> dict:  # noqa: C901 (hot: every result)
     """Turn whatever a tool returned into the LCP success or failure shape."""
     if type(result) is dict:
         # Two common shapes with nothing to look for (the same results as below): the

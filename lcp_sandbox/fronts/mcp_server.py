@@ -62,7 +62,7 @@ class ServeOptions:
     folders: list
     host_tool_configs: dict = field(default_factory=dict)
     workspace: Optional[str] = None          # stdio: the one session's workspace (default: CWD)
-    workspace_root: Optional[str] = None     # http: <root>/<session id> per session
+    workspace_root: str = "mcp-workspaces"   # http: <root>/<session id> per session
     confine: bool = False
     timeout_s: Optional[float] = 60.0
     memory_mb: Optional[float] = None

@@ -43,26 +43,32 @@ from .messages import (
     Result,
 )
 
+# The two readers return Any: the message type is the one of its kind (HOST_TO_WORKER,
+# and RESULT / REQUEST / REPLY / READY from a worker), which only the caller, who
+# checked the kind, can name, e.g. ``init: P.Init = P.loads_from_host(kind, payload)``
+# (a union would make every caller narrow on the hot path).
+
 # A field list as its NamedTuple: _make without its Python frame and length check
 # (the host sends every field; a worker's fields are checked before).
 _new = tuple.__new__
 
 
 # ---------------------------------------------------------------- host -> worker codec
-def dumps(msg: tuple) -> bytes:
+def dumps(msg: tuple[Any, ...]) -> bytes:
     """Pickle a host -> worker message (cloudpickle only for what pickle refuses)."""
     try:
         return pickle.dumps(msg if type(msg) is tuple else tuple(msg), 5)
     except Exception as first:
         try:
             import cloudpickle
-            return cloudpickle.dumps(tuple(msg), protocol=5)
+            data: bytes = cloudpickle.dumps(tuple(msg), protocol=5)
+            return data
         except Exception:
             raise PayloadError(f"{type(first).__name__}: {first}") from None
 
 
-def loads_from_host(kind: int, payload: bytes) -> tuple:
-    """In the worker: the host's message (trusted)."""
+def loads_from_host(kind: int, payload: bytes) -> Any:
+    """In the worker: the host's message (trusted), of the type of its kind."""
     cls = HOST_TO_WORKER[kind]
     return _new(cls, pickle.loads(payload)) if payload else cls()
 
@@ -85,7 +91,7 @@ class Ref:
     def __init__(self, id: Any) -> None:
         self.id = id
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[Ref], tuple[Any]]:
         return (Ref, (self.id,))
 
     def __repr__(self) -> str:
@@ -96,7 +102,7 @@ class WorkerRef(Ref):
     """A reference to a callable the tool passed to a host method (a streaming
     callback, say): calling it in the host runs it in the tool."""
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[Ref], tuple[Any]]:
         return (WorkerRef, (self.id,))
 
 
@@ -121,7 +127,8 @@ class Encoder:
         self._packer = msgpack.Packer(default=self._default, strict_types=True, use_bin_type=True,
                                       unicode_errors="surrogatepass", datetime=False)
 
-    def encode(self, kind: int, fields: list) -> bytes:
+    def encode(self, kind: int, fields: list[Any]) -> bytes:
+        body: bytes
         try:
             plain = self._plain(fields, 0)
             try:
@@ -163,10 +170,10 @@ class Encoder:
                                    v.to_bytes((v.bit_length() + 8) // 8, "big", signed=True))
         return v          # a leaf, or packed by _default
 
-    def _pairs(self, d: dict, depth: int) -> msgpack.ExtType:
+    def _pairs(self, d: dict[Any, Any], depth: int) -> msgpack.ExtType:
         return self._ext(_X_PAIRS, [[k, x] for k, x in d.items()], depth)
 
-    def _ext(self, code: int, items: list, depth: int) -> msgpack.ExtType:
+    def _ext(self, code: int, items: list[Any], depth: int) -> msgpack.ExtType:
         return msgpack.ExtType(code, msgpack.packb(self._plain(items, depth + 1),
                                                    default=self._default, strict_types=True,
                                                    use_bin_type=True,
@@ -189,7 +196,7 @@ class Encoder:
                 o = self._convert(o)
         return repr(o)
 
-    def _ext_of(self, o: Any) -> Optional[msgpack.ExtType]:
+    def _ext_of(self, o: Any) -> Optional[msgpack.ExtType]:  # noqa: C901 (a type switch, hot)
         t = type(o)
         if t is tuple:
             return self._ext(_X_TUPLE, list(o), 0)
@@ -219,8 +226,11 @@ class Encoder:
         return None
 
 
+_BASES: tuple[type[Any], ...] = (bool, int, float, str, bytes, dict, list, tuple)
+
+
 def _base_copy(o: Any) -> Any:
-    for base in (bool, int, float, str, bytes, dict, list, tuple):
+    for base in _BASES:
         if isinstance(o, base):
             return base(o)
     return o
@@ -257,7 +267,7 @@ class Decoder:
         return msgpack.unpackb(data, ext_hook=self._ext, raw=False, strict_map_key=True,
                                unicode_errors="surrogatepass", use_list=True)
 
-    def _items(self, data: bytes) -> list:
+    def _items(self, data: bytes) -> list[Any]:
         self._nesting += 1
         if self._nesting > 64:
             raise ProtocolViolation("extension types nested too deeply")
@@ -269,7 +279,7 @@ class Decoder:
             raise ProtocolViolation("malformed extension value")
         return items
 
-    def _hashable(self, items: list) -> list:
+    def _hashable(self, items: list[Any]) -> list[Any]:
         for x in items:
             if type(x) is not str and type(x) is not bytes:
                 self._hashed += 1
@@ -277,7 +287,7 @@ class Decoder:
             raise ProtocolViolation(f"more than {MAX_HASHED} non-string keys or set members")
         return items
 
-    def _ext(self, code: int, data: bytes) -> Any:
+    def _ext(self, code: int, data: bytes) -> Any:  # noqa: C901 (msgpack's ext_hook: one frame)
         if code == _X_TUPLE:
             return tuple(self._items(data))
         if code == _X_SET or code == _X_FROZENSET:
@@ -336,8 +346,9 @@ def _is_str_dict(d: Any) -> bool:
                                    for k, v in d.items())
 
 
-def parse_from_worker(kind: int, payload: bytes, decoder: Decoder) -> tuple:
-    """In the host: a worker's message, decoded and checked; ProtocolViolation otherwise."""
+def parse_from_worker(kind: int, payload: bytes, decoder: Decoder) -> Any:
+    """In the host: a worker's message (Result, Request, Reply or Ready, as its kind
+    says), decoded and checked; ProtocolViolation otherwise."""
     fields = decoder.decode(payload)
     if type(fields) is not list:
         raise ProtocolViolation(f"message of kind {kind} is not a list of fields")
@@ -372,7 +383,7 @@ def is_error(v: Any) -> bool:
             and type(v[1]) is list)
 
 
-def invalid_answer(msg: tuple, value: Any) -> Optional[str]:
+def invalid_answer(msg: tuple[Any, ...], value: Any) -> Optional[str]:
     """Why a RESULT's value cannot be the answer to ``msg`` (None when it can)."""
     t = type(msg)
     if t is Call:
