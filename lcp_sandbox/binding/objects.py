@@ -63,7 +63,8 @@ _INTERNALS = (types.ModuleType, type, types.FrameType, types.CodeType, types.Tra
 def _refused(value: Any) -> Optional[str]:
     """Why ``value`` may not be handed to a worker, or None."""
     if isinstance(value, _INTERNALS):
-        return type(value).__name__
+        kind: type = type(value)
+        return kind.__name__
     if (isinstance(value, types.BuiltinFunctionType)
             and isinstance(value.__self__, types.ModuleType)):
         return "module-level builtin function"      # os.system, eval, open...

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
 from ..core import catalog, discovery
+from ..core.schemas import ParsedFile
 
 log = logging.getLogger("lcp_sandbox")
 
@@ -35,9 +36,9 @@ class ToolCatalog:
         self._on_discover = on_discover           # what the binding derived from routes is stale
         self.cache = discovery.FileCache()
         self.mounted: list[discovery.Library] = []
-        self.dynamic: dict[str, tuple[discovery.Library, discovery.ParsedFile]] = {}
+        self.dynamic: dict[str, tuple[discovery.Library, ParsedFile]] = {}
         self.routes: dict[str, discovery.Route] = {}
-        self.prompt_providers: dict[str, tuple] = {}
+        self.prompt_providers: dict[str, tuple[discovery.Library, str, int]] = {}
         self.specs: list[dict] = []
 
     def discover(self) -> None:

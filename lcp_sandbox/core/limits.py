@@ -7,7 +7,7 @@ process limits and worker/confine/ the confinement.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import Any, Optional
 
 from .policy import run_as_ids
 
@@ -26,19 +26,20 @@ class Limits:
     # confinement (worker/confine/); None: the binding's / supervisor's setting
     confine: Optional[bool] = None
     network: bool = True                    # False: own network namespace, loopback only
-    env: Optional[dict] = None              # extra environment variables for the worker
-    read_paths: tuple = ()                  # extra read-only paths for a confined worker
-    run_as: Optional[tuple] = None          # (uid, gid) of a confined worker of a root host;
+    env: Optional[dict[str, Any]] = None    # extra environment variables for the worker
+    read_paths: tuple[str, ...] = ()        # extra read-only paths for a confined worker
+    run_as: Optional[tuple[int, int]] = None  # (uid, gid) of a confined worker of a root host;
                                             # None: the supervisor's run_as (65534, 65534)
     template: bool = True                   # False: every worker imports the library itself
-                                            # (no shared template process, host/templates.py)
+                                            # (no shared template process: backends/local/
+                                            # templates.py)
 
     def __post_init__(self) -> None:
         if self.run_as is not None:
             self.run_as = run_as_ids(self.run_as)
 
     @classmethod
-    def merged(cls, base: "Limits", override: Optional[dict]) -> "Limits":
+    def merged(cls, base: "Limits", override: Optional[dict[str, Any]]) -> "Limits":
         if not override:
             return base
         known = {k: v for k, v in override.items() if k in cls.__dataclass_fields__}

@@ -51,7 +51,7 @@ def resolve_context_files(value: Any, cwd: Path) -> list[str]:
     return out
 
 
-def normalize(result: Any, cwd: Optional[str] = None) -> dict:  # noqa: C901 (hot: every result)
+def normalize(result: Any, cwd: Optional[str] = None) -> dict[str, Any]:  # noqa: C901 (hot)
     """Turn whatever a tool returned into the LCP success or failure shape."""
     if type(result) is dict:
         # Two common shapes with nothing to look for (the same results as below): the
@@ -108,18 +108,18 @@ def normalize(result: Any, cwd: Optional[str] = None) -> dict:  # noqa: C901 (ho
     return final
 
 
-def crashed(tool: str, exc: BaseException, tb: str) -> dict:
+def crashed(tool: str, exc: BaseException, tb: str) -> dict[str, Any]:
     """A tool raised (any BaseException): the LCP crash shape."""
     msg = f"Tool '{tool}' crashed: {exc}"
     return {"output": {"success": False, "error": msg}, "error": msg, "traceback": tb,
             "success": False, "status_code": TOOL_FAILED}
 
 
-def not_found(tool: str) -> dict:
+def not_found(tool: str) -> dict[str, Any]:
     return {"error": f"Tool '{tool}' not found.", "status_code": NOT_FOUND}
 
 
-def failure(message: str, status_code: int = TOOL_FAILED, **extra: Any) -> dict:
+def failure(message: str, status_code: int = TOOL_FAILED, **extra: Any) -> dict[str, Any]:
     """A sandbox event in the LCP failure shape."""
     out = {"output": message, "error": message, "success": False, "status_code": status_code}
     out.update(extra)

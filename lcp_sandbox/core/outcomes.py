@@ -15,7 +15,7 @@ says what happened and what was done about it.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 from .normalize import (
     CANCELLED,
@@ -33,7 +33,7 @@ _LOST = "will be replaced on the next call (module state was lost)."
 class SandboxEvent(Exception):
     """A call ended by the sandbox, not by the tool; ``result`` is what to return."""
 
-    def __init__(self, result: dict) -> None:
+    def __init__(self, result: dict[str, Any]) -> None:
         super().__init__(result.get("error"))
         self.result = result
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 # Environment variables a confined worker keeps from the host (plus the library's own "env").
 ENV_ALLOWLIST = ("PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TERM", "USER", "LOGNAME", "SHELL",
@@ -20,14 +21,14 @@ DEFAULT_RUN_AS = (65534, 65534)          # nobody:nogroup on most distributions
 ENGINE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def host_environment() -> dict:
+def host_environment() -> dict[bytes, bytes]:
     """The host's environment as bytes names and values, the way the worker sets it
     (os.environb): copying the bytes behind os.environ costs 1 us, decoding them
     30 us; the worker then compares and sets bytes, with no encoding either."""
-    return dict(os.environ._data)                # type: ignore[attr-defined]  (POSIX: bytes)
+    return dict(os.environ._data)                # type: ignore[attr-defined]  # POSIX: bytes
 
 
-def allowed_environment(env: dict) -> dict:
+def allowed_environment(env: dict[str, Any]) -> dict[str, Any]:
     """The allowlisted part of an environment (what a confined worker may see)."""
     return {k: v for k, v in env.items() if k in ENV_ALLOWLIST or k.startswith("LC_")}
 
@@ -45,7 +46,7 @@ def python_paths() -> list[str]:
 
 
 
-def run_as_ids(value) -> tuple[int, int]:
+def run_as_ids(value: Any) -> tuple[int, int]:
     """(uid, gid) from a setting: two positive ints.  0 is refused: never root."""
     try:
         uid, gid = (int(v) for v in value)
@@ -87,7 +88,7 @@ def in_force(kind: str, state: str) -> bool:
     return state.startswith("on")
 
 
-def not_in_force(report: dict, confined: bool, network: bool) -> list[tuple[str, str]]:
+def not_in_force(report: dict[str, Any], confined: bool, network: bool) -> list[tuple[str, str]]:
     """The protections a worker was asked for that its READY report does not show
     in force, as (kind, what the report says)."""
     wanted = []

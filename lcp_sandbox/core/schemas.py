@@ -77,8 +77,8 @@ def _doc_params(docstring: str) -> dict[str, tuple[Optional[str], str]]:
 @dataclass
 class ToolDef:
     """What the host knows about one tool without running it."""
-    spec: dict                       # the LCP spec (public keys + private `_` keys)
-    literal_defaults: dict           # defaults that are real literals: filled in on call
+    spec: dict[str, Any]             # the LCP spec (public keys + private `_` keys)
+    literal_defaults: dict[str, Any]  # defaults that are real literals: filled in on call
     llm_param_count: int             # parameters the LLM can see (prompt-provider rule)
 
 
@@ -92,7 +92,7 @@ def schema_from_function(node: ast.FunctionDef) -> ToolDef:
         description = "No description provided."
     doc = _doc_params(docstring) if docstring else {}
 
-    properties: dict[str, dict] = {}
+    properties: dict[str, dict[str, Any]] = {}
     required: list[str] = []
     literal_defaults: dict[str, Any] = {}
 
@@ -152,7 +152,7 @@ def regex_tools(text: str) -> list[ToolDef]:
             doc_m = _REGEX_DOC_RE.search(text[m.end():m.end() + 4000])
             docstring = doc_m.group(1).strip() if doc_m else ""
             description = docstring.split("\n\n")[0].strip() if docstring else f"Executes {name}."
-            properties: dict[str, dict] = {}
+            properties: dict[str, dict[str, Any]] = {}
             required: list[str] = []
             for raw in params_text.split(","):
                 param = raw.strip()
@@ -188,7 +188,7 @@ def regex_tools(text: str) -> list[ToolDef]:
 class ParsedFile:
     """Everything discovery needs from one file, cached by (mtime, size)."""
     tools: list[ToolDef]
-    function_names: frozenset        # every def name in the file (prompt providers)
+    function_names: frozenset[str]   # every def name in the file (prompt providers)
     load_flag: Optional[str]
     display_name: str
     aliases: list[str]

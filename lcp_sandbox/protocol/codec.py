@@ -11,7 +11,7 @@ import pickle
 import struct
 import uuid
 from pathlib import PosixPath, PurePath
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import msgpack
 
@@ -250,7 +250,7 @@ class Decoder:
         self._nesting = 0
         self.saw_ref = False
 
-    def decode(self, payload: bytes) -> Any:
+    def decode(self, payload: Union[bytes, memoryview]) -> Any:
         self._hashed = 0
         self._nesting = 0
         self.saw_ref = False
@@ -346,7 +346,7 @@ def _is_str_dict(d: Any) -> bool:
                                    for k, v in d.items())
 
 
-def parse_from_worker(kind: int, payload: bytes, decoder: Decoder) -> Any:
+def parse_from_worker(kind: int, payload: Union[bytes, memoryview], decoder: Decoder) -> Any:
     """In the host: a worker's message (Result, Request, Reply or Ready, as its kind
     says), decoded and checked; ProtocolViolation otherwise."""
     fields = decoder.decode(payload)

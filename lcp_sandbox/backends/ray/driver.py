@@ -30,7 +30,7 @@ import queue
 import threading
 import time
 import weakref
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, overload
 
 from ... import protocol as P
 from ...core.normalize import UNAVAILABLE, failure
@@ -95,7 +95,14 @@ class _Call:
     def reply(self, message: tuple) -> None:
         self.node.agent.reply.remote(self.cid, message)
 
+    @overload
+    def wait(self, timeout: None) -> tuple: ...
+    @overload
+    def wait(self, timeout: float) -> Optional[tuple]: ...
+
     def wait(self, timeout: Optional[float]) -> Optional[tuple]:
+        """The next item about the call (the last one again once it is done); None
+        when ``timeout`` passed first."""
         if self.done is not None:
             return self.done
         try:

@@ -128,6 +128,8 @@ class Relay:
 
     def _write(self, sends: list) -> bool:
         conn = self.conn
+        if conn is None:                      # the call is over: no worker to write to
+            return not sends
         try:
             for kind, body in sends:
                 conn.send_frame(kind, body, self.deadline)
