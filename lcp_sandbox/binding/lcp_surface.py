@@ -26,6 +26,7 @@ class LcpSurface:
     tenant: str
     # SandboxedBinding's, used here:
     discover_tools: Callable[..., list[dict]]
+    call_library_function: Callable[..., Any]
     _prompt: Callable[[Library, str, int], Optional[str]]
     host_tool_configs: dict
     confirm_handler: Optional[Callable]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional, Protocol
 
 from ..core import catalog, discovery
 from ..core.schemas import ParsedFile
@@ -175,13 +175,21 @@ class ToolCatalog:
         return {r.library.key: r.library for r in self.routes.values()}.values()
 
 
+class _Binding(Protocol):
+    """What a LibraryHandle uses of its SandboxedBinding."""
+    catalog: ToolCatalog
+
+    def call_library_function(self, lib: discovery.Library, fn: str, *args: Any,
+                              **kwargs: Any) -> Any: ...
+
+
 class LibraryHandle:
     """A mounted library as lollms hosts see it (``binding.mounted_libraries[name]``).
 
     ``hasattr`` answers from the source (AST); calling a function runs it in the
     library's worker, e.g. ``handle.init_tools_library({"autonomy_level": "strict"})``."""
 
-    def __init__(self, binding: Any, library: discovery.Library) -> None:
+    def __init__(self, binding: _Binding, library: discovery.Library) -> None:
         self._binding = binding
         self._library = library
         self.__name__ = library.name
