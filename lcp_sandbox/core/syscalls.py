@@ -176,13 +176,13 @@ ALLOWED = frozenset(n for _, _, names in GROUPS for n in names.split())
 
 
 @functools.lru_cache(maxsize=64)
-def allowed_on(machine: str, extra: tuple = ()) -> tuple[str, ...]:
+def allowed_on(machine: str, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
     """The names allowed on ``machine`` (with a library's ``extra``), sorted; calls the
     architecture does not have are left out."""
     return tuple(sorted(n for n in ALLOWED.union(extra) if number(n, machine) is not None))
 
 
-def check_setting(value: Any) -> Optional[dict]:
+def check_setting(value: Any) -> Optional[dict[str, Any]]:
     """A library's ``"syscalls"`` setting, checked: ``{"allow": (names...),
     "allow_dangerous": bool}`` or None; raises ValueError saying what is wrong."""
     if value is None:

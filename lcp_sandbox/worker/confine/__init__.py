@@ -46,7 +46,6 @@ from .privileges import drop_privileges
 from .seccomp import restrict_syscalls
 
 
-
 def set_environment(env: dict) -> None:
     """Make the environment exactly ``env`` (bytes names and values, as INIT carries
     them; str ones are encoded), touching only what differs: most of it is usually
@@ -67,7 +66,8 @@ def environment_of(init: P.Init) -> dict:
     """The environment INIT gives the worker: the host's (filtered when confined) and
     the library's own ``env`` over it."""
     extra = init.limits.get("env") or {}
-    return {**(init.env or {}), **{os.fsencode(str(k)): os.fsencode(str(v)) for k, v in extra.items()}}
+    own = {os.fsencode(str(k)): os.fsencode(str(v)) for k, v in extra.items()}
+    return {**(init.env or {}), **own}
 
 
 def prepare(init: P.Init) -> dict:
@@ -91,6 +91,7 @@ def prepare(init: P.Init) -> dict:
         # (as root: CAP_SYS_ADMIN, opening anything); the privileges are dropped after
         # them, seccomp last.  The temp dir was made by the host.
         tmp = init.tmpdir
+        assert tmp is not None, "the host makes a confined worker's temp dir before it starts"
         os.environ["TMPDIR"] = tempfile.tempdir = tmp
         ro = [*conf.get("read_paths", ()), *python_paths(), *SYSTEM_READ_PATHS, ENGINE_DIR]
         covered = make_reachable([conf["root"], tmp, *ro], conf.get("run_as"))
