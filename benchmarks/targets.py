@@ -90,6 +90,10 @@ def run(ctx: Any) -> None:
         tpl.get("fresh_over_template"), T["fresh_over_template"], ">=")
     add("uss_template", "worker USS after its first call, numpy library from its template", uss.get("template"),
         T["uss_template_mb"], "<=", "MB")
+    sc = res.get("syscalls") or {}
+    add("syscalls_warm_p50", "confined warm call p50, system call allowlist on / off",
+        sc.get("warm_ratio_paired") or sc.get("warm_ratio"), T["syscalls_warm_p50"], "<=",
+        note="" if sc.get("warm_ratio") is None else f"pooled {x(sc['warm_ratio'])}")
     par = parallel(ctx)
     add("parallel", f"2 libraries x 2 threads / 1 x 1 (tool_cpu {ctx.cfg.cpu_ms:g} ms)", par.pop("value"),
         T["parallel"], ">=", note=par.pop("note"), **par)

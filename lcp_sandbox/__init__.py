@@ -17,7 +17,7 @@ import logging
 from importlib import import_module
 from typing import Any
 
-from .core.version import __version__
+from .core.version import __version__ as __version__  # the public version
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
@@ -27,7 +27,8 @@ _EXPORTS = {
     "SandboxedBinding": "fronts.lollms", "lollms_binding_class": "fronts.lollms",
     "bundled_tools_dir": "binding.locations", "lollms_bindings_dir": "binding.locations",
     "Supervisor": "backends.local", "CrashPolicy": "backends.local",
-    "RaySupervisor": "backends.ray.driver", "SandboxEvent": "core.outcomes", "Limits": "core.limits",
+    "RaySupervisor": "backends.ray.driver", "SandboxEvent": "core.outcomes",
+    "Limits": "core.limits",
 }
 __all__ = sorted(_EXPORTS)
 

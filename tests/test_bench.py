@@ -24,7 +24,7 @@ TINY = dict(calls=40, rounds=2, subprocess_calls=2, cold_reps=2, zygote_reps=1, 
 TARGET_NAMES = {"warm_p50", "warm_p99", "warm_p50_inprocess", "cold_vs_spawn", "parallel", "uss_first", "uss_after",
                 "discovery_first", "discovery_again", "density_uss", "density_warm_p50", "density_host_idle_cpu",
                 "density_pool_idle_runs", "density_stats_ms", "cold_p50", "cold_p99", "uss_plain", "template_p50",
-                "fresh_over_template", "uss_template"}
+                "fresh_over_template", "uss_template", "syscalls_warm_p50"}
 
 
 def _has_matplotlib() -> bool:
@@ -111,6 +111,15 @@ def test_bench_end_to_end(tmp_path, new_processes):
         assert _number(idle["host_cpu_fraction"]) and _number(idle["pool_runs"])
     assert _number(dn["stats_ms"]["p50"]) and _number(dn["ratio"]["p50"])
     assert dn["rows"]["many"]["live_workers_seen"] == [12] and dn["rows"]["one"]["live_workers_seen"] == [1]
+
+    # syscalls: a confined worker with its allowlist on and off, in the same rounds
+    sc = data["syscalls"]
+    assert "syscalls" not in data["skipped"]
+    assert sc["states"]["filter"].startswith("allowlist") and sc["states"]["no_filter"].startswith("unavailable")
+    for k in ("cold_filter", "cold_no_filter", "warm_filter", "warm_no_filter"):
+        assert _number(sc["rows"][k]["p50"]), k
+    assert _number(sc["warm_ratio"]) and _number(sc["cold_ratio"])
+    assert "SYSCALLS" in out.getvalue()
 
     # cold: phases from the stamps, ratios to spawn
     cold = data["cold"]

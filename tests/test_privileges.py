@@ -18,6 +18,7 @@ from conftest import HERE
 from lcp_sandbox import SandboxedBinding, Supervisor
 from lcp_sandbox import Limits
 from lcp_sandbox.backends.local import handover
+from lcp_sandbox.testing import protections_off
 from lcp_sandbox.worker.confine import seccomp
 
 LIBS = HERE / "priv_libs"
@@ -299,29 +300,41 @@ def io_uring_here() -> list:
 @pytest.mark.skipif(os.uname().machine not in ("x86_64", "aarch64"), reason="no filter for this architecture")
 def test_side_doors_to_sockets_are_closed(sup, roots):
     """Other socket families (AF_VSOCK is in no network namespace), io_uring (it can
-    create sockets) and x32 system call numbers are refused with the network off;
-    without the filter the same calls get the answer the host gets."""
+    create sockets) and x32 system call numbers are refused with the network off, and
+    by the allowlist with it on too (AF_UNIX then allowed); without the filter the same
+    calls get the answer the host gets."""
     a, _ = roots
     off = binding(sup, a, host_tool_configs={"privprobe": {"sandbox": {"network": False}}})
     on = binding(sup, a, tenant="a-network-on")
-    for family in (socket.AF_UNIX, getattr(socket, "AF_VSOCK", 40), 38):         # 38: AF_ALG
-        assert off.execute_tool("tool_socket", {"family": family})["output"] == "PermissionError", family
-        if works_here(family):
-            assert on.execute_tool("tool_socket", {"family": family})["output"] == "ok", family
     assert off.execute_tool("tool_socket", {"family": socket.AF_INET})["output"] == "ok"
-    assert off.execute_tool("tool_syscall", {"name": "io_uring_setup"})["output"] == [0, errno.EPERM]
+    assert on.execute_tool("tool_socket", {"family": socket.AF_UNIX})["output"] == "ok"
+    with protections_off(sup, "syscalls"):                      # started now, without the filter
+        bare = binding(sup, a, tenant="a-no-filter")
+        assert bare.execute_tool("tool_socket", {"family": socket.AF_INET})["output"] == "ok"
+    for family in (getattr(socket, "AF_VSOCK", 40), 38):                       # 38: AF_ALG
+        for t in (off, on):
+            assert t.execute_tool("tool_socket", {"family": family})["output"] == "PermissionError"
+        if works_here(family):
+            assert bare.execute_tool("tool_socket", {"family": family})["output"] == "ok", family
+    assert off.execute_tool("tool_socket", {"family": socket.AF_UNIX})["output"] == "PermissionError"
+    for t in (off, on):
+        assert t.execute_tool("tool_syscall", {"name": "io_uring_setup"})["output"] == [0, errno.EPERM]
     if io_uring_here() == [1, 0]:
-        assert on.execute_tool("tool_syscall", {"name": "io_uring_setup"})["output"] == [1, 0]
+        assert bare.execute_tool("tool_syscall", {"name": "io_uring_setup"})["output"] == [1, 0]
     if os.uname().machine == "x86_64":
         # x32 numbers are refused whatever the call; without the filter this kernel answers
         # otherwise (a socket, or ENOSYS when x32 is not built in).
-        assert off.execute_tool("tool_syscall", {"name": "x32_socket"})["output"] == [0, errno.EPERM]
-        assert on.execute_tool("tool_syscall", {"name": "x32_socket"})["output"] != [0, errno.EPERM]
+        for t in (off, on):
+            assert t.execute_tool("tool_syscall", {"name": "x32_socket"})["output"] == [0, errno.EPERM]
+        assert bare.execute_tool("tool_syscall", {"name": "x32_socket"})["output"] != [0, errno.EPERM]
+    assert bare.execute_tool("tool_socket", {"family": socket.AF_INET})["output"] == "ok"
+    assert sup.stats(tenant="a-no-filter")[0]["protections"]["syscalls"].startswith("unavailable")
 
 
 def test_filter_programs_assemble():
     for machine in ("x86_64", "aarch64"):
-        rows = seccomp.unix_socket_filter(machine)
-        assert rows[0] == (0x20, 0, 0, 4)                          # load the architecture first
-        assert rows[1][3] == seccomp._AUDIT_ARCH[machine]
-        assert rows[-1][3] == 0x7FFF0000 and len(rows) < 32
+        for network, allowlist in ((False, False), (False, True), (True, True)):
+            rows = seccomp.filter_program(machine, network, allowlist)
+            assert rows[0] == (0x20, 0, 0, 4)                      # load the architecture first
+            assert rows[1][3] == seccomp._AUDIT_ARCH[machine]
+            assert len(rows) < (64 if not allowlist else 512)

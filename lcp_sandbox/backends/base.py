@@ -22,13 +22,14 @@ protocol.Call, Prompt, ModCall or Load).  Two things stay in the host:
 from __future__ import annotations
 
 import logging
-
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Protocol, runtime_checkable
+from typing import Any, Callable, Optional, Protocol, TypeVar, runtime_checkable
 
 from .. import protocol as P
 from ..core.discovery import Library
 from ..core.limits import Limits
+
+_B = TypeVar("_B", bound="Closing")
 
 
 class Lent(Protocol):
@@ -36,10 +37,10 @@ class Lent(Protocol):
     handed to ``handle`` on the thread waiting for the call, with ``conn`` (the
     call's connection, for a callback into the tool) and ``deadline`` set while
     it runs; ``release`` drops everything lent when the call ends."""
-    conn: Any
+    conn: Any                      # a protocol Connection, or the Ray driver's RemoteConn
     deadline: Optional[float]
 
-    def handle(self, req: P.Request, saw_ref: bool) -> tuple:
+    def handle(self, req: P.Request, saw_ref: bool) -> tuple[bool, Any]:
         """The REPLY to one REQUEST of the worker."""
 
     def release(self) -> None:
@@ -53,8 +54,8 @@ class WorkerSpec:
     tenant: str
     library: Library
     limits: Limits
-    root: str = ""                        # confinement root ("" when not confined)
-    init: Optional[Callable[[], P.Init]] = field(default=None, compare=False, repr=False)
+    root: str                             # confinement root ("" when not confined)
+    init: Callable[[], P.Init] = field(compare=False, repr=False)
     key: tuple = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -112,7 +113,10 @@ def emit(on_event: Optional[Callable[[dict], None]], event: dict) -> None:
 class Closing:
     """``with backend: ...`` closes it at the end."""
 
-    def __enter__(self):
+    def close(self) -> None:
+        raise NotImplementedError        # the backend's own
+
+    def __enter__(self: _B) -> _B:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -13,8 +13,8 @@ The host side of a call is deliberately thin:
         host objects the tool may use ─► HostObjects (lent as proxies)
         backend.run(spec, Call, objects) ─► result dict       (spec: which worker, cached)
 
-What tools exist: host/tool_catalog.py; the rest of the LCPBinding surface:
-host/lcp_surface.py; processes: behind the Backend (backends/base.py).
+What tools exist: binding/tool_catalog.py; the rest of the LCPBinding surface:
+binding/lcp_surface.py; processes: behind the Backend (backends/base.py).
 """
 from __future__ import annotations
 
@@ -32,15 +32,15 @@ from .. import protocol as P
 from ..backends.base import Backend, WorkerSpec
 from ..backends.local.supervisor import Supervisor
 from ..core import discovery, normalize
+from ..core.limits import Limits, library_limits
+from ..core.outcomes import SandboxEvent
 from ..protocol import HANDLER_CONFIRM, HANDLER_UI, HOST_PARAMS
 from .lcp_surface import LcpSurface
-from ..core.limits import Limits
 from .locations import as_paths, bundled_tools_dir, lollms_default_tools_dir
 from .objects import HostObjects, NamedRefs
-from ..core.outcomes import SandboxEvent
 from .tool_catalog import ToolCatalog
-from .workspaces import Workspaces
 from .worker_init import build_init
+from .workspaces import Workspaces
 
 log = logging.getLogger("lcp_sandbox")
 
@@ -150,8 +150,8 @@ class SandboxedBinding(LcpSurface):
                              confine=self.supervisor.confine if confine is None else bool(confine))
         self._lib_limits: dict[str, Limits] = {}
         self._specs: dict[tuple, WorkerSpec] = {}      # (library key, root) -> its worker's spec
-        self.catalog = ToolCatalog(folders, files, self.host_tool_configs, kwargs, lollms_default_tools_dir,
-                                   self._derived_stale)
+        self.catalog = ToolCatalog(folders, files, self.host_tool_configs, kwargs,
+                                   lollms_default_tools_dir, self._derived_stale)
         self._resolvers: dict[str, NamedRefs] = {}
         self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._workspaces = Workspaces(tenant, self.workspace_root)
@@ -163,7 +163,8 @@ class SandboxedBinding(LcpSurface):
         self._lib_limits.clear()
         self._specs.clear()
 
-    def discover_tools(self, specific_tool_names: Optional[list] = None, **kwargs: Any) -> list[dict]:
+    def discover_tools(self, specific_tool_names: Optional[list] = None,
+                       **kwargs: Any) -> list[dict]:
         """The LCP specs of the tools (``name``, ``description``, ``input_schema``, and
         private ``_`` keys), built from source with ``ast``: no tool code runs here.
 
@@ -195,12 +196,14 @@ class SandboxedBinding(LcpSurface):
             return None
         msg = P.Prompt(fn, index, cwd, self._handlers_mask())
         try:
-            return self.supervisor.run(self._spec(lib, cwd), msg, HostObjects(self._named(lib)), tool=fn)
+            return self.supervisor.run(self._spec(lib, cwd), msg, HostObjects(self._named(lib)),
+                                       tool=fn)
         except SandboxEvent as ev:
             log.warning("prompt provider %s of %s failed: %s", fn, lib.name, ev)
             return None
 
-    def call_library_function(self, lib: discovery.Library, fn: str, *args: Any, **kwargs: Any) -> Any:
+    def call_library_function(self, lib: discovery.Library, fn: str, *args: Any,
+                              **kwargs: Any) -> Any:
         """Run a module-level function of a library in its worker; returns its value.
 
         Raises ``RuntimeError`` with the sandbox's explanation when the call fails
@@ -235,7 +238,8 @@ class SandboxedBinding(LcpSurface):
         lim = self._lib_limits.get(lib.key)
         if lim is None:
             cfg = self.host_tool_configs.get(lib.name) or {}
-            lim = self._lib_limits[lib.key] = Limits.merged(self.limits, cfg.get("sandbox"))
+            lim = library_limits(self.limits, cfg.get("sandbox"), lib.name)
+            self._lib_limits[lib.key] = lim
         return lim
 
     def _spec(self, lib: discovery.Library, cwd: str) -> WorkerSpec:
@@ -261,9 +265,9 @@ class SandboxedBinding(LcpSurface):
     def _closed_text(self, tool: str) -> str:
         return f"tool '{tool}' not run: this SandboxedBinding (tenant {self.tenant!r}) is closed."
 
-    def execute_tool(self, tool_name: str, params: Optional[dict] = None, discussion_instance: Any = None,
-                     *, workspace: Optional[PathLike] = None, timeout_s: Optional[float] = None,
-                     **kwargs: Any) -> dict:
+    def execute_tool(self, tool_name: str, params: Optional[dict] = None,
+                     discussion_instance: Any = None, *, workspace: Optional[PathLike] = None,
+                     timeout_s: Optional[float] = None, **kwargs: Any) -> dict:
         """Run one tool in its library's worker; returns the LCP result dict.
 
         ``params``: a dict of the tool's parameters (or None); omitted ones take
@@ -283,11 +287,12 @@ class SandboxedBinding(LcpSurface):
         elif type(params) is dict or isinstance(params, Mapping):
             params = {**route.defaults, **params}
         else:
-            raise TypeError(f"execute_tool({tool_name!r}): params must be a dict of parameter names "
-                            f"to values (or None), not {type(params).__name__}")
+            raise TypeError(f"execute_tool({tool_name!r}): params must be a dict of parameter "
+                            f"names to values (or None), not {type(params).__name__}")
         lib = route.library
         if self._closed:
-            return normalize.failure(f"[{lib.name}] {self._closed_text(tool_name)}", normalize.UNAVAILABLE)
+            return normalize.failure(f"[{lib.name}] {self._closed_text(tool_name)}",
+                                     normalize.UNAVAILABLE)
         injected = None
         objects = HostObjects(self._named(route.library))    # one per call: released when it ends
         if discussion_instance is not None or kwargs or not params.keys().isdisjoint(HOST_PARAMS):
@@ -303,9 +308,12 @@ class SandboxedBinding(LcpSurface):
         refused = self._workspaces.check(lib.name, tool_name, cwd)
         if refused is not None:
             return refused
-        msg = tuple.__new__(P.Call, (tool_name, route.index, params, cwd, injected, self._handlers_mask(), 0))  # (no Python __new__)
+        # P.Call built without its Python __new__
+        msg = tuple.__new__(P.Call, (tool_name, route.index, params, cwd, injected,
+                                     self._handlers_mask(), 0))
         try:
-            return self.supervisor.run(self._spec(lib, cwd), msg, objects, tool=tool_name, timeout_s=timeout_s)
+            return self.supervisor.run(self._spec(lib, cwd), msg, objects, tool=tool_name,
+                                       timeout_s=timeout_s)
         except SandboxEvent as ev:
             log.warning("%s", ev)
             return ev.result
@@ -317,9 +325,11 @@ class SandboxedBinding(LcpSurface):
         if self._closed:
             return self.execute_tool(tool_name, params, discussion_instance, **kwargs)
         if self._executor is None:
-            self._executor = concurrent.futures.ThreadPoolExecutor(64, thread_name_prefix="lcp-sandbox-call")
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                64, thread_name_prefix="lcp-sandbox-call")
         loop = asyncio.get_running_loop()
-        call = functools.partial(self.execute_tool, tool_name, params, discussion_instance, **kwargs)
+        call = functools.partial(self.execute_tool, tool_name, params, discussion_instance,
+                                 **kwargs)
         try:
             future = loop.run_in_executor(self._executor, call)
         except RuntimeError:                # close() shut the executor down meanwhile
@@ -356,7 +366,8 @@ class SandboxedBinding(LcpSurface):
             failed = [str(ev.result.get("error")), ""]
         if failed is not None:
             self.supervisor.stop(self.tenant, lib.key)
-            log.error("register_tool_from_code(%r) refused: the code %s", tool_name_prefix, failed[0])
+            log.error("register_tool_from_code(%r) refused: the code %s", tool_name_prefix,
+                      failed[0])
             return False
         self.catalog.dynamic[tool_name_prefix] = (lib, parsed)
         self.catalog.discover()
@@ -421,4 +432,5 @@ class SandboxedBinding(LcpSurface):
 # help() and inspect show the constructor's keywords, not __new__'s (*args, **kwargs).
 _init_signature = inspect.signature(SandboxedBinding.__init__)
 SandboxedBinding.__signature__ = _init_signature.replace(  # type: ignore[attr-defined]
-    parameters=list(_init_signature.parameters.values())[1:], return_annotation=inspect.Signature.empty)
+    parameters=list(_init_signature.parameters.values())[1:],
+    return_annotation=inspect.Signature.empty)

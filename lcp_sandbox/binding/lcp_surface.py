@@ -4,13 +4,15 @@ The mounting helpers (``mount_tool_library``, ``is_tool_available``...), the
 attributes ``LCPBinding`` has (``discovered_tools``, ``tools_folders``...),
 the private methods lollms_client calls, and the handler setters.  Each one is
 a thin delegation: what tools exist is the :class:`ToolCatalog`'s
-(``self.catalog``); running them is SandboxedBinding's (host/binding.py).
+(``self.catalog``); running them is SandboxedBinding's (binding/binding.py).
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
+from ..backends.base import Backend
+from ..core.discovery import Library
 from .locations import as_paths
 from .tool_catalog import LibraryHandle, ToolCatalog
 
@@ -20,8 +22,12 @@ PathLike = Union[str, Path]
 class LcpSurface:
     """The LCPBinding surface of SandboxedBinding that is not execution."""
     catalog: ToolCatalog
-    supervisor: Any                    # the Backend
+    supervisor: Backend
     tenant: str
+    # SandboxedBinding's, used here:
+    discover_tools: Callable[..., list[dict]]
+    call_library_function: Callable[..., Any]
+    _prompt: Callable[[Library, str, int], Optional[str]]
     host_tool_configs: dict
     confirm_handler: Optional[Callable]
     user_interaction_handler: Optional[Callable]

@@ -15,13 +15,14 @@ the operation and sends the REPLY back.
 Plain values (None, bool, numbers, str, bytes and lists / tuples / dicts of
 those) travel by value; anything else becomes a further proxy.
 
-What a worker can reach (it is hostile; see protocol.py for what it can send):
+What a worker can reach (it is hostile; see protocol/ for what it can send):
 per-call integer refs to what the host lent for this call, released when the
 call ends; the confirm / user-interaction handler by name, only when one is
 set; callables of its own library's ``host_tool_configs``.  Through them,
 public attributes and methods only (no name starting with ``_``; operators go
-through a fixed table), and never a module, a class, a module function of C (``os.system``, ``eval``), or
-interpreter internals (frames, code, cells, descriptors).  Functions the host
+through a fixed table), and never a module, a class, a module function of C
+(``os.system``, ``eval``), or interpreter internals (frames, code, cells,
+descriptors).  Functions the host
 exposes as public attributes (a progress callback in ``tool_context``) can be
 called; their internals are dunder attributes, out of reach.
 """
@@ -31,10 +32,19 @@ import operator
 import os
 import types
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol, cast
 
 from .. import protocol as P
-from ..protocol import Ref, WorkerRef, error_value, is_plain, map_containers, rebuild_error, sendable
+from ..core.discovery import Library
+from ..protocol import (
+    Ref,
+    WorkerRef,
+    error_value,
+    is_plain,
+    map_containers,
+    rebuild_error,
+    sendable,
+)
 
 # Operations a proxy forwards by name (never a getattr of a dunder).
 OPERATORS: dict[str, Callable] = {
@@ -53,8 +63,10 @@ _INTERNALS = (types.ModuleType, type, types.FrameType, types.CodeType, types.Tra
 def _refused(value: Any) -> Optional[str]:
     """Why ``value`` may not be handed to a worker, or None."""
     if isinstance(value, _INTERNALS):
-        return type(value).__name__
-    if isinstance(value, types.BuiltinFunctionType) and isinstance(value.__self__, types.ModuleType):
+        kind: type = type(value)
+        return kind.__name__
+    if (isinstance(value, types.BuiltinFunctionType)
+            and isinstance(value.__self__, types.ModuleType)):
         return "module-level builtin function"      # os.system, eval, open...
     return None
 
@@ -68,7 +80,8 @@ class HostObjects:
     __slots__ = ("_named", "_objects", "conn", "deadline")
 
     def __init__(self, named: Callable[[Any], Any]) -> None:
-        self._named = named            # resolves a named ref (handlers, the library's config callables)
+        # resolves a named ref (handlers, the library's config callables)
+        self._named = named
         self._objects: dict[int, Any] = {}
         self.conn: Optional[P.Connection] = None   # set while the call runs (callbacks)
         self.deadline: Optional[float] = None      # for a callback into the tool
@@ -119,14 +132,18 @@ class HostObjects:
             return v
         return map_containers(value, one)
 
-    def handle(self, req: P.Request, saw_ref: bool) -> tuple:
+    def handle(self, req: P.Request, saw_ref: bool) -> tuple[bool, Any]:
         """Run one REQUEST from the worker; returns the REPLY fields (ok, value)."""
         op, name = req.op, req.name
         try:
             target = self._resolve(req.ref)
-            args, kwargs = (self.unwrap(req.args), self.unwrap(req.kwargs)) if saw_ref else (req.args, req.kwargs)
-            if op in (P.OP_GETATTR, P.OP_METHOD, P.OP_SETATTR) and (not name or name.startswith("_")):
-                raise AttributeError(f"{name!r}: private attributes are not reachable through a host proxy")
+            if saw_ref:
+                args, kwargs = self.unwrap(req.args), self.unwrap(req.kwargs)
+            else:
+                args, kwargs = req.args, req.kwargs
+            if op in _BY_NAME and (not name or name.startswith("_")):
+                raise AttributeError(f"{name!r}: private attributes are not reachable through "
+                                     f"a host proxy")
             if saw_ref and (op == P.OP_SETATTR or name == "setitem") and _holds_tool_callable(args):
                 # Stored in a host object, it would outlive the call that lent it.
                 raise PermissionError("a callable of the tool cannot be stored in a host object")
@@ -136,26 +153,8 @@ class HostObjects:
                 value = target(*args, **kwargs)
             elif target is None:
                 raise RuntimeError("no such host object")
-            elif op == P.OP_GETATTR:
-                value = getattr(target, name)
-            elif op == P.OP_METHOD:
-                method = getattr(target, name)
-                why = _refused(method)
-                if why is not None:
-                    raise PermissionError(f"a {why} is not called for a tool through a host proxy")
-                value = method(*args, **kwargs)
-            elif op == P.OP_SETATTR:
-                setattr(target, name, args[0])
-                value = None
-            elif op == P.OP_TRUTH:
-                value = bool(target)
-            elif op == P.OP_LIST:
-                value = list(target)
-            else:                                   # OP_OPERATOR
-                fn = OPERATORS.get(name)
-                if fn is None:
-                    raise AttributeError(f"{name!r} is not an operator a host proxy forwards")
-                value = fn(target, *args)
+            else:
+                value = _operate(target, op, name, args, kwargs)
             return True, self._give(value)
         except BaseException as exc:  # the host must survive anything a handler does
             return False, error_value(exc)
@@ -169,7 +168,8 @@ class HostObjects:
             raise RuntimeError("the tool's callable can only be called while its call is running")
         caps = {P.REPLY: P.REQUEST_CAP, P.REQUEST: P.REQUEST_CAP}
         try:
-            conn.send(P.REQUEST, (P.OP_CALL, wid, None, self.lend(args), self.lend(kwargs)), self.deadline)
+            request = (P.OP_CALL, wid, None, self.lend(args), self.lend(kwargs))
+            conn.send(P.REQUEST, request, self.deadline)
             while True:
                 kind, payload = conn.recv_frame(self.deadline, caps)
                 msg = P.parse_from_worker(kind, payload, conn.decoder)
@@ -183,7 +183,8 @@ class HostObjects:
             conn.broken = conn.broken or str(exc)
             raise
         except TimeoutError:
-            conn.broken = conn.broken or "a callable of the tool did not answer before the call's deadline"
+            conn.broken = (conn.broken
+                           or "a callable of the tool did not answer before the call's deadline")
             raise P.ProtocolViolation(conn.broken) from None
         except EOFError:
             conn.broken = "the worker went away while the host called back into the tool"
@@ -194,10 +195,50 @@ class HostObjects:
         self.conn = None
 
 
+_BY_NAME = (P.OP_GETATTR, P.OP_METHOD, P.OP_SETATTR)      # operations on a public name
+
+
+def _operate(target: Any, op: int, name: Optional[str], args: list, kwargs: dict) -> Any:
+    """A REQUEST's operation on its (resolved, not None) host object, other than a call."""
+    if op == P.OP_TRUTH:
+        return bool(target)
+    if op == P.OP_LIST:
+        return list(target)
+    if op == P.OP_OPERATOR:
+        fn = OPERATORS.get(name or "")
+        if fn is None:
+            raise AttributeError(f"{name!r} is not an operator a host proxy forwards")
+        return fn(target, *args)
+    attr = cast(str, name)             # _BY_NAME: handle() refused a missing or private name
+    if op == P.OP_GETATTR:
+        return getattr(target, attr)
+    if op == P.OP_METHOD:
+        method = getattr(target, attr)
+        why = _refused(method)
+        if why is not None:
+            raise PermissionError(f"a {why} is not called for a tool through a host proxy")
+        return method(*args, **kwargs)
+    setattr(target, attr, args[0])     # OP_SETATTR
+    return None
+
+
 def _holds_tool_callable(value: Any) -> bool:
     found = []
-    map_containers(value, lambda v: found.append(v) if type(v) is _ToolCallable else v)
+
+    def seen(v: Any) -> Any:
+        if type(v) is _ToolCallable:
+            found.append(v)
+        return v
+
+    map_containers(value, seen)
     return bool(found)
+
+
+class _Owner(Protocol):
+    """What NamedRefs reads from the binding at each use."""
+    confirm_handler: Optional[Callable]
+    user_interaction_handler: Optional[Callable]
+    host_tool_configs: dict
 
 
 class NamedRefs:
@@ -206,8 +247,8 @@ class NamedRefs:
     host_tool_configs, read from ``owner`` (the binding) at each use."""
     __slots__ = ("_owner", "_library", "_stems")
 
-    def __init__(self, owner: Any, library: Any) -> None:
-        self._owner = owner            # has confirm_handler, user_interaction_handler, host_tool_configs
+    def __init__(self, owner: _Owner, library: Library) -> None:
+        self._owner = owner
         self._library = library.name
         self._stems = frozenset(Path(f).stem for f in library.files) or frozenset({library.name})
 

@@ -15,9 +15,10 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional, Protocol
 
 from ..core import catalog, discovery
+from ..core.schemas import ParsedFile
 
 log = logging.getLogger("lcp_sandbox")
 
@@ -35,9 +36,9 @@ class ToolCatalog:
         self._on_discover = on_discover           # what the binding derived from routes is stale
         self.cache = discovery.FileCache()
         self.mounted: list[discovery.Library] = []
-        self.dynamic: dict[str, tuple[discovery.Library, discovery.ParsedFile]] = {}
+        self.dynamic: dict[str, tuple[discovery.Library, ParsedFile]] = {}
         self.routes: dict[str, discovery.Route] = {}
-        self.prompt_providers: dict[str, tuple] = {}
+        self.prompt_providers: dict[str, tuple[discovery.Library, str, int]] = {}
         self.specs: list[dict] = []
 
     def discover(self) -> None:
@@ -130,16 +131,19 @@ class ToolCatalog:
         return bool(expected) and expected <= self.routes.keys()
 
     def mount_tool_library(self, library_name: str) -> bool:
-        resolved = catalog.resolve_library_name(self.search_dirs(), library_name, self.cache) or library_name
+        resolved = (catalog.resolve_library_name(self.search_dirs(), library_name, self.cache)
+                    or library_name)
         if not discovery.office_library_admitted(resolved, self.session_flags):
-            log.warning("mount of %r refused: office-family library and its session flag is off", library_name)
+            log.warning("mount of %r refused: office-family library and its session flag is off",
+                        library_name)
             return False
         lib = catalog.library_of(self.search_dirs(), resolved)
         if lib is None:
             log.warning("mount of %r: library not found in %s", library_name, self.search_dirs())
             return False
         if lib.files and not self._file_admitted(Path(lib.files[0])):
-            log.warning("mount of %r refused: its TOOL_LIBRARY_LOAD_FLAG is not enabled", library_name)
+            log.warning("mount of %r refused: its TOOL_LIBRARY_LOAD_FLAG is not enabled",
+                        library_name)
             return False
         if self.is_library_mounted(resolved):
             return True
@@ -171,13 +175,21 @@ class ToolCatalog:
         return {r.library.key: r.library for r in self.routes.values()}.values()
 
 
+class _Binding(Protocol):
+    """What a LibraryHandle uses of its SandboxedBinding."""
+    catalog: ToolCatalog
+
+    def call_library_function(self, lib: discovery.Library, fn: str, *args: Any,
+                              **kwargs: Any) -> Any: ...
+
+
 class LibraryHandle:
     """A mounted library as lollms hosts see it (``binding.mounted_libraries[name]``).
 
     ``hasattr`` answers from the source (AST); calling a function runs it in the
     library's worker, e.g. ``handle.init_tools_library({"autonomy_level": "strict"})``."""
 
-    def __init__(self, binding: Any, library: discovery.Library) -> None:
+    def __init__(self, binding: _Binding, library: discovery.Library) -> None:
         self._binding = binding
         self._library = library
         self.__name__ = library.name
@@ -185,7 +197,11 @@ class LibraryHandle:
     def __getattr__(self, name: str) -> Any:
         if name not in self._binding.catalog.function_names(self._library):
             raise AttributeError(f"library {self._library.name!r} has no function {name!r}")
-        return lambda *args, **kwargs: self._binding.call_library_function(self._library, name, *args, **kwargs)
+        binding, library = self._binding, self._library
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return binding.call_library_function(library, name, *args, **kwargs)
+        return call
 
     def __repr__(self) -> str:
         return f"<sandboxed library {self._library.name} ({self._library.key})>"

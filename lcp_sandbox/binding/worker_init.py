@@ -14,13 +14,12 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 from .. import protocol as P
 from ..core.discovery import Library
+from ..core.limits import Limits
 from ..core.policy import allowed_environment, host_environment
 from ..protocol import Ref, sendable
-from ..core.limits import Limits
 
 
 def _allowed(env: dict) -> dict:
@@ -29,7 +28,8 @@ def _allowed(env: dict) -> dict:
     return {k: v for k, v in env.items() if os.fsdecode(k) in names}
 
 
-def build_init(library: Library, limits: Limits, root: str, host_tool_configs: dict, handlers: int) -> P.Init:
+def build_init(library: Library, limits: Limits, root: str, host_tool_configs: dict,
+               handlers: int) -> P.Init:
     """The INIT of a worker of ``library`` (``root``: its confinement root, "" if none)."""
     stems = [Path(f).stem for f in library.files] or [library.name]
     configs = {}
@@ -40,7 +40,8 @@ def build_init(library: Library, limits: Limits, root: str, host_tool_configs: d
     confine = None
     env = host_environment()
     if root:
-        confine = {"root": root, "read_paths": [str(p) for p in (library.root, *limits.read_paths) if p]}
+        read_paths = [str(p) for p in (library.root, *limits.read_paths) if p]
+        confine = {"root": root, "read_paths": read_paths}
         env = _allowed(env)
     return P.Init(library.name, [str(f) for f in library.files], library.source, configs, handlers,
                   list(sys.path), env, confine, None, [],

@@ -31,8 +31,9 @@ class Workspaces:
             if not os.path.isdir(cwd):            # (one stat; makedirs makes three calls)
                 os.makedirs(cwd, exist_ok=True)
         except OSError as exc:
-            return normalize.failure(f"[{library}] tool '{tool}' not run: the workspace {cwd!r} does not "
-                                     f"exist and cannot be created ({exc.strerror or exc}).")
+            return normalize.failure(f"[{library}] tool '{tool}' not run: the workspace {cwd!r} "
+                                     f"does not exist and cannot be created "
+                                     f"({exc.strerror or exc}).")
         if len(self._existing) >= 4096:
             self._existing.clear()
         self._existing.add(cwd)

@@ -11,7 +11,14 @@ import difflib
 from pathlib import Path
 from typing import Iterable, Optional
 
-from .discovery import Discovered, FileCache, Library, add_library, iter_libraries, normalize_library_name
+from .discovery import (
+    Discovered,
+    FileCache,
+    Library,
+    add_library,
+    iter_libraries,
+    normalize_library_name,
+)
 
 
 def find_library_dir(dirs: Iterable[Path], name: str) -> Optional[Path]:

@@ -24,7 +24,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from .schemas import ParsedFile, parse_code, parse_source
 
@@ -43,7 +43,7 @@ _PER_SOFTWARE_GATES = {
 }
 
 
-def office_library_admitted(stem: str, session_flags: Optional[dict]) -> bool:
+def office_library_admitted(stem: str, session_flags: Optional[dict[str, Any]]) -> bool:
     """Whether the library ``stem`` may load under ``session_flags``.  Only
     office-family libraries are gated: ``powerpoint_tools``, ``word_tools`` and
     ``excel_tools`` need their own flag (``enable_powerpoint``...), the others
@@ -65,13 +65,14 @@ class FileCache:
 
     def __init__(self) -> None:
         self._entries: dict[str, tuple[int, int, ParsedFile]] = {}
-        self._folders: dict[str, tuple[list, tuple, list]] = {}
+        # folder -> (the directories looked into, their mtimes, its libraries)
+        self._folders: dict[str, tuple[list[str], tuple[Optional[int], ...], list[Library]]] = {}
 
-    def folder(self, base: str) -> list:
+    def folder(self, base: str) -> list[Library]:
         hit = self._folders.get(base)
         if hit is not None and _mtimes(hit[0]) == hit[1]:
             return hit[2]
-        dirs: list = []
+        dirs: list[str] = []
         libs = list(_scan_folder(base, dirs))
         self._folders[base] = (dirs, _mtimes(dirs), libs)
         return libs
@@ -100,7 +101,7 @@ class Library:
     """The unit a worker loads.  ``key`` is unique across folders; ``name`` is the stem."""
     name: str
     key: str
-    files: tuple = ()                # Paths, in load order
+    files: tuple[Path, ...] = ()     # in load order
     source: Optional[str] = None     # code of a dynamic library
     root: Optional[Path] = None      # the library's folder (read access, display)
 
@@ -109,7 +110,7 @@ class Library:
         return self.source is not None
 
 
-def _entries(folder: str) -> list[os.DirEntry]:
+def _entries(folder: str) -> list[os.DirEntry[str]]:
     try:
         with os.scandir(folder) as it:
             return sorted(it, key=lambda e: e.name)
@@ -117,7 +118,7 @@ def _entries(folder: str) -> list[os.DirEntry]:
         return []
 
 
-def _real(entry: os.DirEntry) -> str:
+def _real(entry: os.DirEntry[str]) -> str:
     # A DirEntry's type is cached from readdir: only symlinks cost a resolve.
     return os.path.realpath(entry.path) if entry.is_symlink() else entry.path
 
@@ -148,7 +149,7 @@ def iter_libraries(folders: Iterable[Path], tool_files: Iterable[Path] = (),
                         "not a .py file" if os.path.isfile(path) else "it does not exist")
 
 
-def _scan_folder(base: str, dirs: Optional[list] = None) -> Iterable[Library]:
+def _scan_folder(base: str, dirs: Optional[list[str]] = None) -> Iterable[Library]:
     """The libraries of one folder; ``dirs`` collects the directories looked into."""
     if dirs is not None:
         dirs.append(base)
@@ -164,7 +165,8 @@ def _scan_folder(base: str, dirs: Optional[list] = None) -> Iterable[Library]:
             primary = os.path.join(entry.path, entry.name + ".py")
             py = [e for e in _entries(entry.path)
                   if e.name.endswith(".py") and e.name != "__init__.py" and e.is_file()]
-            files = [_real(e) for e in py if e.path == primary] + [_real(e) for e in py if e.path != primary]
+            files = ([_real(e) for e in py if e.path == primary]
+                     + [_real(e) for e in py if e.path != primary])
             if files:
                 yield Library(entry.name, path, tuple(Path(f) for f in files), root=Path(path))
         elif entry.name.endswith(".py") and entry.name != "__init__.py" and entry.is_file():
@@ -172,8 +174,8 @@ def _scan_folder(base: str, dirs: Optional[list] = None) -> Iterable[Library]:
             yield Library(entry.name[:-3], path, (Path(path),), root=Path(os.path.dirname(path)))
 
 
-def _mtimes(dirs: list) -> tuple:
-    out = []
+def _mtimes(dirs: list[str]) -> tuple[Optional[int], ...]:
+    out: list[Optional[int]] = []
     for d in dirs:
         try:
             out.append(os.stat(d).st_mtime_ns)
@@ -182,7 +184,7 @@ def _mtimes(dirs: list) -> tuple:
     return tuple(out)
 
 
-def _copy_spec(spec: dict) -> dict:
+def _copy_spec(spec: dict[str, Any]) -> dict[str, Any]:
     """A copy the caller may change without touching the parse cache (deepcopy is slow)."""
     schema = spec["input_schema"]
     out = dict(spec)
@@ -196,19 +198,20 @@ class Route:
     """Where a tool lives: its library, which file of it, and the defaults to fill in."""
     library: Library
     index: int
-    defaults: dict
+    defaults: dict[str, Any]
 
 
 @dataclass
 class Discovered:
-    specs: list[dict] = field(default_factory=list)
-    routes: dict[str, Route] = field(default_factory=dict)                 # tool name -> Route
-    libraries: dict[str, Library] = field(default_factory=dict)           # key -> Library with tools
-    prompt_providers: dict[str, tuple[Library, str, int]] = field(default_factory=dict)  # stem -> (lib, fn, file)
+    specs: list[dict[str, Any]] = field(default_factory=list)
+    routes: dict[str, Route] = field(default_factory=dict)          # tool name -> Route
+    libraries: dict[str, Library] = field(default_factory=dict)    # key -> Library with tools
+    # stem -> (lib, fn, file)
+    prompt_providers: dict[str, tuple[Library, str, int]] = field(default_factory=dict)
 
 
-def file_permitted(parsed: ParsedFile, stem: str, host_tool_configs: dict,
-                   load_flags: dict) -> bool:
+def file_permitted(parsed: ParsedFile, stem: str, host_tool_configs: dict[str, Any],
+                   load_flags: dict[str, Any]) -> bool:
     """TOOL_LIBRARY_LOAD_FLAG gate: a library declaring a flag loads only when it is on."""
     if not parsed.load_flag:
         return True
@@ -266,8 +269,9 @@ def add_library(out: Discovered, lib: Library, parsed_files: list[tuple[int, Par
 
 
 def discover(folders: Iterable[Path], tool_files: Iterable[Path] = (), *, cache: FileCache,
-             host_tool_configs: Optional[dict] = None, session_flags: Optional[dict] = None,
-             load_flags: Optional[dict] = None,
+             host_tool_configs: Optional[dict[str, Any]] = None,
+             session_flags: Optional[dict[str, Any]] = None,
+             load_flags: Optional[dict[str, Any]] = None,
              dynamic: Iterable[tuple[Library, ParsedFile]] = (),
              mounted: Iterable[Library] = ()) -> Discovered:
     """All tools of the folders and files.  ``dynamic`` libraries (registered from
@@ -283,13 +287,13 @@ def discover(folders: Iterable[Path], tool_files: Iterable[Path] = (), *, cache:
         if lib.key in seen:
             continue
         seen.add(lib.key)
-        parsed = [(i, pf) for i, p in enumerate(lib.files) if (pf := cache.parse(p)) is not None]
+        files = [(i, pf) for i, p in enumerate(lib.files) if (pf := cache.parse(p)) is not None]
 
         def admit(index: int, pf: ParsedFile, lib: Library = lib) -> bool:
             stem = Path(lib.files[index]).stem
             return (office_library_admitted(stem, session_flags)
                     and file_permitted(pf, stem, host_tool_configs, load_flags))
-        add_library(out, lib, parsed, admit)
+        add_library(out, lib, files, admit)
     return out
 
 

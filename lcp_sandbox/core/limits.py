@@ -7,9 +7,11 @@ process limits and worker/confine/ the confinement.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import Any, Optional
 
+from .outcomes import CallFailed
 from .policy import run_as_ids
+from .syscalls import check_setting
 
 
 @dataclass
@@ -26,20 +28,36 @@ class Limits:
     # confinement (worker/confine/); None: the binding's / supervisor's setting
     confine: Optional[bool] = None
     network: bool = True                    # False: own network namespace, loopback only
-    env: Optional[dict] = None              # extra environment variables for the worker
-    read_paths: tuple = ()                  # extra read-only paths for a confined worker
-    run_as: Optional[tuple] = None          # (uid, gid) of a confined worker of a root host;
+    env: Optional[dict[str, Any]] = None    # extra environment variables for the worker
+    read_paths: tuple[str, ...] = ()        # extra read-only paths for a confined worker
+    run_as: Optional[tuple[int, int]] = None  # (uid, gid) of a confined worker of a root host;
                                             # None: the supervisor's run_as (65534, 65534)
     template: bool = True                   # False: every worker imports the library itself
-                                            # (no shared template process, host/templates.py)
+                                            # (no shared template process: backends/local/
+                                            # templates.py)
+    syscalls: Optional[dict[str, Any]] = None   # {"allow": [names], "allow_dangerous": bool}: calls
+                                            # a confined worker adds to the allowlist
+                                            # (core/syscalls.py; checked here)
 
     def __post_init__(self) -> None:
         if self.run_as is not None:
             self.run_as = run_as_ids(self.run_as)
+        if self.syscalls is not None:
+            self.syscalls = check_setting(self.syscalls)
 
     @classmethod
-    def merged(cls, base: "Limits", override: Optional[dict]) -> "Limits":
+    def merged(cls, base: "Limits", override: Optional[dict[str, Any]]) -> "Limits":
         if not override:
             return base
         known = {k: v for k, v in override.items() if k in cls.__dataclass_fields__}
         return replace(base, **known)        # (not asdict: it deep-copies every field, slowly)
+
+
+def library_limits(base: Limits, override: Optional[dict[str, Any]], library: str) -> Limits:
+    """A library's limits; settings the host got wrong (an unknown system call name...)
+    end the call before any worker starts, with a 500 that says what is wrong."""
+    try:
+        return Limits.merged(base, override)
+    except (ValueError, TypeError) as exc:
+        raise CallFailed(f"[{library}] not run: host_tool_configs[{library!r}][\"sandbox\"] "
+                         f"is invalid: {exc}") from None

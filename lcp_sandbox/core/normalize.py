@@ -14,7 +14,8 @@ from typing import Any, Optional
 
 log = logging.getLogger("lcp_sandbox")
 
-PASSTHROUGH_KEYS = ("image_filename", "image_b64", "images", "image_media_types", "prompt_injection")
+PASSTHROUGH_KEYS = ("image_filename", "image_b64", "images", "image_media_types",
+                    "prompt_injection")
 _PAYLOAD_KEYS = ("result", "data", "response", "papers", "content", "text")
 _META_KEYS = frozenset({"success", "status", "error", "message", "return_code", "stderr"})
 _FAILED_STATUSES = ("error", "failure", "failed")
@@ -50,7 +51,7 @@ def resolve_context_files(value: Any, cwd: Path) -> list[str]:
     return out
 
 
-def normalize(result: Any, cwd: Optional[str] = None) -> dict:
+def normalize(result: Any, cwd: Optional[str] = None) -> dict[str, Any]:  # noqa: C901 (hot)
     """Turn whatever a tool returned into the LCP success or failure shape."""
     if type(result) is dict:
         # Two common shapes with nothing to look for (the same results as below): the
@@ -102,22 +103,23 @@ def normalize(result: Any, cwd: Optional[str] = None) -> dict:
         if result.get(key) is not None:
             final[key] = result[key]
     if result.get("context_files") is not None:
-        final["context_files"] = resolve_context_files(result["context_files"], Path(cwd) if cwd else Path.cwd())
+        final["context_files"] = resolve_context_files(result["context_files"],
+                                                       Path(cwd) if cwd else Path.cwd())
     return final
 
 
-def crashed(tool: str, exc: BaseException, tb: str) -> dict:
+def crashed(tool: str, exc: BaseException, tb: str) -> dict[str, Any]:
     """A tool raised (any BaseException): the LCP crash shape."""
     msg = f"Tool '{tool}' crashed: {exc}"
     return {"output": {"success": False, "error": msg}, "error": msg, "traceback": tb,
             "success": False, "status_code": TOOL_FAILED}
 
 
-def not_found(tool: str) -> dict:
+def not_found(tool: str) -> dict[str, Any]:
     return {"error": f"Tool '{tool}' not found.", "status_code": NOT_FOUND}
 
 
-def failure(message: str, status_code: int = TOOL_FAILED, **extra: Any) -> dict:
+def failure(message: str, status_code: int = TOOL_FAILED, **extra: Any) -> dict[str, Any]:
     """A sandbox event in the LCP failure shape."""
     out = {"output": message, "error": message, "success": False, "status_code": status_code}
     out.update(extra)

@@ -15,9 +15,17 @@ says what happened and what was done about it.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
-from .normalize import CANCELLED, FORBIDDEN, OUT_OF_MEMORY, TIMED_OUT, TOOL_FAILED, UNAVAILABLE, failure
+from .normalize import (
+    CANCELLED,
+    FORBIDDEN,
+    OUT_OF_MEMORY,
+    TIMED_OUT,
+    TOOL_FAILED,
+    UNAVAILABLE,
+    failure,
+)
 
 _LOST = "will be replaced on the next call (module state was lost)."
 
@@ -25,7 +33,7 @@ _LOST = "will be replaced on the next call (module state was lost)."
 class SandboxEvent(Exception):
     """A call ended by the sandbox, not by the tool; ``result`` is what to return."""
 
-    def __init__(self, result: dict) -> None:
+    def __init__(self, result: dict[str, Any]) -> None:
         super().__init__(result.get("error"))
         self.result = result
 
@@ -57,8 +65,9 @@ class CallFailed(_Said):
 class WorkerDied(SandboxEvent):
     def __init__(self, library: str, tool: str, how: str) -> None:
         super().__init__(failure(
-            f"[{library}] the worker running tool '{tool}' {how}. The host is unaffected; a fresh worker "
-            f"will be started on the next call (module state was lost).", TOOL_FAILED))
+            f"[{library}] the worker running tool '{tool}' {how}. The host is unaffected; a "
+            f"fresh worker will be started on the next call (module state was lost).",
+            TOOL_FAILED))
 
 
 class ProtocolViolated(SandboxEvent):
@@ -72,18 +81,19 @@ class ProtocolViolated(SandboxEvent):
 class TimedOut(SandboxEvent):
     def __init__(self, library: str, tool: str, seconds: float, killed: bool) -> None:
         if killed:
-            text = (f"[{library}] tool '{tool}' timed out after {seconds:g} s and did not stop when "
-                    f"interrupted; its worker was killed and {_LOST}")
+            text = (f"[{library}] tool '{tool}' timed out after {seconds:g} s and did not stop "
+                    f"when interrupted; its worker was killed and {_LOST}")
         else:
-            text = (f"[{library}] tool '{tool}' timed out after {seconds:g} s; it was interrupted and its "
-                    f"worker (with its module state) was kept.")
+            text = (f"[{library}] tool '{tool}' timed out after {seconds:g} s; it was interrupted "
+                    f"and its worker (with its module state) was kept.")
         super().__init__(failure(text, TIMED_OUT))
 
 
 class Cancelled(SandboxEvent):
     def __init__(self, library: str, tool: str) -> None:
-        super().__init__(failure(f"[{library}] tool '{tool}' was cancelled by the host; it was interrupted and its "
-                                 f"worker (with its module state) was kept.", CANCELLED))
+        super().__init__(failure(f"[{library}] tool '{tool}' was cancelled by the host; it was "
+                                 f"interrupted and its worker (with its module state) was kept.",
+                                 CANCELLED))
 
 
 class OutOfMemory(SandboxEvent):
@@ -93,10 +103,12 @@ class OutOfMemory(SandboxEvent):
     @classmethod
     def killed(cls, library: str, tool: str, why: str) -> "OutOfMemory":
         """The watchdog killed the worker's tree over its limit."""
-        return cls(f"[{library}] tool '{tool}': {why}; the worker's process tree was killed and {_LOST}")
+        return cls(f"[{library}] tool '{tool}': {why}; the worker's process tree was killed "
+                   f"and {_LOST}")
 
     @classmethod
-    def uncaught(cls, library: str, tool: str, detail: str, limit: Optional[float]) -> "OutOfMemory":
+    def uncaught(cls, library: str, tool: str, detail: str,
+                 limit: Optional[float]) -> "OutOfMemory":
         """An allocation failed in the tool, which did not catch the MemoryError."""
         return cls(f"[{library}] tool '{tool}' ran out of memory: an allocation failed"
                    + (f" ({detail})" if detail else "")

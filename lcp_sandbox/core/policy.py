@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 # Environment variables a confined worker keeps from the host (plus the library's own "env").
 ENV_ALLOWLIST = ("PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TERM", "USER", "LOGNAME", "SHELL",
@@ -20,14 +21,18 @@ DEFAULT_RUN_AS = (65534, 65534)          # nobody:nogroup on most distributions
 ENGINE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def host_environment() -> dict:
+#: A protection switched off by lcp_sandbox.testing.protections_off(), as stats() show it.
+SWITCHED_OFF = "unavailable (switched off for a test: lcp_sandbox.testing)"
+
+
+def host_environment() -> dict[bytes, bytes]:
     """The host's environment as bytes names and values, the way the worker sets it
     (os.environb): copying the bytes behind os.environ costs 1 us, decoding them
     30 us; the worker then compares and sets bytes, with no encoding either."""
-    return dict(os.environ._data)                # type: ignore[attr-defined]  (POSIX: bytes)
+    return dict(os.environ._data)                # type: ignore[attr-defined]  # POSIX: bytes
 
 
-def allowed_environment(env: dict) -> dict:
+def allowed_environment(env: dict[str, Any]) -> dict[str, Any]:
     """The allowlisted part of an environment (what a confined worker may see)."""
     return {k: v for k, v in env.items() if k in ENV_ALLOWLIST or k.startswith("LC_")}
 
@@ -45,7 +50,7 @@ def python_paths() -> list[str]:
 
 
 
-def run_as_ids(value) -> tuple[int, int]:
+def run_as_ids(value: Any) -> tuple[int, int]:
     """(uid, gid) from a setting: two positive ints.  0 is refused: never root."""
     try:
         uid, gid = (int(v) for v in value)
@@ -66,9 +71,9 @@ def path_within(path: str, root: str) -> bool:
 # Paths a confinement root must not contain: handing them to an unprivileged uid
 # would give it the system (think of a confined binding without a workspace in a
 # host whose CWD is "/").
-_NEVER_HAND_OVER = ("/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/media",
-                    "/mnt", "/opt", "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr",
-                    "/var", "/var/tmp")
+_NEVER_HAND_OVER = ("/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64",
+                    "/media", "/mnt", "/opt", "/proc", "/root", "/run", "/sbin", "/srv", "/sys",
+                    "/tmp", "/usr", "/var", "/var/tmp")
 
 
 def may_hand_over(path: str) -> bool:
@@ -84,15 +89,17 @@ def in_force(kind: str, state: str) -> bool:
         return state.startswith("uid ")
     if kind == "unix_sockets":
         return state.startswith("blocked")
+    if kind == "syscalls":
+        return state.startswith("allowlist")
     return state.startswith("on")
 
 
-def not_in_force(report: dict, confined: bool, network: bool) -> list[tuple[str, str]]:
+def not_in_force(report: dict[str, Any], confined: bool, network: bool) -> list[tuple[str, str]]:
     """The protections a worker was asked for that its READY report does not show
     in force, as (kind, what the report says)."""
     wanted = []
     if confined:
-        wanted += ["filesystem", "privileges"] + ([] if network else ["unix_sockets"])
+        wanted += ["filesystem", "privileges", "syscalls"] + ([] if network else ["unix_sockets"])
     if not network:
         wanted.append("network")
     return [(kind, state) for kind in wanted

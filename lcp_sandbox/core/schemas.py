@@ -28,7 +28,8 @@ _DOC_SECTION_WORDS = frozenset({"args", "parameters", "returns", "example"})
 
 # `name (type): desc`, `name: desc`, `name - desc`, optionally bulleted.
 _DOC_PARAM_RE = re.compile(r"^(?:[-*\d.]+\s*)?([A-Za-z0-9_]+)\s*(?:\(([^)]+)\))?\s*[:\-]\s*(.+)")
-_REGEX_DEF_RE = re.compile(r"^[ \t]*def\s+(tool_\w+)\s*\(([^)]*)\)\s*(?:->\s*[^:]+)?:", re.MULTILINE)
+_REGEX_DEF_RE = re.compile(r"^[ \t]*def\s+(tool_\w+)\s*\(([^)]*)\)\s*(?:->\s*[^:]+)?:",
+                           re.MULTILINE)
 _REGEX_DOC_RE = re.compile(r'"""(.*?)"""', re.DOTALL)
 _LOAD_FLAG_RE = re.compile(r"^TOOL_LIBRARY_LOAD_FLAG\s*=\s*[\"']([A-Za-z0-9_]+)[\"']", re.MULTILINE)
 _DISPLAY_NAME_RE = re.compile(r"^TOOL_LIBRARY_NAME\s*=\s*[\"']([^\"']+)[\"']", re.MULTILINE)
@@ -76,8 +77,8 @@ def _doc_params(docstring: str) -> dict[str, tuple[Optional[str], str]]:
 @dataclass
 class ToolDef:
     """What the host knows about one tool without running it."""
-    spec: dict                       # the LCP spec (public keys + private `_` keys)
-    literal_defaults: dict           # defaults that are real literals: filled in on call
+    spec: dict[str, Any]             # the LCP spec (public keys + private `_` keys)
+    literal_defaults: dict[str, Any]  # defaults that are real literals: filled in on call
     llm_param_count: int             # parameters the LLM can see (prompt-provider rule)
 
 
@@ -85,10 +86,13 @@ def schema_from_function(node: ast.FunctionDef) -> ToolDef:
     """Build the LCP spec of one ``def tool_*`` node: description from the docstring's
     first paragraph, a JSON-schema property per parameter the LLM may pass."""
     docstring = ast.get_docstring(node) or ""
-    description = docstring.strip().split("\n\n")[0].strip() if docstring else "No description provided."
+    if docstring:
+        description = docstring.strip().split("\n\n")[0].strip()
+    else:
+        description = "No description provided."
     doc = _doc_params(docstring) if docstring else {}
 
-    properties: dict[str, dict] = {}
+    properties: dict[str, dict[str, Any]] = {}
     required: list[str] = []
     literal_defaults: dict[str, Any] = {}
 
@@ -97,14 +101,17 @@ def schema_from_function(node: ast.FunctionDef) -> ToolDef:
     # those cannot be passed by keyword, so they are not in the schema. Keyword-only
     # parameters follow (upstream drops them; we show them, see README "Differences").
     positional = a.posonlyargs + a.args
-    pos_defaults = [None] * (len(positional) - len(a.defaults)) + list(a.defaults)
-    params = list(zip(positional, pos_defaults))[len(a.posonlyargs):] + list(zip(a.kwonlyargs, a.kw_defaults))
+    pos_defaults: list[Optional[ast.expr]] = [None] * (len(positional) - len(a.defaults))
+    pos_defaults += a.defaults
+    params = (list(zip(positional, pos_defaults, strict=True))[len(a.posonlyargs):]
+              + list(zip(a.kwonlyargs, a.kw_defaults, strict=True)))
     for arg, default in params:
         name = arg.arg
         if name in HIDDEN_PARAMS:
             continue
         kind = json_type(ast.unparse(arg.annotation).strip()) if arg.annotation else "string"
-        prop: dict[str, Any] = {"type": kind, "description": doc.get(name, (None, f"Parameter '{name}'"))[1]}
+        prop: dict[str, Any] = {"type": kind,
+                                "description": doc.get(name, (None, f"Parameter '{name}'"))[1]}
         if default is not None:
             try:
                 value = ast.literal_eval(default)
@@ -145,7 +152,7 @@ def regex_tools(text: str) -> list[ToolDef]:
             doc_m = _REGEX_DOC_RE.search(text[m.end():m.end() + 4000])
             docstring = doc_m.group(1).strip() if doc_m else ""
             description = docstring.split("\n\n")[0].strip() if docstring else f"Executes {name}."
-            properties: dict[str, dict] = {}
+            properties: dict[str, dict[str, Any]] = {}
             required: list[str] = []
             for raw in params_text.split(","):
                 param = raw.strip()
@@ -181,7 +188,7 @@ def regex_tools(text: str) -> list[ToolDef]:
 class ParsedFile:
     """Everything discovery needs from one file, cached by (mtime, size)."""
     tools: list[ToolDef]
-    function_names: frozenset        # every def name in the file (prompt providers)
+    function_names: frozenset[str]   # every def name in the file (prompt providers)
     load_flag: Optional[str]
     display_name: str
     aliases: list[str]
@@ -194,26 +201,28 @@ def parse_source(text: str, path: Any = None) -> ParsedFile:
     display = _DISPLAY_NAME_RE.search(text)
     aliases_m = _ALIASES_RE.search(text)
     aliases = re.findall(r"[\"']([^\"']+)[\"']", aliases_m.group(1)) if aliases_m else []
-    meta = dict(load_flag=load_flag.group(1) if load_flag else None,
-                display_name=display.group(1) if display else "", aliases=aliases)
+    flag = load_flag.group(1) if load_flag else None
+    display_name = display.group(1) if display else ""
     try:
         tree = ast.parse(text)
-        tools, names = [], set()
+        tools: list[ToolDef] = []
+        names: set[str] = set()
         _walk_defs(tree, tools, names)
-        return ParsedFile(tools, frozenset(names), **meta)
+        return ParsedFile(tools, frozenset(names), flag, display_name, aliases)
     except Exception as exc:
         where = path or "tool source"
         if isinstance(exc, SyntaxError) and exc.lineno:
             log.warning("%s, line %d: %s; its tools are read with the regex fallback",
                         where, exc.lineno, exc.msg)
         else:
-            log.warning("%s: cannot be parsed (%s); its tools are read with the regex fallback", where, exc)
+            log.warning("%s: cannot be parsed (%s); its tools are read with the regex fallback",
+                        where, exc)
         tools = regex_tools(text)
-        names = frozenset(t.spec["name"] for t in tools)
-        return ParsedFile(tools, names, via_regex=True, **meta)
+        return ParsedFile(tools, frozenset(t.spec["name"] for t in tools), flag, display_name,
+                          aliases, via_regex=True)
 
 
-def _walk_defs(node: ast.AST, tools: list, names: set) -> None:
+def _walk_defs(node: ast.AST, tools: list[ToolDef], names: set[str]) -> None:
     # Source order, nested functions included (depth first).
     for child in ast.iter_child_nodes(node):
         if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -227,6 +236,7 @@ def _walk_defs(node: ast.AST, tools: list, names: set) -> None:
 def parse_code(code: str) -> ParsedFile:
     """Code given at run time (``register_tool_from_code``): a syntax error is raised."""
     tree = ast.parse(code)
-    tools, names = [], set()
+    tools: list[ToolDef] = []
+    names: set[str] = set()
     _walk_defs(tree, tools, names)
     return ParsedFile(tools, frozenset(names), None, "", [])

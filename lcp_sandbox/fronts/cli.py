@@ -2,7 +2,7 @@
 
   lcp-sandbox tools FOLDER...          the discovered tool specs, as JSON
   lcp-sandbox call FOLDER TOOL ...     run one tool call, print its result as JSON
-  lcp-sandbox demo [FOLDER] ...        discovery, cold and warm calls, a crash the host survives
+  lcp-sandbox demo [FOLDER] ...        discovery, cold and warm calls, a crash survived
   lcp-sandbox bench ...                speed figures against baselines
   lcp-sandbox serve-mcp FOLDER...      serve the tools to MCP clients (stdio or Streamable HTTP)
 
@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from .lollms import SandboxedBinding
 from ..binding.locations import bundled_tools_dir
+from .lollms import SandboxedBinding
 from .mcp_cli import add_parser as add_serve_mcp
 
 
@@ -37,7 +37,8 @@ def _public(spec: dict) -> dict:
 
 def _folder(path: str) -> str:
     if not os.path.isdir(path):
-        raise UsageError(f"tools folder {path!r} {'is not a folder' if os.path.exists(path) else 'does not exist'}")
+        why = "is not a folder" if os.path.exists(path) else "does not exist"
+        raise UsageError(f"tools folder {path!r} {why}")
     return path
 
 
@@ -47,9 +48,10 @@ def _params(text: str, what: str = "--params") -> dict:
     except json.JSONDecodeError as exc:
         raise UsageError(f"{what} is not valid JSON: {exc}") from None
     if not isinstance(params, dict):
-        kind = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean",
-                type(None): "null"}.get(type(params), type(params).__name__)
-        raise UsageError(f"{what} must be a JSON object of parameter names to values, not {kind}: {text}")
+        kind = {list: "an array", str: "a string", int: "a number", float: "a number",
+                bool: "a boolean", type(None): "null"}.get(type(params), type(params).__name__)
+        raise UsageError(f"{what} must be a JSON object of parameter names to values, "
+                         f"not {kind}: {text}")
     return params
 
 
@@ -91,7 +93,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     bundled = bundled_tools_dir()
     folder = Path(_folder(args.folder)) if args.folder else bundled
     own_folder = folder.resolve() != bundled.resolve()
-    named = [(name, _params(text, f"--params of --tool {name}")) for name, text in args.tool_calls or []]
+    named = [(name, _params(text, f"--params of --tool {name}"))
+             for name, text in args.tool_calls or []]
     print(f"lcp-sandbox demo over {folder}\n")
     with tempfile.TemporaryDirectory() as ws:
         t0 = time.perf_counter()
@@ -100,15 +103,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
               f"(AST only; no tool code ran in this process)")
         t0 = time.perf_counter()
         b.supervisor.start()
-        print(f"zygote (the process that forks workers) started in {_ms(time.perf_counter() - t0)}, "
-              f"once per host")
+        print(f"zygote (the process that forks workers) started in "
+              f"{_ms(time.perf_counter() - t0)}, once per host")
         with b:
             if named:
                 calls = named
             elif own_folder:
                 calls = []
                 print(f"\ntools: {', '.join(t['name'] for t in b.discovered_tools) or 'none'}")
-                print("none of them is called unless you name it: --tool NAME [--params JSON] (repeatable)")
+                print("none of them is called unless you name it: "
+                      "--tool NAME [--params JSON] (repeatable)")
             else:
                 calls = _bundled_calls(b, ws)
             _demo_body(b, calls, args.calls)
@@ -124,7 +128,8 @@ def _demo_body(b: SandboxedBinding, calls: list, warm_calls: int) -> None:
         t0 = time.perf_counter()
         first = b.execute_tool(name, params)
         cold = time.perf_counter() - t0
-        print(f"\n{name}({json.dumps(params)}) -> status {first.get('status_code')}: {_short(first)}")
+        print(f"\n{name}({json.dumps(params)}) -> status {first.get('status_code')}: "
+              f"{_short(first)}")
         if not first.get("success"):
             print("   failed, so it is not timed")
             continue
@@ -138,13 +143,17 @@ def _demo_body(b: SandboxedBinding, calls: list, warm_calls: int) -> None:
                 warm.append(elapsed)
             else:
                 failed.append(r)
-        kind = "cold (worker start + import + call)" if fresh else "first call (worker already running)"
+        if fresh:
+            kind = "cold (worker start + import + call)"
+        else:
+            kind = "first call (worker already running)"
         line = f"   {kind}: {_ms(cold)}"
         if warm:
-            line += f"   warm p50 over {len(warm)} successful calls: {_ms(statistics.median(warm))}"
+            line += (f"   warm p50 over {len(warm)} successful calls: "
+                     f"{_ms(statistics.median(warm))}")
         if failed:
-            line += (f"   {len(failed)} of {warm_calls} warm calls failed (not timed; last: status "
-                     f"{failed[-1].get('status_code')})")
+            line += (f"   {len(failed)} of {warm_calls} warm calls failed (not timed; "
+                     f"last: status {failed[-1].get('status_code')})")
         print(line)
 
     b.register_tool_from_code("segfault", _CRASHY)
@@ -163,7 +172,8 @@ def _demo_body(b: SandboxedBinding, calls: list, warm_calls: int) -> None:
 
 
 def _short(result: dict) -> str:
-    text = json.dumps(result.get("output") if result.get("success") else result.get("error"), default=str)
+    shown = result.get("output") if result.get("success") else result.get("error")
+    text = json.dumps(shown, default=str)
     return text[:100] + ("..." if len(text) > 100 else "")
 
 
@@ -182,8 +192,8 @@ class _ToolCall(argparse.Action):
     """``--tool NAME`` starts a call; ``--params JSON`` sets the parameters of the
     ``--tool`` before it."""
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, value: Any,
-                 option_string: Optional[str] = None) -> None:
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 value: Any, option_string: Optional[str] = None) -> None:
         calls = list(getattr(namespace, self.dest, None) or [])
         if option_string == "--tool":
             calls.append((value, "{}"))
@@ -194,8 +204,8 @@ class _ToolCall(argparse.Action):
         setattr(namespace, self.dest, calls)
 
 
-_BENCH_MISSING = ("speed figures against baselines; not part of the installed package: from a source "
-                  "checkout run `python -m benchmarks.run --help`")
+_BENCH_MISSING = ("speed figures against baselines; not part of the installed package: "
+                  "from a source checkout run `python -m benchmarks.run --help`")
 
 
 def _add_bench(sub: Any, verbose: argparse.ArgumentParser) -> None:
@@ -206,9 +216,14 @@ def _add_bench(sub: Any, verbose: argparse.ArgumentParser) -> None:
         from benchmarks.cli import add_parser
     except ImportError as exc:                            # an installed package: no benchmarks
         why = f"{_BENCH_MISSING} ({exc})"
-        p = sub.add_parser("bench", help=_BENCH_MISSING, description=_BENCH_MISSING, parents=[verbose])
-        p.set_defaults(fn=lambda args: print(f"lcp-sandbox bench: {why}", file=sys.stderr) or 2,
-                       any_arguments=True)
+
+        def bench_missing(args: argparse.Namespace) -> int:
+            print(f"lcp-sandbox bench: {why}", file=sys.stderr)
+            return 2
+
+        p = sub.add_parser("bench", help=_BENCH_MISSING, description=_BENCH_MISSING,
+                           parents=[verbose])
+        p.set_defaults(fn=bench_missing, any_arguments=True)
         return
     p = add_parser(sub)
     try:
@@ -227,34 +242,43 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="store_true", default=False,
                         help="log the engine and the tools' output on stderr")
-    sub = parser.add_subparsers(dest="cmd", required=True, metavar="{tools,call,demo,bench,serve-mcp}")
+    sub = parser.add_subparsers(dest="cmd", required=True,
+                                metavar="{tools,call,demo,bench,serve-mcp}")
 
     p = sub.add_parser("tools", help="print the discovered tool specs as JSON", parents=[verbose])
     p.add_argument("folders", nargs="+", metavar="FOLDER", help="folder of tool libraries")
-    p.add_argument("--dynamic", action="store_true", help="run dynamic prompt providers (in workers)")
+    p.add_argument("--dynamic", action="store_true",
+                   help="run dynamic prompt providers (in workers)")
     p.set_defaults(fn=cmd_tools)
 
-    p = sub.add_parser("call", help="run one tool call and print the result as JSON", parents=[verbose],
-                       description="Run one tool call and print the result as JSON. Exit status: 0 when "
-                                   "the call succeeded, 1 when it failed, 2 for a mistake in the command.")
+    p = sub.add_parser("call", help="run one tool call and print the result as JSON",
+                       parents=[verbose],
+                       description="Run one tool call and print the result as JSON. Exit status: "
+                                   "0 when the call succeeded, 1 when it failed, 2 for a mistake "
+                                   "in the command.")
     p.add_argument("folder", metavar="FOLDER", help="folder of tool libraries")
     p.add_argument("tool", metavar="TOOL", help="tool name, e.g. tool_read_file")
     p.add_argument("--params", default="{}", metavar="JSON",
-                   help='the parameters, a JSON object (default: {}), e.g. \'{"file_name": "notes.txt"}\'')
+                   help="the parameters, a JSON object (default: {}), "
+                        "e.g. '{\"file_name\": \"notes.txt\"}'")
     p.add_argument("--workspace", default=None, metavar="DIR",
-                   help="the tool's working directory, created if missing (default: the current directory)")
+                   help="the tool's working directory, created if missing "
+                        "(default: the current directory)")
     p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
                    help="the call's timeout (default: 60; 0: none)")
     p.set_defaults(fn=cmd_call)
 
-    p = sub.add_parser("demo", help="discover, call cold then warm, survive a crash", parents=[verbose],
-                       description="Discover the tools of FOLDER (default: the bundled tools), time the "
-                                   "calls (only the bundled demo calls, or the --tool calls you name), "
-                                   "then show the host surviving a tool that segfaults.")
+    p = sub.add_parser("demo", help="discover, call cold then warm, survive a crash",
+                       parents=[verbose],
+                       description="Discover the tools of FOLDER (default: the bundled tools), "
+                                   "time the calls (only the bundled demo calls, or the --tool "
+                                   "calls you name), then show the host surviving a tool that "
+                                   "segfaults.")
     p.add_argument("folder", nargs="?", default=None, metavar="FOLDER",
                    help="folder of tool libraries (default: the bundled tools)")
     p.add_argument("--tool", dest="tool_calls", action=_ToolCall, metavar="NAME",
-                   help="a tool to call and time (repeatable); on your own FOLDER only these are called")
+                   help="a tool to call and time (repeatable); on your own FOLDER only these "
+                        "are called")
     p.add_argument("--params", dest="tool_calls", action=_ToolCall, metavar="JSON",
                    help="JSON object of parameters for the --tool before it (default: {})")
     p.add_argument("--calls", type=int, default=200, help="warm calls per tool (default: 200)")

@@ -24,24 +24,32 @@ bearer token is required (--token-file, or the environment variable LCP_SANDBOX_
 
 def add_parser(sub: Any, parents: list) -> None:
     """Add ``serve-mcp`` to the ``lcp-sandbox`` subcommands."""
-    p = sub.add_parser("serve-mcp", help="serve the tools to MCP clients (stdio or Streamable HTTP)",
+    p = sub.add_parser("serve-mcp",
+                       help="serve the tools to MCP clients (stdio or Streamable HTTP)",
                        description=DESCRIPTION, parents=parents)
     p.add_argument("folders", nargs="+", metavar="FOLDER", help="folder of tool libraries")
-    p.add_argument("--transport", choices=("stdio", "http"), default="stdio", help="default: stdio")
-    p.add_argument("--host", default="127.0.0.1", help="http: address to bind (default: 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="http: port (default: 8000; 0: any free port)")
-    p.add_argument("--workspace", metavar="DIR", help="stdio: the tools' workspace (default: the current folder)")
+    p.add_argument("--transport", choices=("stdio", "http"), default="stdio",
+                   help="default: stdio")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="http: address to bind (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000,
+                   help="http: port (default: 8000; 0: any free port)")
+    p.add_argument("--workspace", metavar="DIR",
+                   help="stdio: the tools' workspace (default: the current folder)")
     p.add_argument("--workspace-root", metavar="DIR", default="mcp-workspaces",
-                   help="http: each session's workspace is DIR/<session id> (default: ./mcp-workspaces)")
+                   help="http: each session's workspace is DIR/<session id> "
+                        "(default: ./mcp-workspaces)")
     p.add_argument("--config", metavar="FILE",
-                   help='JSON file with the host_tool_configs ({"host_tool_configs": {...}} or the dict itself)')
+                   help="JSON file with the host_tool_configs "
+                        "({\"host_tool_configs\": {...}} or the dict itself)")
     p.add_argument("--confine", action="store_true", help="confine the workers (see the README)")
     p.add_argument("--timeout", type=float, default=60.0, metavar="S",
                    help="timeout of a tool call in seconds (default: 60; 0: none)")
-    p.add_argument("--memory-mb", type=float, default=None, metavar="N", help="memory limit of each worker")
+    p.add_argument("--memory-mb", type=float, default=None, metavar="N",
+                   help="memory limit of each worker")
     p.add_argument("--auto-confirm", choices=("allow", "reject"), default=None,
-                   help="the answer to a tool's confirmation request when the client cannot be asked "
-                        "(no elicitation capability); default: reject")
+                   help="the answer to a tool's confirmation request when the client cannot be "
+                        "asked (no elicitation capability); default: reject")
     p.add_argument("--token-file", metavar="FILE",
                    help=f"http: clients must send 'Authorization: Bearer <the file's content>' "
                         f"(or set {TOKEN_ENV}); required unless bound to loopback")
@@ -104,18 +112,19 @@ def cmd_serve_mcp(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     for folder in args.folders:
         if not os.path.isdir(folder):
-            raise _usage(f"tools folder {folder!r} "
-                         f"{'is not a folder' if os.path.exists(folder) else 'does not exist'}")
+            why = "is not a folder" if os.path.exists(folder) else "does not exist"
+            raise _usage(f"tools folder {folder!r} {why}")
     configs = _configs(args.config)
     token = _token(args.token_file) if args.transport == "http" else None
     try:
         from . import mcp_server, mcp_transports
     except ImportError as exc:
-        raise _usage(f"needs the official 'mcp' package (pip install 'lcp-sandbox[mcp]'): {exc}") from None
+        raise _usage(f"needs the official 'mcp' package (pip install 'lcp-sandbox[mcp]'): "
+                     f"{exc}") from None
     if args.transport == "http" and token is None and not mcp_transports.is_loopback(args.host):
-        raise _usage(f"refusing to serve on {args.host!r} without a bearer token: anyone who can reach "
-                     f"it could run the tools. Give --token-file FILE (or set {TOKEN_ENV}), or bind to "
-                     f"127.0.0.1.")
+        raise _usage(f"refusing to serve on {args.host!r} without a bearer token: anyone who can "
+                     f"reach it could run the tools. Give --token-file FILE (or set {TOKEN_ENV}), "
+                     f"or bind to 127.0.0.1.")
     options = mcp_server.ServeOptions(
         folders=[os.path.realpath(f) for f in args.folders], host_tool_configs=configs,
         workspace=args.workspace, workspace_root=os.path.realpath(args.workspace_root),

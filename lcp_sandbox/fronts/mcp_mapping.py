@@ -1,10 +1,15 @@
 """LCP <-> MCP: the pure half of the MCP server (no processes, no SDK, no I/O but parsing).
 
-    LCP spec {"name", "description", "input_schema", "_..."}  ──tool_entry──►  MCP Tool (inputSchema)
-    LCP result {"output", "success", "status_code", ...}     ──call_result──► content, structuredContent, isError
-    confirm_handler(source, script_label, argv)               ──confirm_form──► elicitation form
-        elicitation answer (accept/decline/cancel)            ──confirm_decision──► ("allow"|"always"|"reject", reason)
-    user_interaction_handler({"type", "title", "prompt", ...}) ──ask_form──► form ──ask_answer──► str | None
+    LCP spec {"name", "description", "input_schema", "_..."}
+        ──tool_entry──► MCP Tool (inputSchema)
+    LCP result {"output", "success", "status_code", ...}
+        ──call_result──► content, structuredContent, isError
+    confirm_handler(source, script_label, argv)
+        ──confirm_form──► elicitation form
+    elicitation answer (accept/decline/cancel)
+        ──confirm_decision──► ("allow"|"always"|"reject", reason)
+    user_interaction_handler({"type", "title", "prompt", ...})
+        ──ask_form──► form ──ask_answer──► str | None
 
 mcp_server.py does the talking; everything here is plain data in, plain data out.
 """
@@ -24,7 +29,8 @@ UNKNOWN_TOOL = "Unknown tool: {name}"
 INVALID_INPUT = "Input validation error: {message}"
 
 _MAX_FORM_TEXT = 4000          # characters of a tool's source / prompt shown in a form
-_MAX_TITLE = 300               # characters of a label or title (tools are untrusted: keep forms sane)
+_MAX_TITLE = 300               # characters of a label or title (tools are untrusted:
+                               # keep forms sane)
 _MAX_OPTIONS = 200             # choices of a select
 
 
@@ -86,11 +92,14 @@ def literal_default_names(path: str, function: str) -> frozenset:
         except (OSError, SyntaxError, ValueError):
             tree = None
         for node in ast.walk(tree) if tree is not None else ():
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name not in per_file:
+            if (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                    and node.name not in per_file):
                 a = node.args
                 positional = a.posonlyargs + a.args
-                pairs = list(zip(positional[len(positional) - len(a.defaults):], a.defaults))
-                pairs += [(arg, d) for arg, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None]
+                defaulted = positional[len(positional) - len(a.defaults):]
+                pairs = list(zip(defaulted, a.defaults, strict=True))
+                pairs += [(arg, d) for arg, d in zip(a.kwonlyargs, a.kw_defaults, strict=True)
+                          if d is not None]
                 names = set()
                 for arg, default in pairs:
                     try:
@@ -161,7 +170,8 @@ def _image_blocks(result: dict) -> list[dict]:
         try:
             base64.b64decode(data, validate=True)
         except (binascii.Error, ValueError):
-            continue                   # a path or a name, not image data: it stays in structuredContent
+            continue                   # a path or a name, not image data: it stays in
+                                       # structuredContent
         mime = types[i] if i < len(types) else (types[-1] if types else "image/png")
         blocks.append({"type": "image", "data": data, "mimeType": mime})
     return blocks
@@ -180,7 +190,10 @@ def call_result(result: Any) -> tuple[list[dict], dict, bool]:
     is_error = result.get("success") is not True
     output = result.get("output")
     error = result.get("error")
-    text = _as_text(output) if output is not None else (_as_text(error) if error is not None else "")
+    if output is not None:
+        text = _as_text(output)
+    else:
+        text = _as_text(error) if error is not None else ""
     content = [{"type": "text", "text": text}]
     if is_error and error is not None:
         error_text = _as_text(error)
@@ -200,13 +213,18 @@ def confirm_request(args: tuple, kwargs: dict) -> tuple[str, str, Any]:
         label = req.get("script_label") or req.get("label") or req.get("action") or "a tool action"
         return str(source), str(label), req.get("argv")
     source = args[0] if args else kwargs.get("source", kwargs.get("content", ""))
-    label = args[1] if len(args) > 1 else kwargs.get("script_label", kwargs.get("label", "a tool action"))
+    if len(args) > 1:
+        label = args[1]
+    else:
+        label = kwargs.get("script_label", kwargs.get("label", "a tool action"))
     argv = args[2] if len(args) > 2 else kwargs.get("argv")
     return str(source), str(label), argv
 
 
 def _clip(text: str, limit: int = _MAX_FORM_TEXT) -> str:
-    return text if len(text) <= limit else text[:limit] + f" [... {len(text) - limit} more characters]"
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f" [... {len(text) - limit} more characters]"
 
 
 def confirm_form(source: str, script_label: str, argv: Any = None) -> tuple[str, dict]:
@@ -215,7 +233,8 @@ def confirm_form(source: str, script_label: str, argv: Any = None) -> tuple[str,
     if source and source != script_label:
         message += f"\n\n{_clip(source)}"
     if argv:
-        message += f"\n\nCommand: {_clip(_as_text(list(argv) if isinstance(argv, tuple) else argv))}"
+        command = list(argv) if isinstance(argv, tuple) else argv
+        message += f"\n\nCommand: {_clip(_as_text(command))}"
     schema = {
         "type": "object",
         "properties": {

@@ -1,16 +1,18 @@
 """The MCP front of the engine: ``lcp-sandbox serve-mcp`` (official ``mcp`` SDK 2.x).
 
-    MCP client ══ stdio, or Streamable HTTP at /mcp (mcp_transports.py) ══► McpFront (a low-level mcp Server)
+    MCP client ══ stdio, or Streamable HTTP at /mcp (mcp_transports.py) ══► McpFront
+                                                              (a low-level mcp Server)
       each MCP session ─► _Session: one SandboxedBinding, tenant "mcp-<session id>",
                           workspace <workspace-root>/<session id> (stdio: one session, --workspace)
       tools/list ─► refresh ─► discover_tools() in a thread ─► mcp_mapping.tool_entry
       tools/call ─► refresh ─► check (unknown tool, arguments vs inputSchema)
-                 ─► thread: execute_tool(name, args, tool_context=ToolContext) ─► mcp_mapping.call_result
+                 ─► thread: execute_tool(name, args, tool_context=ToolContext)
+                    ─► mcp_mapping.call_result
                       on that thread, the confirm / user-interaction handlers and emit_progress
                       hop to the event loop (anyio.from_thread.run) to elicit / notify the client
                  cancelled ─► binding.interrupt(thread), retried until the call reached its worker
-      refresh: a library file changed on disk ─► restart_library, discover_tools(force_refresh=True),
-               notifications/tools/list_changed
+      refresh: a library file changed on disk ─► restart_library,
+               discover_tools(force_refresh=True), notifications/tools/list_changed
       session ends (DELETE, idle timeout, stdin closed) ─► binding.close(): its workers stop
     One Supervisor serves every session.
 
@@ -37,8 +39,8 @@ from mcp.shared.exceptions import MCPError
 
 from ..backends.local import Supervisor
 from ..core.version import __version__
-from .lollms import SandboxedBinding
 from . import mcp_mapping as M
+from .lollms import SandboxedBinding
 
 log = logging.getLogger("lcp_sandbox.mcp")
 
@@ -50,6 +52,8 @@ _current = threading.local()     # .call: the _Call whose execute_tool runs on t
 
 NO_ELICITATION = ("The MCP client cannot confirm actions (it did not declare the elicitation "
                   "capability), so the action was rejected.")
+AUTO_ALLOWED = ("Allowed without asking: the MCP client cannot confirm actions "
+                "(--auto-confirm allow).")
 
 
 @dataclass
@@ -58,7 +62,7 @@ class ServeOptions:
     folders: list
     host_tool_configs: dict = field(default_factory=dict)
     workspace: Optional[str] = None          # stdio: the one session's workspace (default: CWD)
-    workspace_root: Optional[str] = None     # http: <root>/<session id> per session
+    workspace_root: str = "mcp-workspaces"   # http: <root>/<session id> per session
     confine: bool = False
     timeout_s: Optional[float] = 60.0
     memory_mb: Optional[float] = None
@@ -123,7 +127,8 @@ class _Session:
         if error is None:
             return None
         where = ".".join(str(p) for p in error.absolute_path)
-        return M.INVALID_INPUT.format(message=f"{where}: {error.message}" if where else error.message)
+        message = f"{where}: {error.message}" if where else error.message
+        return M.INVALID_INPUT.format(message=message)
 
     def close(self) -> None:
         self.closed = True
@@ -159,7 +164,9 @@ class _Call:
         self.thread: Optional[int] = None
         meta = ctx.params.get("_meta") if isinstance(ctx.params, Mapping) else None
         token = meta.get("progressToken") if isinstance(meta, Mapping) else None
-        self.progress_token = token if isinstance(token, (str, int)) and not isinstance(token, bool) else None
+        if not isinstance(token, (str, int)) or isinstance(token, bool):
+            token = None
+        self.progress_token = token
         self.progress_count = 0
         caps = ctx.session.client_capabilities
         asks = caps.elicitation if caps is not None else None
@@ -174,7 +181,8 @@ class _Call:
         _current.call = self
         try:
             if self.cancelled.is_set():
-                return {"output": "cancelled before it started", "success": False, "status_code": 499}
+                return {"output": "cancelled before it started", "success": False,
+                        "status_code": 499}
             return self.session.binding.execute_tool(name, arguments, tool_context=self.context)
         finally:
             _current.call = None
@@ -195,8 +203,8 @@ class _Call:
             if isinstance(t, (int, float)) and not isinstance(t, bool):
                 total = float(t)
         try:
-            anyio.from_thread.run(self.ctx.session.report_progress, progress, total, str(text)[:4000],
-                                  token=self.token)
+            anyio.from_thread.run(self.ctx.session.report_progress, progress, total,
+                                  str(text)[:4000], token=self.token)
         except Exception as exc:                           # the request or the loop is gone
             log.debug("progress not sent: %s", exc)
         return not self.cancelled.is_set()
@@ -217,8 +225,8 @@ class _Call:
                 nonlocal outcome
                 try:
                     with anyio.fail_after(ELICIT_TIMEOUT_S):
-                        r = await self.ctx.session.elicit_form(message, schema,
-                                                               related_request_id=self.ctx.request_id)
+                        r = await self.ctx.session.elicit_form(
+                            message, schema, related_request_id=self.ctx.request_id)
                     outcome = (r.action, r.content)
                 except TimeoutError:
                     outcome = (f"no answer within {ELICIT_TIMEOUT_S:g} s", None)
@@ -238,7 +246,8 @@ class _Call:
         self.cancelled.set()
         self.cancel_event.set()
         if not self._interrupt():
-            threading.Thread(target=self._keep_interrupting, name="lcp-mcp-cancel", daemon=True).start()
+            threading.Thread(target=self._keep_interrupting, name="lcp-mcp-cancel",
+                             daemon=True).start()
 
     def _interrupt(self) -> bool:
         with self.lock:
@@ -252,7 +261,7 @@ class _Call:
         while not self.done.wait(0.05) and not self.session.closed:
             if self.thread is None:
                 idle += 1
-                if idle >= 100:                            # its job never started (dropped with its task)
+                if idle >= 100:              # its job never started (dropped with its task)
                     return
             elif self._interrupt():
                 return
@@ -266,13 +275,15 @@ def _connection_of(ctx: Any) -> Any:
 
 # ---------------------------------------------------------------- the server
 class _Server(Server):
-    def create_initialization_options(self, notification_options: Optional[NotificationOptions] = None,
-                                      experimental_capabilities: Optional[dict] = None,
-                                      extensions: Optional[dict] = None) -> Any:
+    def create_initialization_options(
+            self, notification_options: Optional[NotificationOptions] = None,
+            experimental_capabilities: Optional[dict] = None,
+            extensions: Optional[dict] = None) -> Any:
         # tools.listChanged is declared on every transport (the HTTP session
         # manager asks for the default options).
         return super().create_initialization_options(
-            notification_options or NotificationOptions(tools_changed=True), experimental_capabilities, extensions)
+            notification_options or NotificationOptions(tools_changed=True),
+            experimental_capabilities, extensions)
 
 
 class McpFront:
@@ -285,19 +296,21 @@ class McpFront:
         self._create_lock: Optional[anyio.Lock] = None
         self._limiter: Optional[anyio.CapacityLimiter] = None
         self.server = _Server("lcp-sandbox", version=__version__,
-                              instructions="Tools of LCP libraries, each library run in an isolated "
-                                           "worker process of this session.",
+                              instructions="Tools of LCP libraries, each library run in an "
+                                           "isolated worker process of this session.",
                               on_list_tools=self._list_tools, on_call_tool=self._call_tool)
 
     # -------------------------------------------- sessions
-    def make_session(self, workspace: str, tenant: str, workspace_root: Optional[str] = None) -> _Session:
+    def make_session(self, workspace: str, tenant: str,
+                     workspace_root: Optional[str] = None) -> _Session:
         """A session's binding on the shared supervisor (blocking: call it in a thread)."""
         os.makedirs(workspace, exist_ok=True)
         o = self.options
-        binding = SandboxedBinding(tools_folders=list(o.folders), host_tool_configs=copy.deepcopy(o.host_tool_configs),
-                                   workspace=workspace, workspace_root=workspace_root, tenant=tenant,
-                                   timeout_s=o.timeout_s, memory_mb=o.memory_mb, supervisor=self.supervisor,
-                                   confine=o.confine)
+        binding = SandboxedBinding(tools_folders=list(o.folders),
+                                   host_tool_configs=copy.deepcopy(o.host_tool_configs),
+                                   workspace=workspace, workspace_root=workspace_root,
+                                   tenant=tenant, timeout_s=o.timeout_s, memory_mb=o.memory_mb,
+                                   supervisor=self.supervisor, confine=o.confine)
         binding.set_confirm_handler(self._confirm)
         binding.set_user_interaction_handler(self._ask)
         log.info("session %s: workspace %s", tenant, workspace)
@@ -309,8 +322,9 @@ class McpFront:
         conn = _connection_of(ctx)
         sid = getattr(conn, "session_id", None)
         if conn is None or not isinstance(sid, str) or not _SESSION_ID.fullmatch(sid):
-            raise MCPError(types.INVALID_REQUEST, "lcp-sandbox keeps tool state per MCP session: connect "
-                                                  "with a stateful session (initialize) over Streamable HTTP")
+            raise MCPError(types.INVALID_REQUEST,
+                           "lcp-sandbox keeps tool state per MCP session: connect with a "
+                           "stateful session (initialize) over Streamable HTTP")
         session = conn.state.get(_STATE_KEY)
         if session is None:
             self._create_lock = self._create_lock or anyio.Lock()
@@ -318,7 +332,8 @@ class McpFront:
                 session = conn.state.get(_STATE_KEY)
                 if session is None:
                     workspace = os.path.join(self.options.workspace_root, sid)
-                    session = await anyio.to_thread.run_sync(self.make_session, workspace, f"mcp-{sid}", workspace)
+                    session = await anyio.to_thread.run_sync(self.make_session, workspace,
+                                                             f"mcp-{sid}", workspace)
                     conn.state[_STATE_KEY] = session
                     conn.exit_stack.push_async_callback(self.end_session, session)
         return session
@@ -335,7 +350,8 @@ class McpFront:
         session.refresh_lock = session.refresh_lock or anyio.Lock()
         async with session.refresh_lock:
             now = _snapshot(session.folders)
-            changed = sorted({entry[0] for _, entry in set(now.items()) ^ set(session.files.items())})
+            moved = set(now.items()) ^ set(session.files.items())
+            changed = sorted({entry[0] for _, entry in moved})
             if not changed:
                 return
             session.files = now
@@ -345,7 +361,8 @@ class McpFront:
                     session.binding.restart_library(library)
                 session.binding.discover_tools(force_refresh=True)
             await anyio.to_thread.run_sync(apply)
-            log.info("session %s: libraries changed on disk: %s", session.binding.tenant, ", ".join(changed))
+            log.info("session %s: libraries changed on disk: %s", session.binding.tenant,
+                     ", ".join(changed))
             try:
                 await ctx.session.send_notification(types.ToolListChangedNotification(),
                                                     related_request_id=ctx.request_id)
@@ -357,26 +374,29 @@ class McpFront:
         session = await self._session(ctx)
         await self._refresh(session, ctx)
         specs = await anyio.to_thread.run_sync(session.binding.discover_tools)
-        return types.ListToolsResult(tools=[types.Tool.model_validate(M.tool_entry(s)) for s in specs])
+        tools = [types.Tool.model_validate(M.tool_entry(s)) for s in specs]
+        return types.ListToolsResult(tools=tools)
 
-    async def _call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+    async def _call_tool(self, ctx: Any,
+                         params: types.CallToolRequestParams) -> types.CallToolResult:
         session = await self._session(ctx)
         await self._refresh(session, ctx)
         arguments = params.arguments or {}
         problem = session.check(params.name, arguments)
         if problem is not None:
-            return types.CallToolResult(content=[types.TextContent(type="text", text=problem)], is_error=True)
+            return types.CallToolResult(content=[types.TextContent(type="text", text=problem)],
+                                        is_error=True)
         call = _Call(session, ctx)
         self._limiter = self._limiter or anyio.CapacityLimiter(CALL_THREADS)
         try:
-            result = await anyio.to_thread.run_sync(call.run, params.name, arguments, abandon_on_cancel=True,
-                                                    limiter=self._limiter)
+            result = await anyio.to_thread.run_sync(call.run, params.name, arguments,
+                                                    abandon_on_cancel=True, limiter=self._limiter)
         except anyio.get_cancelled_exc_class():
             call.cancel()
             raise
         content, structured, is_error = M.call_result(result)
-        return types.CallToolResult.model_validate({"content": content, "structuredContent": structured,
-                                                    "isError": is_error})
+        return types.CallToolResult.model_validate(
+            {"content": content, "structuredContent": structured, "isError": is_error})
 
     # -------------------------------------------- the binding's handlers (on a call's thread)
     def _confirm(self, *args: Any, **kwargs: Any) -> tuple[str, str]:
@@ -386,7 +406,7 @@ class McpFront:
             return "reject", "No MCP tool call is running to ask the user through."
         if not call.can_elicit:
             if self.options.auto_confirm == "allow":
-                return "allow", "Allowed without asking: the MCP client cannot confirm actions (--auto-confirm allow)."
+                return "allow", AUTO_ALLOWED
             return "reject", NO_ELICITATION
         action, content = call.elicit(*M.confirm_form(source, label, argv))
         return M.confirm_decision(action, content)

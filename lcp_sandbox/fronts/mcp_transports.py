@@ -40,12 +40,14 @@ def serve_stdio(options: ServeOptions) -> int:
         try:
             async with stdio_server() as (read, write):
                 workspace = os.path.realpath(options.workspace or os.getcwd())
-                front.stdio_session = await anyio.to_thread.run_sync(front.make_session, workspace, "mcp")
+                session = await anyio.to_thread.run_sync(front.make_session, workspace, "mcp")
+                front.stdio_session = session
                 try:
-                    await front.server.run(read, write, front.server.create_initialization_options())
+                    await front.server.run(read, write,
+                                           front.server.create_initialization_options())
                 finally:
                     with anyio.CancelScope(shield=True):
-                        await front.end_session(front.stdio_session)
+                        await front.end_session(session)
         finally:
             supervisor.close()
     anyio.run(main)
@@ -66,8 +68,8 @@ def _netloc(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def transport_security(host: str, port: int, allowed_hosts: tuple = (), allowed_origins: tuple = ()
-                       ) -> TransportSecuritySettings:
+def transport_security(host: str, port: int, allowed_hosts: tuple = (),
+                       allowed_origins: tuple = ()) -> TransportSecuritySettings:
     """Host and Origin allowlists: the bound address (and the loopback names when it is a
     loopback or wildcard address) on this port, plus the ones given."""
     names = [host]
@@ -89,7 +91,8 @@ class _Guard:
     """Every HTTP request passes here first: a foreign Host (421) or Origin (403), or a
     missing or wrong bearer token (401), is refused before any session exists."""
 
-    def __init__(self, app: Callable, security: TransportSecuritySettings, token: Optional[str]) -> None:
+    def __init__(self, app: Callable, security: TransportSecuritySettings,
+                 token: Optional[str]) -> None:
         self.app = app
         self.check = TransportSecurityMiddleware(security)
         self.token = token.encode() if token else None
@@ -101,9 +104,10 @@ class _Guard:
             return await self.app(scope, receive, send)
         request = Request(scope)
         refused = await self.check.validate_request(request, is_post=False)
-        if refused is None and self.token is not None and not _bearer_ok(request.headers.get("authorization"),
-                                                                         self.token):
-            refused = Response("Unauthorized: send 'Authorization: Bearer <token>'", status_code=401,
+        if (refused is None and self.token is not None
+                and not _bearer_ok(request.headers.get("authorization"), self.token)):
+            refused = Response("Unauthorized: send 'Authorization: Bearer <token>'",
+                               status_code=401,
                                headers={"WWW-Authenticate": 'Bearer realm="lcp-sandbox"'})
         if refused is not None:
             await refused(scope, receive, send)
@@ -125,8 +129,8 @@ def http_app(front: McpFront, security: TransportSecuritySettings, token: Option
                 on_ready()
             yield
 
-    return Starlette(routes=[Route(MCP_PATH, endpoint=_Guard(manager.handle_request, security, token))],
-                     lifespan=lifespan)
+    guard = _Guard(manager.handle_request, security, token)
+    return Starlette(routes=[Route(MCP_PATH, endpoint=guard)], lifespan=lifespan)
 
 
 def serve_http(options: ServeOptions, host: str, port: int, token: Optional[str] = None,
@@ -143,11 +147,12 @@ def serve_http(options: ServeOptions, host: str, port: int, token: Optional[str]
     os.makedirs(options.workspace_root, exist_ok=True)
     supervisor = Supervisor(confine=options.confine)
     front = McpFront(options, supervisor)
-    security = transport_security(host.strip("[]"), port, tuple(allowed_hosts), tuple(allowed_origins))
+    security = transport_security(host.strip("[]"), port, tuple(allowed_hosts),
+                                  tuple(allowed_origins))
 
     def ready() -> None:
-        print(f"lcp-sandbox serve-mcp: serving {url} (sessions' workspaces under {options.workspace_root})",
-              file=sys.stderr, flush=True)
+        print(f"lcp-sandbox serve-mcp: serving {url} (sessions' workspaces under "
+              f"{options.workspace_root})", file=sys.stderr, flush=True)
 
     app = http_app(front, security, token, on_ready=ready)
     config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on", ws="none",

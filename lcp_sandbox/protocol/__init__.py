@@ -40,7 +40,7 @@ The two directions are not equally trusted, so they use two codecs:
 The worker turns anything else a tool returns into something plain before
 sending (see :class:`Encoder`).  Exceptions cross as (type name, args).
 """
-from .messages import *  # noqa: F401,F403
 from .codec import *  # noqa: F401,F403
 from .framing import *  # noqa: F401,F403
+from .messages import *  # noqa: F401,F403
 from .values import *  # noqa: F401,F403

@@ -11,13 +11,42 @@ import pickle
 import struct
 import uuid
 from pathlib import PosixPath, PurePath
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import msgpack
 
-from .messages import (HOST_TO_WORKER, LOAD_FAILED, MAX_DEPTH, MAX_HASHED, OK, OPS, OUT_OF_MEMORY, RAISED,
-                       READY, REF_CONFIRM, REF_UI, REPLY, REQUEST, RESULT, TIMED_OUT, HEADER as _HDR,
-                       Call, Load, PayloadError, Prompt, ProtocolViolation, Ready, Reply, Request, Result)
+from .messages import HEADER as _HDR
+from .messages import (
+    HOST_TO_WORKER,
+    LOAD_FAILED,
+    MAX_DEPTH,
+    MAX_HASHED,
+    OK,
+    OPS,
+    OUT_OF_MEMORY,
+    RAISED,
+    READY,
+    REF_CONFIRM,
+    REF_UI,
+    REPLY,
+    REQUEST,
+    RESULT,
+    TIMED_OUT,
+    Call,
+    Load,
+    PayloadError,
+    Prompt,
+    ProtocolViolation,
+    Ready,
+    Reply,
+    Request,
+    Result,
+)
+
+# The two readers return Any: the message type is the one of its kind (HOST_TO_WORKER,
+# and RESULT / REQUEST / REPLY / READY from a worker), which only the caller, who
+# checked the kind, can name, e.g. ``init: P.Init = P.loads_from_host(kind, payload)``
+# (a union would make every caller narrow on the hot path).
 
 # A field list as its NamedTuple: _make without its Python frame and length check
 # (the host sends every field; a worker's fields are checked before).
@@ -25,20 +54,21 @@ _new = tuple.__new__
 
 
 # ---------------------------------------------------------------- host -> worker codec
-def dumps(msg: tuple) -> bytes:
+def dumps(msg: tuple[Any, ...]) -> bytes:
     """Pickle a host -> worker message (cloudpickle only for what pickle refuses)."""
     try:
         return pickle.dumps(msg if type(msg) is tuple else tuple(msg), 5)
     except Exception as first:
         try:
             import cloudpickle
-            return cloudpickle.dumps(tuple(msg), protocol=5)
+            data: bytes = cloudpickle.dumps(tuple(msg), protocol=5)
+            return data
         except Exception:
             raise PayloadError(f"{type(first).__name__}: {first}") from None
 
 
-def loads_from_host(kind: int, payload: bytes) -> tuple:
-    """In the worker: the host's message (trusted)."""
+def loads_from_host(kind: int, payload: bytes) -> Any:
+    """In the worker: the host's message (trusted), of the type of its kind."""
     cls = HOST_TO_WORKER[kind]
     return _new(cls, pickle.loads(payload)) if payload else cls()
 
@@ -61,7 +91,7 @@ class Ref:
     def __init__(self, id: Any) -> None:
         self.id = id
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[Ref], tuple[Any]]:
         return (Ref, (self.id,))
 
     def __repr__(self) -> str:
@@ -72,7 +102,7 @@ class WorkerRef(Ref):
     """A reference to a callable the tool passed to a host method (a streaming
     callback, say): calling it in the host runs it in the tool."""
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[Ref], tuple[Any]]:
         return (WorkerRef, (self.id,))
 
 
@@ -92,11 +122,13 @@ class Encoder:
         self._convert = convert
         # Text is packed by the strict UTF-8 packer (msgpack's fast path); text with a lone
         # surrogate makes it raise, and the message is packed again by the one that carries it.
-        self._utf8 = msgpack.Packer(default=self._default, strict_types=True, use_bin_type=True, datetime=False)
+        self._utf8 = msgpack.Packer(default=self._default, strict_types=True, use_bin_type=True,
+                                    datetime=False)
         self._packer = msgpack.Packer(default=self._default, strict_types=True, use_bin_type=True,
                                       unicode_errors="surrogatepass", datetime=False)
 
-    def encode(self, kind: int, fields: list) -> bytes:
+    def encode(self, kind: int, fields: list[Any]) -> bytes:
+        body: bytes
         try:
             plain = self._plain(fields, 0)
             try:
@@ -134,15 +166,17 @@ class Encoder:
                     out[k] = y
             return v if out is None else out
         if t is int and not _INT_MIN <= v <= _INT_MAX:
-            return msgpack.ExtType(_X_BIGINT, v.to_bytes((v.bit_length() + 8) // 8, "big", signed=True))
+            return msgpack.ExtType(_X_BIGINT,
+                                   v.to_bytes((v.bit_length() + 8) // 8, "big", signed=True))
         return v          # a leaf, or packed by _default
 
-    def _pairs(self, d: dict, depth: int) -> msgpack.ExtType:
+    def _pairs(self, d: dict[Any, Any], depth: int) -> msgpack.ExtType:
         return self._ext(_X_PAIRS, [[k, x] for k, x in d.items()], depth)
 
-    def _ext(self, code: int, items: list, depth: int) -> msgpack.ExtType:
-        return msgpack.ExtType(code, msgpack.packb(self._plain(items, depth + 1), default=self._default,
-                                                   strict_types=True, use_bin_type=True,
+    def _ext(self, code: int, items: list[Any], depth: int) -> msgpack.ExtType:
+        return msgpack.ExtType(code, msgpack.packb(self._plain(items, depth + 1),
+                                                   default=self._default, strict_types=True,
+                                                   use_bin_type=True,
                                                    unicode_errors="surrogatepass", datetime=False))
 
     def _default(self, o: Any) -> Any:
@@ -155,13 +189,14 @@ class Encoder:
             t = type(o)
             if t is dict or t is list or t in _LEAF:
                 return self._plain(o, 1)
-            if isinstance(o, (dict, list, tuple, str, int, float, bytes)) and not hasattr(o, "tolist"):
+            if (isinstance(o, (dict, list, tuple, str, int, float, bytes))
+                    and not hasattr(o, "tolist")):
                 o = _base_copy(o)          # subclasses: OrderedDict, NamedTuple, IntEnum...
             else:
                 o = self._convert(o)
         return repr(o)
 
-    def _ext_of(self, o: Any) -> Optional[msgpack.ExtType]:
+    def _ext_of(self, o: Any) -> Optional[msgpack.ExtType]:  # noqa: C901 (a type switch, hot)
         t = type(o)
         if t is tuple:
             return self._ext(_X_TUPLE, list(o), 0)
@@ -178,7 +213,8 @@ class Encoder:
         if t is datetime.time:
             return msgpack.ExtType(_X_TIME, o.isoformat().encode())
         if t is datetime.timedelta:
-            return msgpack.ExtType(_X_TIMEDELTA, struct.pack("!iii", o.days, o.seconds, o.microseconds))
+            return msgpack.ExtType(_X_TIMEDELTA,
+                                   struct.pack("!iii", o.days, o.seconds, o.microseconds))
         if t is decimal.Decimal:
             return msgpack.ExtType(_X_DECIMAL, str(o).encode())
         if t is uuid.UUID:
@@ -190,8 +226,11 @@ class Encoder:
         return None
 
 
+_BASES: tuple[type[Any], ...] = (bool, int, float, str, bytes, dict, list, tuple)
+
+
 def _base_copy(o: Any) -> Any:
-    for base in (bool, int, float, str, bytes, dict, list, tuple):
+    for base in _BASES:
         if isinstance(o, base):
             return base(o)
     return o
@@ -211,7 +250,7 @@ class Decoder:
         self._nesting = 0
         self.saw_ref = False
 
-    def decode(self, payload: bytes) -> Any:
+    def decode(self, payload: Union[bytes, memoryview]) -> Any:
         self._hashed = 0
         self._nesting = 0
         self.saw_ref = False
@@ -221,13 +260,14 @@ class Decoder:
         except ProtocolViolation:
             raise
         except Exception as exc:      # msgpack's errors, RecursionError, MemoryError...
-            raise ProtocolViolation(f"undecodable payload ({type(exc).__name__}: {exc})"[:300]) from None
+            raise ProtocolViolation(
+                f"undecodable payload ({type(exc).__name__}: {exc})"[:300]) from None
 
     def _unpack(self, data: bytes) -> Any:
         return msgpack.unpackb(data, ext_hook=self._ext, raw=False, strict_map_key=True,
                                unicode_errors="surrogatepass", use_list=True)
 
-    def _items(self, data: bytes) -> list:
+    def _items(self, data: bytes) -> list[Any]:
         self._nesting += 1
         if self._nesting > 64:
             raise ProtocolViolation("extension types nested too deeply")
@@ -239,7 +279,7 @@ class Decoder:
             raise ProtocolViolation("malformed extension value")
         return items
 
-    def _hashable(self, items: list) -> list:
+    def _hashable(self, items: list[Any]) -> list[Any]:
         for x in items:
             if type(x) is not str and type(x) is not bytes:
                 self._hashed += 1
@@ -247,7 +287,7 @@ class Decoder:
             raise ProtocolViolation(f"more than {MAX_HASHED} non-string keys or set members")
         return items
 
-    def _ext(self, code: int, data: bytes) -> Any:
+    def _ext(self, code: int, data: bytes) -> Any:  # noqa: C901 (msgpack's ext_hook: one frame)
         if code == _X_TUPLE:
             return tuple(self._items(data))
         if code == _X_SET or code == _X_FROZENSET:
@@ -302,11 +342,13 @@ def valid_ref(ref: Any, worker_ref: bool = False) -> bool:
 
 # Shapes of worker -> host messages: field count and a check per field.
 def _is_str_dict(d: Any) -> bool:
-    return type(d) is dict and all(type(k) is str and type(v) is str and len(v) < 4096 for k, v in d.items())
+    return type(d) is dict and all(type(k) is str and type(v) is str and len(v) < 4096
+                                   for k, v in d.items())
 
 
-def parse_from_worker(kind: int, payload: bytes, decoder: Decoder) -> tuple:
-    """In the host: a worker's message, decoded and checked; ProtocolViolation otherwise."""
+def parse_from_worker(kind: int, payload: Union[bytes, memoryview], decoder: Decoder) -> Any:
+    """In the host: a worker's message (Result, Request, Reply or Ready, as its kind
+    says), decoded and checked; ProtocolViolation otherwise."""
     fields = decoder.decode(payload)
     if type(fields) is not list:
         raise ProtocolViolation(f"message of kind {kind} is not a list of fields")
@@ -337,10 +379,11 @@ def parse_from_worker(kind: int, payload: bytes, decoder: Decoder) -> tuple:
 
 def is_error(v: Any) -> bool:
     """An exception as it travels: [type name, args]."""
-    return type(v) is list and len(v) == 2 and type(v[0]) is str and len(v[0]) < 200 and type(v[1]) is list
+    return (type(v) is list and len(v) == 2 and type(v[0]) is str and len(v[0]) < 200
+            and type(v[1]) is list)
 
 
-def invalid_answer(msg: tuple, value: Any) -> Optional[str]:
+def invalid_answer(msg: tuple[Any, ...], value: Any) -> Optional[str]:
     """Why a RESULT's value cannot be the answer to ``msg`` (None when it can)."""
     t = type(msg)
     if t is Call:

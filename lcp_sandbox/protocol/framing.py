@@ -5,10 +5,11 @@ import select
 import socket
 import struct
 import time
-from typing import Optional
+from typing import Any, Optional
 
 from .codec import Decoder, dumps
-from .messages import HEADER as _HDR, PayloadError, ProtocolViolation
+from .messages import HEADER as _HDR
+from .messages import PayloadError, ProtocolViolation
 
 _BIG = 1 << 16
 
@@ -29,7 +30,7 @@ class Connection:
         self.sock = sock
         self.fd = sock.fileno()
         self._buf = bytearray()
-        self._big: Optional[list] = None        # [kind, bytearray, bytes read] of a large frame
+        self._big: Optional[list[Any]] = None   # [kind, bytearray, bytes read] of a large frame
         self._poll: Optional[select.poll] = None
         self._rcvtimeo: Optional[float] = None
         self._spun: Optional[bytes] = None      # what spin() read, for the next read
@@ -38,11 +39,11 @@ class Connection:
         self._held = b""                        # frames that go out with the next send
 
     # -- sending -------------------------------------------------------
-    def send(self, kind: int, msg: tuple = (), deadline: Optional[float] = None) -> int:
+    def send(self, kind: int, msg: tuple[Any, ...] = (), deadline: Optional[float] = None) -> int:
         """Pickle and send a host -> worker message; returns the payload size."""
         return self.send_frame(kind, dumps(msg) if msg else b"", deadline)
 
-    def hold(self, kind: int, msg: tuple) -> None:
+    def hold(self, kind: int, msg: tuple[Any, ...]) -> None:
         """Pickle a message now (PayloadError now) and send it with the next one: one
         send, so the peer wakes once for both."""
         body = dumps(msg)
@@ -97,14 +98,15 @@ class Connection:
 
     # -- receiving -----------------------------------------------------
     def recv_frame(self, deadline: Optional[float] = None,
-                   caps: Optional[dict] = None) -> tuple[int, bytes]:
+                   caps: Optional[dict[int, int]] = None) -> tuple[int, bytes]:
         """The next (kind, payload).  EOFError when the peer is gone, TimeoutError
         at ``deadline`` (time.monotonic()); with ``caps`` (kind -> max bytes) a kind
         not in it, or a length over its cap, raises ProtocolViolation unread."""
         if self.broken:
             raise ProtocolViolation(self.broken)
-        if self._big is not None:
-            return self._recv_big(deadline)
+        big = self._big
+        if big is not None:
+            return self._recv_big(big, deadline)
         buf = self._buf
         while True:
             if len(buf) >= 5:
@@ -120,8 +122,8 @@ class Connection:
                     have = len(buf) - 5
                     out[:have] = buf[5:]
                     buf.clear()
-                    self._big = [kind, out, have]
-                    return self._recv_big(deadline)
+                    big = self._big = [kind, out, have]
+                    return self._recv_big(big, deadline)
             chunk = self._recv(deadline)
             if not chunk:
                 raise EOFError("peer closed the connection")
@@ -133,7 +135,7 @@ class Connection:
                     return kind, chunk[5:]
             buf += chunk
 
-    def _check(self, kind: int, n: int, caps: dict) -> None:
+    def _check(self, kind: int, n: int, caps: dict[int, int]) -> None:
         cap = caps.get(kind)
         if cap is None:
             self.broken = f"a message of kind {kind} it may not send now"
@@ -142,9 +144,9 @@ class Connection:
             self.broken = f"a frame of {n} bytes announced, over the {cap}-byte cap of its kind"
             raise ProtocolViolation(self.broken)
 
-    def _recv_big(self, deadline: Optional[float]) -> tuple[int, bytes]:
-        # Large frames are read straight into their final buffer.
-        kind, out, have = big = self._big
+    def _recv_big(self, big: list[Any], deadline: Optional[float]) -> tuple[int, bytes]:
+        # Large frames are read straight into their final buffer (``big`` is self._big).
+        kind, out, have = big
         view = memoryview(out)
         n = len(out)
         while have < n:

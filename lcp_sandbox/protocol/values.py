@@ -52,7 +52,7 @@ def map_containers(value: Any, leaf: Callable[[Any], Any]) -> Any:
     return leaf(value)
 
 
-def error_value(exc: BaseException) -> list:
+def error_value(exc: BaseException) -> list[Any]:
     """How an exception travels: [type name, args] (its text when args are not plain)."""
     args = exc.args
     if isinstance(exc, OSError) and exc.filename is not None:
@@ -62,7 +62,7 @@ def error_value(exc: BaseException) -> list:
     return [type(exc).__name__, list(args)]
 
 
-_error_classes: dict[str, type] = {}
+_error_classes: dict[str, type[Exception]] = {}
 
 
 def rebuild_error(type_name: str, args: Any) -> BaseException:
@@ -74,7 +74,7 @@ def rebuild_error(type_name: str, args: Any) -> BaseException:
             return cls(*args)
         except Exception:
             pass
-    cls = _error_classes.get(type_name)
-    if cls is None:
-        cls = _error_classes[type_name] = type(type_name, (Exception,), {"__module__": "host"})
-    return cls(*args)
+    made = _error_classes.get(type_name)
+    if made is None:
+        made = _error_classes[type_name] = type(type_name, (Exception,), {"__module__": "host"})
+    return made(*args)

@@ -3,7 +3,7 @@
 A tool gets a :class:`Proxy` for each host object lent to its call (the
 handlers, a ``lollms_client_instance``...).  Using it sends a REQUEST over
 the connection of the call in flight and waits for the REPLY; the host's
-half (host/objects.py) runs the operation.  Callables the tool passes to a
+half (binding/objects.py) runs the operation.  Callables the tool passes to a
 host method are lent the other way: the host calls them with a REQUEST of
 its own, served here (:meth:`Channel._serve`) while the tool waits.
 
@@ -52,24 +52,26 @@ class Channel:
     def request(self, op: int, ref: Any, name: Optional[str], args: tuple, kwargs: dict,
                 seq: Optional[int]) -> Any:
         with self._lock:
-            if not self.in_call:
+            conn = self.conn
+            if not self.in_call or conn is None:
                 raise RuntimeError("host objects and handlers can only be used while a tool call "
                                    "is running (the host is not listening now)")
             if seq is not None and seq != self.call_seq:
-                raise RuntimeError("this host object belonged to an earlier tool call and was released")
+                raise RuntimeError("this host object belonged to an earlier tool call and was "
+                                   "released")
             self.waiting_host = True
             try:
                 try:
                     frame = self.encoder.encode(P.REQUEST, [op, ref, name, list(args), kwargs])
                 except P.Unsendable as exc:
                     raise TypeError(f"the arguments cannot be sent to the host: {exc}") from None
-                self.conn.send_encoded(frame)
+                conn.send_encoded(frame)
                 while True:
-                    kind, payload = self.conn.recv_frame()
+                    kind, payload = conn.recv_frame()
                     msg = P.loads_from_host(kind, payload)
                     if kind == P.REPLY:
                         break
-                    self._serve(msg)           # the host calls a callable the tool lent
+                    self._serve(conn, msg)     # the host calls a callable the tool lent
             finally:
                 self.waiting_host = False
                 if self.interrupt_pending:   # deferred: the tool is interrupted now it is back
@@ -79,14 +81,14 @@ class Channel:
                 raise rebuild_error(*msg.value)
             return self.wrap(msg.value)
 
-    def _serve(self, msg: P.Request) -> None:
+    def _serve(self, conn: P.Connection, msg: P.Request) -> None:
         try:
             fn = self._lent[msg.ref]
             fields = [True, fn(*self.wrap(msg.args), **self.wrap(msg.kwargs))]
             frame = self.encoder.encode(P.REPLY, fields)
         except BaseException as exc:
             frame = self.encoder.encode(P.REPLY, [False, error_value(exc)])
-        self.conn.send_encoded(frame)
+        conn.send_encoded(frame)
 
     def end_call(self) -> None:
         self.in_call = False
@@ -111,7 +113,8 @@ class Proxy:
         object.__setattr__(self, "_ref", ref)
         object.__setattr__(self, "_seq", seq)
 
-    def _req(self, op: int, name: Optional[str] = None, args: tuple = (), kwargs: Optional[dict] = None) -> Any:
+    def _req(self, op: int, name: Optional[str] = None, args: tuple = (),
+             kwargs: Optional[dict] = None) -> Any:
         return self._ch.request(op, self._ref, name, args, kwargs or {}, self._seq)
 
     def _op(self, name: str, *args: Any) -> Any:

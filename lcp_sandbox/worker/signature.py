@@ -17,7 +17,8 @@ _VARARGS, _VARKEYWORDS = inspect.CO_VARARGS, inspect.CO_VARKEYWORDS
 def _code(fn: Any) -> Optional[types.CodeType]:
     """The code object of a plain function whose signature is its code's; else None
     (a wrapper's __wrapped__ or an explicit __signature__ is what inspect reports)."""
-    if type(fn) is not types.FunctionType or "__wrapped__" in fn.__dict__ or "__signature__" in fn.__dict__:
+    if (type(fn) is not types.FunctionType or "__wrapped__" in fn.__dict__
+            or "__signature__" in fn.__dict__):
         return None
     return fn.__code__
 
@@ -27,7 +28,8 @@ def accepts(fn: Any) -> tuple[frozenset, bool]:
     code = _code(fn)
     if code is None:
         params = inspect.signature(fn).parameters.values()
-        return (frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)),
+        by_keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        return (frozenset(p.name for p in params if p.kind in by_keyword),
                 any(p.kind == p.VAR_KEYWORD for p in params))
     names = code.co_varnames[code.co_posonlyargcount:code.co_argcount + code.co_kwonlyargcount]
     return frozenset(names), bool(code.co_flags & _VARKEYWORDS)

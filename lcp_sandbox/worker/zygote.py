@@ -227,6 +227,7 @@ def main(fd: int) -> None:
     from .. import protocol  # noqa
     from ..core import normalize, policy  # noqa
     import tempfile, fcntl, struct  # noqa
+    seccomp.prebuild()                       # the confined workers' filters, packed once
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)

@@ -147,7 +147,7 @@ class WorkerProcess:
     def protections(self) -> dict:
         """What its READY said is in force."""
         return {k: v for k, v in self.report.items()
-                if k in ("env", "network", "filesystem", "privileges", "unix_sockets")}
+                if k in ("env", "network", "filesystem", "privileges", "unix_sockets", "syscalls")}
 
     # ------------------------------------------------------------ its end
     def kill(self, reason: Optional[dict] = None) -> None:

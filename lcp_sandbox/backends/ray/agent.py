@@ -1,11 +1,12 @@
 """The agent of one node (the Ray backend): a long-lived actor running a local Supervisor.
 
-    driver ── agent.run(pickle of cid, spec fields, msg, tool, timeout_s) ─► NodeAgent.run (an actor thread)
-                                                                     workspace on this node? else 500
-                                                                     Supervisor.run(spec, msg, Relay)
+    driver ── agent.run(pickle of cid, spec fields, msg, tool, timeout_s)
+           ─► NodeAgent.run (an actor thread): workspace on this node? else 500;
+                                               Supervisor.run(spec, msg, Relay)
            ◄─ bytes: VALUE | SANDBOX_EVENT | RAISED, calls, starts, the value as Encoder bytes
-    driver ◄── events(): (cid, NEED_INIT | REQUEST | FRAME | FRAME_ERROR, ...), (0, EVENT, dict) ── relays
-    driver ── agent.reply(cid, message) ─► the relay of that call   (see backends/ray_relay.py)
+    driver ◄── events(): (cid, NEED_INIT | REQUEST | FRAME | FRAME_ERROR, ...),
+                         (0, EVENT, dict) ── relays
+    driver ── agent.reply(cid, message) ─► the relay of that call   (see relay.py)
 
 One agent per node, pinned there (NodeAffinitySchedulingStrategy, soft=False),
 ``num_cpus=0``, threaded: calls run in the default group's threads (one each
@@ -24,13 +25,13 @@ import os
 import pickle
 import queue
 import threading
-from typing import Any, Optional
+from typing import Optional
 
 import ray
 
+from ... import protocol as P
 from ...core.normalize import TOOL_FAILED, failure
 from ...core.outcomes import SandboxEvent
-from ... import protocol as P
 from ...protocol import error_value
 from ..base import WorkerSpec
 from ..local.supervisor import Supervisor
@@ -51,8 +52,8 @@ class NodeAgent:
         self._closed = False
         self.sup = Supervisor(max_workers=options.get("max_workers"),
                               max_workers_per_tenant=options.get("max_workers_per_tenant"),
-                              idle_timeout_s=options.get("idle_timeout_s"), confine=options.get("confine", False),
-                              on_event=self._on_event)
+                              idle_timeout_s=options.get("idle_timeout_s"),
+                              confine=options.get("confine", False), on_event=self._on_event)
         self.sup.start()                  # the zygote, before the first call needs it
 
     def _emit(self, item: tuple) -> None:
@@ -66,7 +67,7 @@ class NodeAgent:
         """One call on this node's worker of (tenant, library, root); how it ended.
 
         ``call`` is the driver's pickle of (cid, tenant, library, limits, root, msg,
-        tool, timeout_s) (host-made); the answer is :func:`ray_relay.pack_outcome`'s
+        tool, timeout_s) (host-made); the answer is :func:`relay.pack_outcome`'s
         bytes (one bytes object each way: Ray moves them cheapest)."""
         # The driver (the host) made these bytes: this direction is trusted, as host -> worker.
         cid, tenant, library, limits, root, msg, tool, timeout_s = pickle.loads(call)
@@ -75,9 +76,10 @@ class NodeAgent:
         cwd = msg.cwd
         if not os.path.isdir(cwd):
             return pack_outcome(SANDBOX_EVENT, failure(
-                f"[{library.name}] tool '{tool}' not run: its workspace {cwd!r} does not exist on node "
-                f"{self.node_id}, where its worker runs. Workspaces must live on storage every node "
-                f"shares, at the same path; the call was not run anywhere else.", TOOL_FAILED), *self._counts(spec))
+                f"[{library.name}] tool '{tool}' not run: its workspace {cwd!r} does not exist "
+                f"on node {self.node_id}, where its worker runs. Workspaces must live on storage "
+                f"every node shares, at the same path; the call was not run anywhere else.",
+                TOOL_FAILED), *self._counts(spec))
         with self._lock:
             self._relays[cid] = relay
         try:
@@ -93,8 +95,8 @@ class NodeAgent:
             return pack_outcome(tag, value, *self._counts(spec))
         except P.Unsendable as exc:
             return pack_outcome(SANDBOX_EVENT, failure(
-                f"[{library.name}] tool '{tool}': its result could not be relayed from node {self.node_id} "
-                f"({exc}).", TOOL_FAILED), *self._counts(spec))
+                f"[{library.name}] tool '{tool}': its result could not be relayed from node "
+                f"{self.node_id} ({exc}).", TOOL_FAILED), *self._counts(spec))
 
     def _counts(self, spec: WorkerSpec) -> tuple:
         """(calls served, workers started) of the slot: the driver carries them over if

@@ -1,19 +1,19 @@
 """The Ray backend: the same engine on every node of a Ray cluster.
 
     SandboxedBinding ── run(spec, msg, objects) ──► RaySupervisor (the driver, the caller's thread)
-        slot (tenant, library, root) placed once: the live node with the fewest slots
-        (under max_workers_per_node first); it stays there while that node lives
-        agent.run.remote(...) ──────────────────────────► NodeAgent on that node (backends/ray_agent.py)
-        loop on the call's queue:                             local Supervisor.run(spec, msg, Relay)
-           NEED_INIT  ─► spec.init() here ─► agent.reply        zygote, worker, deadlines, memory, crashes
-           REQUEST    ─► HostObjects.handle() here ─► reply     (REQUESTs relayed, ray_relay.py)
-           done       ─► the value (decoded here) | SandboxEvent | the exception
-        node lost (its agent died) ─► 503; the slot is placed again at its next call
+      slot (tenant, library, root) placed once: the live node with the fewest slots
+      (under max_workers_per_node first); it stays there while that node lives
+      agent.run.remote(...) ─────────────────────► NodeAgent on that node (agent.py)
+      loop on the call's queue:                        local Supervisor.run(spec, msg, Relay):
+         NEED_INIT ─► spec.init() here ─► agent.reply    zygote, worker, deadlines, memory,
+         REQUEST   ─► HostObjects.handle() here ─► reply crashes (REQUESTs relayed, relay.py)
+         done      ─► the value (decoded here) | SandboxEvent | the exception
+      node lost (its agent died) ─► 503; the slot is placed again at its next call
 
-    backends/ray_nodes.py   nodes, their agents, placements; per node a dispatcher thread:
-                            agent.events() (a streaming call) ─► each call's queue, events ─► on_event
-    backends/ray_agent.py   the agent: a local Supervisor on its node
-    backends/ray_relay.py   the REQUESTs' relay, both ends
+    nodes.py   nodes, their agents, placements; per node a dispatcher thread:
+               agent.events() (a streaming call) ─► each call's queue, events ─► on_event
+    agent.py   the agent: a local Supervisor on its node
+    relay.py   the REQUESTs' relay, both ends
 
 Ray places, starts and watches the agents; each agent's local Supervisor gives
 the guarantees Ray's own workers do not (per-call workspace, soft interrupt,
@@ -30,14 +30,25 @@ import queue
 import threading
 import time
 import weakref
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, overload
 
 from ... import protocol as P
 from ...core.normalize import UNAVAILABLE, failure
 from ...core.outcomes import CallFailed, SandboxEvent, Unavailable
 from ..base import Closing, Lent, WorkerSpec, emit
 from .nodes import Node, Nodes, Placed
-from .relay import ABORT, ANSWER, INIT, NEED_INIT, RAISED, REQUEST, SANDBOX_EVENT, VALUE, RemoteConn, unpack_outcome
+from .relay import (
+    ABORT,
+    ANSWER,
+    INIT,
+    NEED_INIT,
+    RAISED,
+    REQUEST,
+    SANDBOX_EVENT,
+    VALUE,
+    RemoteConn,
+    unpack_outcome,
+)
 
 log = logging.getLogger("lcp_sandbox")
 
@@ -84,7 +95,14 @@ class _Call:
     def reply(self, message: tuple) -> None:
         self.node.agent.reply.remote(self.cid, message)
 
+    @overload
+    def wait(self, timeout: None) -> tuple: ...
+    @overload
+    def wait(self, timeout: float) -> Optional[tuple]: ...
+
     def wait(self, timeout: Optional[float]) -> Optional[tuple]:
+        """The next item about the call (the last one again once it is done); None
+        when ``timeout`` passed first."""
         if self.done is not None:
             return self.done
         try:
@@ -106,9 +124,11 @@ class RaySupervisor(Closing):
     pool limits; ``idle_timeout_s``, ``confine`` and ``on_event`` as for
     ``Supervisor`` (events carry ``"node"`` and arrive from a background thread)."""
 
-    def __init__(self, address: Optional[str] = None, max_workers_per_node: Optional[int] = None,
-                 max_workers_per_tenant: Optional[int] = None, idle_timeout_s: Optional[float] = None,
-                 confine: bool = False, on_event: Optional[Callable[[dict], None]] = None) -> None:
+    def __init__(self, address: Optional[str] = None,
+                 max_workers_per_node: Optional[int] = None,
+                 max_workers_per_tenant: Optional[int] = None,
+                 idle_timeout_s: Optional[float] = None, confine: bool = False,
+                 on_event: Optional[Callable[[dict], None]] = None) -> None:
         self.address = address
         self.max_workers_per_node = max_workers_per_node
         self.max_workers_per_tenant = max_workers_per_tenant
@@ -142,10 +162,10 @@ class RaySupervisor(Closing):
                 self._ray = ray
                 _live.add(self)
                 _register_atexit()                # after ray.init's own hook: runs before it
-                self._nodes = Nodes(ray, {"max_workers": self.max_workers_per_node,
-                                          "max_workers_per_tenant": self.max_workers_per_tenant,
-                                          "idle_timeout_s": self.idle_timeout_s, "confine": self.confine},
-                                    self._event)
+                options = {"max_workers": self.max_workers_per_node,
+                           "max_workers_per_tenant": self.max_workers_per_tenant,
+                           "idle_timeout_s": self.idle_timeout_s, "confine": self.confine}
+                self._nodes = Nodes(ray, options, self._event)
             return self._nodes
 
     def _event(self, event: dict) -> None:
@@ -158,18 +178,20 @@ class RaySupervisor(Closing):
         name = spec.library.name
         if self._closed:
             raise Unavailable.not_run(name, tool, "the sandbox supervisor is closed.")
-        node, placed = self._table().place(spec, tool)
+        nodes = self._table()
+        node, placed = nodes.place(spec, tool)
         call = _Call(next(self._ids), node)
         node.calls[call.cid] = call
         try:
-            ref = node.agent.run.remote(pickle.dumps((call.cid, spec.tenant, spec.library, spec.limits, spec.root,
-                                                      msg, tool, timeout_s), protocol=5))
+            args = (call.cid, spec.tenant, spec.library, spec.limits, spec.root, msg, tool,
+                    timeout_s)
+            ref = node.agent.run.remote(pickle.dumps(args, protocol=5))
             _when_done(ref, call.finished)
             conn = RemoteConn(call)
             while True:
                 item = call.wait(None)
                 if item[0] == _DONE:
-                    return self._outcome(item[1], node, placed, name, tool)
+                    return self._outcome(item[1], nodes, node, placed, name, tool)
                 if item[1] == REQUEST:
                     self._request(call, conn, objects, item)
                 elif item[1] == NEED_INIT:
@@ -180,7 +202,8 @@ class RaySupervisor(Closing):
                         call.reply((ABORT, f"{type(exc).__name__}: {exc}"))
         finally:
             node.calls.pop(call.cid, None)
-            if call.done is None:         # this thread stopped waiting (an exception here): free the node's call
+            if call.done is None:         # this thread stopped waiting (an exception here):
+                                          # free the node's call
                 try:
                     call.reply((ABORT, "the host stopped waiting for the call"))
                 except Exception:                        # noqa: BLE001
@@ -205,29 +228,31 @@ class RaySupervisor(Closing):
         try:
             call.reply((ANSWER, answer, conn.broken, conn.take_sends()))
         except Exception as exc:                         # noqa: BLE001 (the answer cannot cross)
-            call.reply((ANSWER, (False, ["TypeError", [f"the host's answer cannot be sent: {exc}"]]),
-                        conn.broken, []))
+            error = ["TypeError", [f"the host's answer cannot be sent: {exc}"]]
+            call.reply((ANSWER, (False, error), conn.broken, []))
 
-    def _outcome(self, result: Any, node: Node, placed: Placed, name: str, tool: str) -> Any:
+    def _outcome(self, result: Any, nodes: Nodes, node: Node, placed: Placed, name: str,
+                 tool: str) -> Any:
         ray = self._ray
         try:
             if isinstance(result, BaseException):
                 raise result
             tag, payload, calls, starts = unpack_outcome(result)
-        except (ray.exceptions.RayActorError, ray.exceptions.NodeDiedError, ray.exceptions.WorkerCrashedError,
-                ray.exceptions.LocalRayletDiedError) as exc:
-            why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+        except (ray.exceptions.RayActorError, ray.exceptions.NodeDiedError,
+                ray.exceptions.WorkerCrashedError, ray.exceptions.LocalRayletDiedError) as exc:
+            first_line = str(exc).splitlines()[0] if str(exc) else ""
+            why = f"{type(exc).__name__}: {first_line}"[:300]
             if self._closed:
-                raise Unavailable(f"[{name}] tool '{tool}' was stopped: the sandbox supervisor was closed "
-                                  f"while it ran.") from None
-            self._nodes.lose(node, why)
+                raise Unavailable(f"[{name}] tool '{tool}' was stopped: the sandbox supervisor "
+                                  f"was closed while it ran.") from None
+            nodes.lose(node, why)
             raise SandboxEvent(failure(
-                f"[{name}] tool '{tool}' did not complete: Ray node {node.id}, where its worker ran, was lost "
-                f"({why}). The host is unaffected; the next call starts a fresh worker on a live node (module "
-                f"state was lost).", UNAVAILABLE)) from None
+                f"[{name}] tool '{tool}' did not complete: Ray node {node.id}, where its worker "
+                f"ran, was lost ({why}). The host is unaffected; the next call starts a fresh "
+                f"worker on a live node (module state was lost).", UNAVAILABLE)) from None
         except Exception as exc:                         # noqa: BLE001
-            raise CallFailed(f"[{name}] tool '{tool}': Ray failed to run the call ({type(exc).__name__}: "
-                             f"{exc})"[:1000]) from None
+            raise CallFailed(f"[{name}] tool '{tool}': Ray failed to run the call "
+                             f"({type(exc).__name__}: {exc})"[:1000]) from None
         placed.calls, placed.starts = calls, starts
         if tag == VALUE:
             return payload
@@ -239,7 +264,8 @@ class RaySupervisor(Closing):
 
     # ------------------------------------------------------------ the rest of the Backend
     def stop(self, tenant: str, library_key: str) -> bool:
-        """Stop the worker(s) of one library of one tenant, on whichever node, and forget the slot(s)."""
+        """Stop the worker(s) of one library of one tenant, on whichever node, and forget
+        the slot(s)."""
         return self._nodes.stop(tenant, library_key) if self._nodes is not None else False
 
     def stats(self, tenant: Optional[str] = None) -> list[dict]:
@@ -260,10 +286,12 @@ class RaySupervisor(Closing):
                 rows.append({**row, "node": node.id})
         for p in placed:
             if p.node is None and p.lost and (tenant is None or p.tenant == tenant):
-                rows.append({"library": p.library, "tenant": p.tenant, "pid": None, "state": "stopped",
-                             "calls": p.carried_calls, "restarts": max(0, p.carried_starts - 1),
-                             "last_exit": f"its node was lost ({p.lost})", "rss": 0, "peak_rss": 0,
-                             "protections": {}, "workspace_root": p.root or None, "node": None})
+                rows.append({"library": p.library, "tenant": p.tenant, "pid": None,
+                             "state": "stopped", "calls": p.carried_calls,
+                             "restarts": max(0, p.carried_starts - 1),
+                             "last_exit": f"its node was lost ({p.lost})", "rss": 0,
+                             "peak_rss": 0, "protections": {},
+                             "workspace_root": p.root or None, "node": None})
         return rows
 
     def pool_stats(self) -> dict:
@@ -272,16 +300,19 @@ class RaySupervisor(Closing):
         tenants: dict[str, dict] = {}
         nodes = {}
         for node, st in per_node:
-            nodes[node.id] = {"slots": node.slots, "live_workers": st["live_workers"], "waiting": st["waiting"]}
+            nodes[node.id] = {"slots": node.slots, "live_workers": st["live_workers"],
+                              "waiting": st["waiting"]}
             for t, row in st["tenants"].items():
                 acc = tenants.setdefault(t, {"live_workers": 0, "waiting": 0, "calls": 0})
                 for k in acc:
                     acc[k] += row[k]
         for p in list(self._nodes.placed.values()) if self._nodes is not None else []:
             if p.carried_calls:
-                tenants.setdefault(p.tenant, {"live_workers": 0, "waiting": 0, "calls": 0})["calls"] += p.carried_calls
+                acc = tenants.setdefault(p.tenant, {"live_workers": 0, "waiting": 0, "calls": 0})
+                acc["calls"] += p.carried_calls
         cap = self.max_workers_per_node
-        return {"max_workers": None if cap is None else cap * len(nodes), "max_workers_per_node": cap,
+        return {"max_workers": None if cap is None else cap * len(nodes),
+                "max_workers_per_node": cap,
                 "max_workers_per_tenant": self.max_workers_per_tenant,
                 "live_workers": sum(n["live_workers"] for n in nodes.values()),
                 "waiting": sum(n["waiting"] for n in nodes.values()),

@@ -91,8 +91,12 @@ class Nodes:
             live = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
             fresh = [nid for nid in live if nid not in self._nodes and nid not in self._lost]
             if not fresh and not self.live():
-                fresh = [nid for nid in live if nid not in self._nodes]      # lost nodes, as a last resort
-            started = [(nid, NodeAgent.options(scheduling_strategy=NodeAffinitySchedulingStrategy(nid, soft=False))
+                # lost nodes, as a last resort
+                fresh = [nid for nid in live if nid not in self._nodes]
+            # @ray.remote made NodeAgent an actor class (mypy sees the class it decorates)
+            actor_class: Any = NodeAgent
+            started = [(nid, actor_class.options(
+                            scheduling_strategy=NodeAffinitySchedulingStrategy(nid, soft=False))
                         .remote(self.options)) for nid in fresh]
             for nid, agent in started:
                 try:
@@ -139,11 +143,13 @@ class Nodes:
                 return placed.node, placed
             live = [n for n in self._nodes.values() if n.alive]
             if not live:
-                raise Unavailable.not_run(spec.library.name, tool, "no live Ray node has a sandbox agent.")
+                raise Unavailable.not_run(spec.library.name, tool,
+                                          "no live Ray node has a sandbox agent.")
             cap = self.max_per_node
             node = min(live, key=lambda n: (cap is not None and n.slots >= cap, n.slots))
             if placed is None:
-                placed = self.placed[spec.key] = Placed(spec.tenant, spec.library.name, spec.root, node)
+                placed = Placed(spec.tenant, spec.library.name, spec.root, node)
+                self.placed[spec.key] = placed
             placed.node = node
             node.slots += 1
             return node, placed
@@ -181,7 +187,8 @@ class Nodes:
         return out
 
     def stop(self, tenant: str, library_key: str) -> bool:
-        """Stop the worker(s) of one library of one tenant, on whichever node; forget the slot(s)."""
+        """Stop the worker(s) of one library of one tenant, on whichever node; forget the
+        slot(s)."""
         with self._lock:
             keys = [k for k in self.placed if k[0] == tenant and k[1] == library_key]
             nodes = {}
@@ -205,14 +212,14 @@ class Nodes:
         with self._agents_lock:
             self.closed = True
         nodes = self.live()
-        for node, ref in [(n, n.agent.close.remote()) for n in nodes]:
+        for ref in [n.agent.close.remote() for n in nodes]:
             try:
                 ray.get(ref, timeout=60)
             except Exception:                            # noqa: BLE001
                 pass
         for node in nodes:
             if node.dispatcher is not None:
-                node.dispatcher.join(10)               # the stream ends after the agent's last events
+                node.dispatcher.join(10)     # the stream ends after the agent's last events
             ray.kill(node.agent, no_restart=True)
         for node in nodes:
             for _ in range(10):

@@ -4,11 +4,12 @@ On a node, the local Supervisor runs the call as it would on one machine, with a
 :class:`Relay` where a HostObjects would be.  Each REQUEST of the worker goes to the
 driver, whose real HostObjects serves it on the thread waiting for the call:
 
-    node: WorkerProcess.exchange ── Relay.handle(req) ──┐          driver: RaySupervisor.run (the caller's thread)
-            (worker frame decoded and checked here)     │ events stream
-          Relay: REQUEST re-encoded (protocol.Encoder) ─┴─(cid,"req",frame)─► parse_from_worker (Decoder),
-                                                                              HostObjects.handle(req)
-          ◄─ agent.reply(cid, ("answer", (ok, value), broken, sends)) ───────┘
+    node: WorkerProcess.exchange ── Relay.handle(req) ──┐   driver: RaySupervisor.run
+            (worker frame decoded and checked here)     │           (the caller's thread)
+                                                        │ events stream
+          Relay: REQUEST re-encoded (protocol.Encoder) ─┴─(cid,"req",frame)─►
+                                        parse_from_worker (Decoder), HostObjects.handle(req)
+          ◄─ agent.reply(cid, ("answer", (ok, value), broken, sends)) ─┘
           exchange sends the REPLY to the worker
 
 A callback into the tool (the host calls a callable the tool lent) runs while the
@@ -127,6 +128,8 @@ class Relay:
 
     def _write(self, sends: list) -> bool:
         conn = self.conn
+        if conn is None:                      # the call is over: no worker to write to
+            return not sends
         try:
             for kind, body in sends:
                 conn.send_frame(kind, body, self.deadline)
@@ -185,7 +188,10 @@ class RemoteConn:
         if self.broken:
             raise P.ProtocolViolation(self.broken)
         self._call.reply((XFER, self.take_sends(), caps))
-        timeout = None if deadline is None else max(0.0, deadline - time.monotonic()) + DRIVER_SLACK_S
+        if deadline is None:
+            timeout = None
+        else:
+            timeout = max(0.0, deadline - time.monotonic()) + DRIVER_SLACK_S
         item = self._call.wait(timeout)
         if item is None:
             raise TimeoutError

@@ -1,5 +1,5 @@
 """Confinement of a worker (Linux): clean environment, network namespace, Landlock,
-no privileges, no unix sockets.
+no privileges, a system call allowlist (and with it, no unix sockets with the network off).
 
 Applied once, inside a freshly forked worker, before any tool code runs, in
 this order (prepare(), below); each step needs what the later ones give up:
@@ -15,7 +15,9 @@ this order (prepare(), below); each step needs what the later ones give up:
                           only narrow what follows
     drop_privileges()     bounding set (needs CAP_SETPCAP), ambient, groups, gid,
                           uid, then every capability set to zero
-    block_unix_sockets()  seccomp, with the network off (needs no_new_privs)
+    restrict_syscalls()   seccomp: the allowlist, and with the network off the unix-
+                          socket rules (needs no_new_privs; last, so the steps above
+                          need none of their calls on the list)
 
 Every step reports whether it took effect; nothing pretends.  The host
 shows the report in ``stats()["protections"]``.  Host side (host/handover.py),
@@ -26,7 +28,7 @@ starts, and private_tmpdir() makes its temp dir.
     mounts.py       make_reachable()
     landlock.py     apply_landlock()  (its rules are described there)
     privileges.py   drop_privileges()
-    seccomp.py      block_unix_sockets()
+    seccomp.py      restrict_syscalls()  (the list itself: core/syscalls.py)
 
 """
 from __future__ import annotations
@@ -35,15 +37,13 @@ import os
 import tempfile
 
 from ... import protocol as P
-from ...core.policy import ENGINE_DIR, SYSTEM_READ_PATHS, python_paths
+from ...core.policy import ENGINE_DIR, SWITCHED_OFF, SYSTEM_READ_PATHS, python_paths
 from ..rlimits import apply_in_worker
 from .landlock import DEVICES, apply_landlock
 from .mounts import make_reachable
 from .network import isolate_network
 from .privileges import drop_privileges
-from .seccomp import block_unix_sockets
-
-_DISABLED = "unavailable (switched off for a test: lcp_sandbox.testing)"
+from .seccomp import restrict_syscalls
 
 
 def set_environment(env: dict) -> None:
@@ -66,7 +66,8 @@ def environment_of(init: P.Init) -> dict:
     """The environment INIT gives the worker: the host's (filtered when confined) and
     the library's own ``env`` over it."""
     extra = init.limits.get("env") or {}
-    return {**(init.env or {}), **{os.fsencode(str(k)): os.fsencode(str(v)) for k, v in extra.items()}}
+    own = {os.fsencode(str(k)): os.fsencode(str(v)) for k, v in extra.items()}
+    return {**(init.env or {}), **own}
 
 
 def prepare(init: P.Init) -> dict:
@@ -84,27 +85,31 @@ def prepare(init: P.Init) -> dict:
     if lim.get("network", True):
         report["network"] = "host network"
     else:
-        report["network"] = _DISABLED if "netns" in disabled else isolate_network()
+        report["network"] = SWITCHED_OFF if "netns" in disabled else isolate_network()
     if conf is not None:
         # The namespace above and Landlock's rule paths need the host's privileges
         # (as root: CAP_SYS_ADMIN, opening anything); the privileges are dropped after
         # them, seccomp last.  The temp dir was made by the host.
         tmp = init.tmpdir
+        assert tmp is not None, "the host makes a confined worker's temp dir before it starts"
         os.environ["TMPDIR"] = tempfile.tempdir = tmp
         ro = [*conf.get("read_paths", ()), *python_paths(), *SYSTEM_READ_PATHS, ENGINE_DIR]
         covered = make_reachable([conf["root"], tmp, *ro], conf.get("run_as"))
         if "landlock" in disabled:
-            report["filesystem"] = _DISABLED
+            report["filesystem"] = SWITCHED_OFF
         else:
             report["filesystem"] = apply_landlock([conf["root"], tmp], ro, DEVICES)
         if covered:
             report["filesystem"] += "; " + covered
         report["privileges"] = drop_privileges(conf.get("run_as"))
-        report["unix_sockets"] = ("not blocked (network on)" if lim.get("network", True)
-                                  else block_unix_sockets())
+        wanted = lim.get("syscalls") or {}
+        report["syscalls"], report["unix_sockets"] = restrict_syscalls(
+            lim.get("network", True), tuple(wanted.get("allow", ())),
+            bool(wanted.get("allow_dangerous")), allowlist="syscalls" not in disabled)
     else:
         report["filesystem"] = "unrestricted"
         report["privileges"] = f"the host's (uid {os.geteuid()}, not confined)"
         report["unix_sockets"] = "not blocked (not confined)"
+        report["syscalls"] = "not confined"
     apply_in_worker(lim)
     return report

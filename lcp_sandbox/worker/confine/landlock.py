@@ -17,7 +17,8 @@ import os
 import struct
 from typing import Iterable
 
-from ..libc import PR_SET_NO_NEW_PRIVS, libc as _libc, prctl
+from ..libc import PR_SET_NO_NEW_PRIVS, prctl
+from ..libc import libc as _libc
 
 _SYS_create_ruleset, _SYS_add_rule, _SYS_restrict_self = 444, 445, 446   # same on all Linux arches
 _RULE_PATH_BENEATH = 1
@@ -51,7 +52,8 @@ def _handled_fs(abi: int) -> int:
     return rights
 
 
-def apply_landlock(read_write: Iterable[str], read_only: Iterable[str], devices: Iterable[str]) -> str:
+def apply_landlock(read_write: Iterable[str], read_only: Iterable[str],
+                   devices: Iterable[str]) -> str:
     """Restrict this process (and its future children); returns a report string."""
     abi = landlock_abi()
     if abi < 1:
@@ -68,7 +70,8 @@ def apply_landlock(read_write: Iterable[str], read_only: Iterable[str], devices:
         return f"unavailable (create_ruleset: {os.strerror(ctypes.get_errno())})"
     ro = FS_EXECUTE | FS_READ_FILE | FS_READ_DIR
     rw = handled
-    dev = FS_READ_FILE | FS_WRITE_FILE | (FS_IOCTL_DEV if abi >= 5 else 0) | (FS_TRUNCATE if abi >= 3 else 0)
+    dev = (FS_READ_FILE | FS_WRITE_FILE | (FS_IOCTL_DEV if abi >= 5 else 0)
+           | (FS_TRUNCATE if abi >= 3 else 0))
     try:
         for paths, rights in ((read_write, rw), (read_only, ro), (devices, dev)):
             for path in paths:
@@ -93,8 +96,8 @@ def _add_path(ruleset_fd: int, path: str, rights: int) -> None:
             rights &= _FILE_ONLY
         attr = struct.pack("=Qi", rights, pfd)   # packed struct landlock_path_beneath_attr
         buf = ctypes.create_string_buffer(attr, len(attr))
-        _libc.syscall(_SYS_add_rule, ctypes.c_int(ruleset_fd), ctypes.c_int(_RULE_PATH_BENEATH), buf,
-                      ctypes.c_uint32(0))
+        _libc.syscall(_SYS_add_rule, ctypes.c_int(ruleset_fd), ctypes.c_int(_RULE_PATH_BENEATH),
+                      buf, ctypes.c_uint32(0))
     finally:
         os.close(pfd)
 

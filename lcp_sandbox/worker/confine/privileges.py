@@ -10,11 +10,22 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+from typing import Optional, Sequence
 
 from ...core.policy import DEFAULT_RUN_AS, run_as_ids
-from ..libc import (PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, PR_CAP_AMBIENT_IS_SET, PR_CAPBSET_DROP,
-                    PR_CAPBSET_READ, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_PDEATHSIG,
-                    PR_SET_SECUREBITS, libc as _libc, prctl as _prctl)
+from ..libc import (
+    PR_CAP_AMBIENT,
+    PR_CAP_AMBIENT_CLEAR_ALL,
+    PR_CAP_AMBIENT_IS_SET,
+    PR_CAPBSET_DROP,
+    PR_CAPBSET_READ,
+    PR_SET_DUMPABLE,
+    PR_SET_NO_NEW_PRIVS,
+    PR_SET_PDEATHSIG,
+    PR_SET_SECUREBITS,
+)
+from ..libc import libc as _libc
+from ..libc import prctl as _prctl
 
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 # SECBIT_NOROOT (+ locked): uid 0 gains no capabilities by execve; KEEP_CAPS locked off,
@@ -48,7 +59,8 @@ def capabilities() -> dict:
     data = (_CapData * 2)()
     if _libc.capget(ctypes.byref(hdr), data) != 0:
         raise OSError(ctypes.get_errno(), f"capget: {os.strerror(ctypes.get_errno())}")
-    out = {k: getattr(data[0], k) | (getattr(data[1], k) << 32) for k in ("effective", "permitted", "inheritable")}
+    out = {k: getattr(data[0], k) | (getattr(data[1], k) << 32)
+           for k in ("effective", "permitted", "inheritable")}
     out["bounding"] = sum(1 << c for c in range(_LAST_CAP + 1) if _prctl(PR_CAPBSET_READ, c) > 0)
     out["ambient"] = sum(1 << c for c in range(_LAST_CAP + 1)
                          if _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_IS_SET, c) > 0)
@@ -62,7 +74,7 @@ def _capset_zero() -> None:
         raise OSError(ctypes.get_errno(), f"capset: {os.strerror(ctypes.get_errno())}")
 
 
-def drop_privileges(run_as=None) -> str:
+def drop_privileges(run_as: Optional[Sequence[int]] = None) -> str:
     """Give up every capability and, when root, become ``run_as`` (uid, gid).
 
     Called once in a confined worker, single-threaded, before tool code runs.
@@ -70,13 +82,27 @@ def drop_privileges(run_as=None) -> str:
     capget(2), PR_CAPBSET_READ and getresuid(2), not assumed.  Starts with "uid "
     when everything that could be dropped was, with "failed" otherwise."""
     errors: list[str] = []
+    ids: Optional[tuple[int, int]]
     try:
-        uid, gid = run_as_ids(DEFAULT_RUN_AS if run_as is None else run_as)
+        ids = run_as_ids(DEFAULT_RUN_AS if run_as is None else run_as)
     except ValueError as exc:
         errors.append(str(exc))
-        uid = gid = None
+        ids = None
     was_root = os.geteuid() == 0
     ppid = os.getppid()
+    no_setpcap = _drop(ids if was_root else None, errors)
+    # A change of uid clears the parent-death signal: ask again, and leave if the zygote
+    # went away meanwhile (we would have missed the signal).
+    _prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
+    if os.getppid() != ppid:
+        os._exit(1)
+    return _verified(errors, ids, was_root, no_setpcap)
+
+
+def _drop(ids: Optional[tuple[int, int]], errors: list[str]) -> bool:
+    """The dropping itself (becoming ``ids`` when given); what failed goes to
+    ``errors``.  Returns whether the bounding set could not be dropped (no
+    CAP_SETPCAP)."""
     try:
         threads = len(os.listdir("/proc/self/task"))
     except OSError:
@@ -90,7 +116,8 @@ def drop_privileges(run_as=None) -> str:
             no_setpcap = True
             break
     _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)  # EINVAL before Linux 4.3: none to clear
-    if was_root and uid is not None:
+    if ids is not None:
+        uid, gid = ids
         try:
             os.setgroups([])
             os.setresgid(gid, gid, gid)
@@ -104,12 +131,12 @@ def drop_privileges(run_as=None) -> str:
     if _prctl(PR_SET_NO_NEW_PRIVS, 1) < 0:          # no setuid binary or file capability helps
         errors.append("no_new_privs refused")
     _prctl(PR_SET_DUMPABLE, 0)                      # no ptrace or /proc/<pid>/mem by same-uid peers
-    # A change of uid clears the parent-death signal: ask again, and leave if the zygote
-    # went away meanwhile (we would have missed the signal).
-    _prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
-    if os.getppid() != ppid:
-        os._exit(1)
+    return no_setpcap
 
+
+def _verified(errors: list[str], ids: Optional[tuple[int, int]], was_root: bool,
+              no_setpcap: bool) -> str:
+    """The report: what holds now, read back from the kernel."""
     try:
         caps = capabilities()
     except OSError as exc:
@@ -117,7 +144,8 @@ def drop_privileges(run_as=None) -> str:
     ruid, euid, suid = os.getresuid()
     rgid, egid, sgid = os.getresgid()
     held = {k: v for k, v in caps.items() if v and k != "bounding"}
-    if was_root and ((ruid, euid, suid, rgid, egid, sgid) != (uid, uid, uid, gid, gid, gid) or os.getgroups()):
+    wanted = None if ids is None else (ids[0],) * 3 + (ids[1],) * 3
+    if was_root and ((ruid, euid, suid, rgid, egid, sgid) != wanted or os.getgroups()):
         errors.append(f"ids are {ruid},{euid},{suid}:{rgid},{egid},{sgid} groups {os.getgroups()}")
     if held or (caps["bounding"] and (was_root or not no_setpcap)):
         errors.append("capabilities remain")
@@ -127,8 +155,8 @@ def drop_privileges(run_as=None) -> str:
             state += " (the host's: it is not root)"
         state += ", no capabilities"
         if caps["bounding"]:
-            state += " (bounding set kept: no CAP_SETPCAP to drop it; no_new_privs stops gaining any)"
+            state += (" (bounding set kept: no CAP_SETPCAP to drop it; no_new_privs stops "
+                      "gaining any)")
         return state
     sets = ", ".join(f"{k} {v:#x}" for k, v in caps.items() if v) or "no capabilities"
     return f"failed ({'; '.join(dict.fromkeys(errors))}): {state}, {sets}"
-
