@@ -240,6 +240,9 @@ def render_table(result: dict) -> str:
                 rows.append([label, fmt(d[key]["first"]["p50"] * 1e3), fmt(d[key]["first"]["max"] * 1e3),
                              fmt(d[key]["again"]["p50"] * 1e3), fmt(d[key]["again"]["max"] * 1e3)])
         lines += table(hdr, rows, "lrrrr")
+        if "new_tenant" in d["sandbox"]:
+            lines.append(f"  a new tenant's binding of files already parsed: p50 "
+                         f"{fmt(d['sandbox']['new_tenant']['p50'] * 1e3)} ms")
         if "user_folder" in d:
             lines.append(f"  {d['user_folder']['folder']}: first discovery p50 "
                          f"{fmt(d['user_folder']['first']['p50'] * 1e3)} ms")
