@@ -62,7 +62,7 @@ def test_token_bucket_allows_a_burst_then_the_rate():
 
 def test_retry_after_is_whole_seconds_at_least_one():
     assert retry_after(0.01) == "1" and retry_after(1.2) == "2" and retry_after(3.0) == "3"
-    assert 16 <= default_max_sessions() <= 1024
+    assert 16 <= default_max_sessions() <= 4096
 
 
 def test_the_exposition_parses_as_prometheus_text_with_the_counts_kept():

@@ -11,14 +11,15 @@ Pure bookkeeping on the event loop's thread: no locks, the clock is passed in.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from typing import Optional
 
 
 def default_max_sessions() -> int:
-    """Sessions cost worker processes: about 16 per CPU, at least 16, at most 1,024."""
-    return max(16, min(1024, 16 * (os.cpu_count() or 1)))
+    """Sessions cost worker processes (a few MB each, one per library a session uses):
+    one session per 32 MiB of the machine's memory, at least 16, at most 4,096."""
+    import psutil
+    return max(16, min(4096, psutil.virtual_memory().total // (32 << 20)))
 
 
 @dataclass
