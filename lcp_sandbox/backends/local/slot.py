@@ -172,21 +172,17 @@ class Slot:
 
     # ------------------------------------------------------------ the watchdog's marks
     def owe_sample(self) -> bool:
-        """A memory sample becomes due; False when one already is."""
-        if self.sample_due:
-            return False
-        self.sample_due = True
-        return True
+        """A memory sample becomes due; False when one already was."""
+        owed, self.sample_due = not self.sample_due, True
+        return owed
 
     def sample_taken(self) -> None:
         self.sample_due = False
 
     def owe_idle(self) -> bool:
-        """Its idle deadline is kept by the watchdog; False when it already is."""
-        if self.idle_due:
-            return False
-        self.idle_due = True
-        return True
+        """The watchdog keeps its idle deadline; False when it already did."""
+        owed, self.idle_due = not self.idle_due, True
+        return owed
 
     def idle_checked(self) -> None:
         """The idle deadline is no longer kept (the next call's end keeps it again)."""
