@@ -93,7 +93,7 @@ def test_colliding_keys_are_capped():
 
 
 def test_a_result_carries_an_outcome_there_is_and_nothing_else():
-    """The outcomes are an IntEnum in the host; on the wire plain ints, each checked."""
+    """The outcomes are an IntEnum; on the wire plain ints, each checked."""
     def body(outcome) -> bytes:
         value = ["ValueError", ["x"]] if outcome == P.RAISED else None
         return msgpack.packb([value, outcome, ""])

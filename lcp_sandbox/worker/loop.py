@@ -37,7 +37,7 @@ from typing import Any, Callable, Optional, cast
 
 from .. import protocol as P
 from ..core import normalize
-from ..protocol import error_value
+from ..protocol import LOAD_FAILED, OK, OUT_OF_MEMORY, RAISED, TIMED_OUT, error_value
 from .confine import prepare, set_environment
 from .proxies import Channel, Proxy
 from .signature import accepts, positional
@@ -45,10 +45,6 @@ from .signature import accepts, positional
 PERSISTENT_PREFIX = "lollms_client.tools_bindings.lcp.persistent_"
 PRELOADED: set[str] = set()   # module names the library's template imported before forking us
 HOST_PARAMS = P.HOST_PARAMS
-# RESULT's outcomes as the worker sends them, plain ints (protocol.Outcome's values):
-# msgpack packs an int on the encoder's fast path, an IntEnum member only through its
-# fallback, at twice the cost.
-OK, TIMED_OUT, OUT_OF_MEMORY, LOAD_FAILED, RAISED = (int(o) for o in P.Outcome)
 #: What a call method answers: RESULT's fields (value, outcome, detail).
 Answer = tuple[Any, int, str]
 

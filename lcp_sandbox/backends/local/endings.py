@@ -88,16 +88,17 @@ class CallEnds:
                  tool: str, timeout: Optional[float]) -> Any:
         """A RESULT other than OK: what the call's caller gets."""
         name = slot.library.name
-        value, outcome, detail = result
-        if outcome == Outcome.TIMED_OUT:
+        value, wire, detail = result
+        outcome = Outcome(wire)                   # (the codec checked it is one)
+        if outcome is Outcome.TIMED_OUT:
             if slot.interrupted:
                 self._event("interrupt", slot, pid=proc.pid, tool=tool)
                 raise Cancelled(name, tool)
             self._event("timeout", slot, pid=proc.pid, tool=tool, stage="soft", seconds=timeout)
             raise TimedOut(name, tool, timeout or 0.0, killed=False)
-        if outcome == Outcome.OUT_OF_MEMORY:
+        if outcome is Outcome.OUT_OF_MEMORY:
             raise OutOfMemory.uncaught(name, tool, detail[:500], slot.limits.memory_mb)
-        if outcome == Outcome.LOAD_FAILED:        # the worker exits: start fresh next time
+        if outcome is Outcome.LOAD_FAILED:        # the worker exits: start fresh next time
             proc.exiting("library failed to load")
             self._bury(slot, proc, served_a_call=True)
             if type(msg) is P.Call:

@@ -7,10 +7,10 @@
                 stdout/stderr to the output pump
     exchange()  one call, as a protocol state machine:
 
-        _send():  CALL | PROMPT | MODCALL | LOAD  (a CALL carries the worker's spin budget),
-                  then poll the socket for the slot's spin window (spin.py)
-        _next():  the first message; a RESULT ─► checked, returned (the warm call)
-        _serve(): anything else, until the RESULT:
+        send:     CALL | PROMPT | MODCALL | LOAD  (a CALL carries the worker's spin budget)
+        wait:     poll the socket for the slot's spin window (spin.py), then read:
+                  a RESULT ─► checked, returned (the warm call: all of it in exchange())
+        _serve(): anything else, until the RESULT (reading with _next()):
                READY (first, exactly once)  ─► on_ready(report); an interrupt() that
                                                came before it is signalled now
                REQUEST ─► _answer(): HostObjects.handle() here, REPLY  (clock paused meanwhile)
@@ -30,8 +30,8 @@ REQUEST), each step one Python frame or less:
     host    SandboxedBinding.execute_tool: route, params, workspace, the CALL
             ─► Supervisor.run: FifoLock (uncontended: one non-blocking acquire);
                a live worker called within the last ms needs no other check
-            ─► exchange(): _send (spin plan, pickle + send, poll) ─► _next: recv_frame
-               (cap) ─► parse_from_worker (decode + every check) ─► RESULT
+            ─► exchange(): spin plan ─► pickle + send ─► poll ─► recv_frame (cap)
+               ─► parse_from_worker (decode + every check) ─► RESULT
             ─► back in run: invalid_answer(), the value
     worker  serve_calls: recv_frame ─► loads_from_host ─► Worker.call (workspace,
             params, the tool, normalize) ─► reply: Encoder (plain check, msgpack)
@@ -203,39 +203,67 @@ class WorkerProcess:
         return describe_exit(status)
 
     # ------------------------------------------------------------ a call
-    def exchange(self, msg: tuple[Any, ...], objects: Lent, limits: Limits,
-                 timeout: Optional[float], spin: Optional[SpinPolicy] = None) -> P.Result:
+    # (The warm call's path is exchange() alone, in one frame: send, poll, one read, its
+    # checks; a helper's call on it costs more than the branches it would hide.)
+    def exchange(self, msg: tuple[Any, ...], objects: Lent,  # noqa: C901
+                 limits: Limits, timeout: Optional[float],
+                 spin: Optional[SpinPolicy] = None) -> P.Result:
         """Send ``msg`` and serve the worker until its RESULT: READY first (once),
         REQUESTs answered meanwhile; anything else, or a frame over its cap, is a
         protocol violation.  Every read ends by the call's hard deadline.  With
-        ``spin`` (the slot's), the first wait polls before it blocks (host/spin.py).
+        ``spin`` (the slot's), the first wait polls before it blocks (spin.py).
 
         Raises PayloadError (``msg`` could not be sent: nothing was), WorkerGone,
         DeadlinePassed (the tree was killed) or protocol.ProtocolViolation."""
+        conn = self.conn
+        grace = limits.grace_s
         sent = time.monotonic()
         deadline = sent + timeout if timeout else None
         if self._caps_mb != limits.max_result_mb:
             self._set_caps(limits.max_result_mb)
-        objects.conn = self.conn
+        if not self.ready:
+            spin = None                           # (its first call starts it: nothing to learn)
+        objects.conn = conn
         token = id(self)                          # (one call at a time per worker)
         calls = calls_in_flight.enter(token)
         try:
-            if not self.ready:
-                spin = None                       # (its first call starts it: nothing to learn)
-            caught = self._send(msg, deadline, limits.grace_s, spin, sent, calls)
-            kind, reply = self._next(deadline)
-            if kind == P.RESULT:                  # the warm case: the answer, nothing before it
-                result, soft_sent = reply, False
-            else:
-                result, soft_sent = self._serve(kind, reply, objects, deadline, limits.grace_s,
-                                                timeout)
-            if result.outcome == TIMED_OUT and not soft_sent and not self.interrupted:
+            # Send: a CALL carries the worker's spin budget.
+            kind = _KIND[type(msg)]
+            window = 0.0
+            if spin is not None:
+                window, budget = spin.plan(sent, calls)
+                if kind == P.CALL and budget != msg[-1]:
+                    msg = msg[:-1] + (budget,)    # spin_us, its last field (sent as a tuple anyway)
+            try:
+                # A worker that stops reading cannot hold the host past the hard deadline.
+                conn.send(kind, msg, None if deadline is None else deadline + grace)
+            except TimeoutError:
+                raise P.ProtocolViolation(conn.broken) from None
+            except OSError:
+                pass                              # the worker is gone: the read tells how
+            # Wait: poll for the answer a short while before sleeping; never past the deadline.
+            caught = None
+            if window:
+                until = sent + window
+                caught = conn.spin(until if deadline is None or until < deadline else deadline)
+            reply: Any                            # (the message parse_from_worker checked)
+            try:
+                kind, payload = conn.recv_frame(deadline, self._caps if self.ready else _READY_CAPS)
+                reply = P.parse_from_worker(kind, payload, conn.decoder)
+            except TimeoutError:
+                kind, reply = 0, None
+            except (EOFError, OSError):
+                raise WorkerGone from None
+            soft_sent = False
+            if kind != P.RESULT:                  # READY, a REQUEST, the deadline: serve them
+                reply, soft_sent = self._serve(kind, reply, objects, deadline, grace, timeout)
+            if reply.outcome == TIMED_OUT and not soft_sent and not self.interrupted:
                 raise P.ProtocolViolation("it reported a timeout nobody signalled")
-            if self.conn.pending():
+            if conn.pending():
                 raise P.ProtocolViolation("it sent more after its RESULT")
             if spin is not None:
                 spin.answered(sent, time.monotonic(), caught)
-            return result
+            return reply
         finally:
             calls_in_flight.leave(token)
             objects.release()
@@ -246,33 +274,9 @@ class WorkerProcess:
         self._caps = {P.REQUEST: P.REQUEST_CAP,
                       P.RESULT: int(max_result_mb * 1048576) + P.RESULT_OVERHEAD}
 
-    def _send(self, msg: tuple[Any, ...], deadline: Optional[float], grace: float,
-              spin: Optional[SpinPolicy], sent: float, calls: int) -> Optional[bool]:
-        """Send ``msg`` (a CALL with the worker's spin budget), then poll for the answer
-        for the slot's window, never past the deadline; whether the poll caught it
-        (None: no poll)."""
-        conn = self.conn
-        kind = _KIND[type(msg)]
-        window = 0.0
-        if spin is not None:
-            window, budget = spin.plan(sent, calls)
-            if kind == P.CALL and budget != msg[-1]:
-                msg = msg[:-1] + (budget,)        # spin_us, its last field (sent as a tuple anyway)
-        try:
-            # A worker that stops reading cannot hold the host past the hard deadline.
-            conn.send(kind, msg, None if deadline is None else deadline + grace)
-        except TimeoutError:
-            raise P.ProtocolViolation(conn.broken) from None
-        except OSError:
-            pass                                  # the worker is gone: the read tells how
-        if not window:
-            return None
-        until = sent + window
-        return conn.spin(until if deadline is None or until < deadline else deadline)
-
     def _next(self, deadline: Optional[float]) -> tuple[int, Any]:
-        """The worker's next message, decoded and checked: (kind, its NamedTuple);
-        (0, None) when the deadline passed first.  WorkerGone at EOF."""
+        """(_serve) The worker's next message, decoded and checked: (kind, its
+        NamedTuple); (0, None) when the deadline passed first.  WorkerGone at EOF."""
         conn = self.conn
         try:
             kind, payload = conn.recv_frame(deadline, self._caps if self.ready else _READY_CAPS)

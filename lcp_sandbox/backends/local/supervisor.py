@@ -110,7 +110,8 @@ class Supervisor(CallEnds, Closing):
         timeout = spec.limits.timeout_s if timeout_s is None else timeout_s
         queue_deadline = time.monotonic() + timeout if timeout else None
         slot = self._slots.get(spec.key) or self._slot(spec)
-        slot.configure(spec.limits)
+        if slot.limits is not spec.limits:       # (the binding keeps its specs: seldom)
+            slot.configure(spec.limits)
         if not slot.lock.acquire(timeout=timeout if timeout else None):
             raise Unavailable.not_run(spec.library.name, tool, f"its worker stayed busy with "
                                       f"earlier calls for the whole {timeout:g} s timeout.")
@@ -118,12 +119,12 @@ class Supervisor(CallEnds, Closing):
             proc = slot.proc
             now = time.monotonic()
             # The common case, back to back calls to a live worker, skips every check below.
-            # (The warm call's path is this frame: no helper is called that it can skip.)
             if (proc is None or proc.exit_status is not None or now - slot.last_used > 0.001
                     or slot.quarantined_until > now or self._closed):
                 proc = self._worker_for(slot, spec, tool, queue_deadline, now)
             slot.begin_call()
-            self._watchdog.call_started(slot)
+            if slot.limits.memory_mb:           # (the watchdog samples it while it runs)
+                self._watchdog.call_started(slot)
             try:
                 result = proc.exchange(msg, objects, slot.limits, timeout, slot.spin)
             except BaseException as exc:
@@ -202,17 +203,16 @@ class Supervisor(CallEnds, Closing):
 
     def _room(self, slot: Slot, deadline: Optional[float], tool: str) -> None:
         """Room in the pool for one more worker of ``slot``'s tenant (503 at ``deadline``)."""
-        if not self.pool.limited:
-            self.pool.reserve(slot.tenant, None, lambda tenant: False)
-            return
+        pool = self.pool
+        if not pool.limited:
+            return pool.reserve(slot.tenant, None, lambda tenant: False)
         try:
-            self.pool.reserve(slot.tenant, deadline, lambda tenant: evict_one(
+            pool.reserve(slot.tenant, deadline, lambda tenant: evict_one(
                 list(self._slots.values()), slot, tenant, self._retire))
         except TimeoutError:
-            raise Unavailable.not_run(
-                slot.library.name, tool, f"no worker became free in time (pool of "
-                f"{self.pool.max_workers} workers, {self.pool.max_per_tenant} per tenant, "
-                f"all busy).") from None
+            raise Unavailable.not_run(slot.library.name, tool, f"no worker became free in time "
+                                      f"(pool of {pool.max_workers} workers, "
+                                      f"{pool.max_per_tenant} per tenant, all busy).") from None
 
     def _spawn(self, slot: Slot, init: P.Init, deadline: Optional[float],
                tool: str) -> WorkerProcess:

@@ -104,8 +104,8 @@ class Watchdog:
                 self._due(at, _TICK, None)
 
     def call_started(self, slot: Slot) -> None:
-        """A call is sent to ``slot``'s worker (it is busy): with a memory limit, its tree
-        is sampled every interval until it ends."""
+        """A call with a memory limit is sent to ``slot``'s worker (it is busy): its tree
+        is sampled every interval until it ends (the supervisor calls this only then)."""
         if slot.limits.memory_mb:
             with self._cond:
                 self._limited[id(slot)] = slot
