@@ -305,8 +305,8 @@ class Worker:
             return [f"cannot enter the workspace {msg.cwd!r} ({exc.strerror})", ""], LOAD_FAILED, ""
         return None, OK, ""
 
-    def reply(self, msg: tuple[Any, ...], value: Any, outcome: int, detail: str) -> None:
-        """Send the RESULT answering ``msg``; a result the protocol cannot carry, or
+    def result(self, msg: tuple[Any, ...], value: Any, outcome: int, detail: str) -> bytes:
+        """The RESULT frame answering ``msg``; a result the protocol cannot carry, or
         one over the cap, becomes a failure that says so (the worker is kept)."""
         try:
             frame = self.encoder.encode(P.RESULT, [value, outcome, detail])
@@ -317,7 +317,7 @@ class Worker:
             frame = self._failure(msg, f"its result is {len(frame) / 1048576:.1f} MB, over the "
                                        f"{self.max_result / 1048576:g} MB cap (max_result_mb); "
                                        "it was dropped and the worker was kept.")
-        cast(P.Connection, self.conn).send_encoded(frame)
+        return frame
 
     def _failure(self, msg: tuple[Any, ...], what: str) -> bytes:
         """A RESULT saying ``what`` went wrong with the answer to ``msg``."""
@@ -369,7 +369,7 @@ def session(conn: P.Connection) -> None:
 
 def serve_calls(conn: P.Connection, worker: Worker) -> None:
     """Answer the host's messages until SHUTDOWN or EOF (or a library that failed to load)."""
-    ch, reply = worker.ch, worker.reply
+    ch, result, send = worker.ch, worker.result, conn.send_encoded
     recv, loads, spin, monotonic = conn.recv_frame, P.loads_from_host, conn.spin, time.monotonic
     ops: dict[int, Callable[[Any], Answer]] = {P.CALL: worker.call, P.MODCALL: worker.modcall,
                                                P.PROMPT: worker.prompt, P.LOAD: worker.load}
@@ -388,7 +388,7 @@ def serve_calls(conn: P.Connection, worker: Worker) -> None:
             value, outcome, detail = op(msg)
         finally:
             ch.end_call()
-        reply(msg, value, outcome, detail)
+        send(result(msg, value, outcome, detail))
         if outcome == LOAD_FAILED:               # the library failed to load: start afresh
             return
         if kind == P.CALL and msg.spin_us:       # the host expects the next call soon
