@@ -53,7 +53,7 @@ def measure(library: str, ws: str, n: int = 20000) -> dict:
     gc_was = gc.isenabled()
     gc.disable()
     try:
-        fields = worker.call(msg)            # loads the library; enters the workspace
+        fields = list(worker.call(msg))      # loads the library; enters the workspace
         frame = worker.encoder.encode(P.RESULT, fields)
         payload = frame[5:]                  # after the frame's header (length, kind)
         decoder = P.Decoder()

@@ -92,6 +92,19 @@ def test_colliding_keys_are_capped():
     assert P.parse_from_worker(P.RESULT, ok, P.Decoder()).value == {1: "a", (2, 3): "b"}
 
 
+def test_a_result_carries_an_outcome_there_is_and_nothing_else():
+    """The outcomes are an IntEnum; on the wire plain ints, each checked."""
+    def body(outcome) -> bytes:
+        value = ["ValueError", ["x"]] if outcome == P.RAISED else None
+        return msgpack.packb([value, outcome, ""])
+    for outcome in P.Outcome:
+        got = P.parse_from_worker(P.RESULT, body(int(outcome)), P.Decoder()).outcome
+        assert got == outcome and type(got) is int
+    for bad in (-1, len(P.Outcome), 1 << 40, True, 0.0, "0", None):
+        with pytest.raises(P.ProtocolViolation, match="malformed RESULT"):
+            P.parse_from_worker(P.RESULT, body(bad), P.Decoder())
+
+
 # ------------------------------------------------------------------ the state machine
 SCRIPTS: deque = deque()          # what the next fake worker answers to each call
 

@@ -1,6 +1,6 @@
 """The zygote's control channel: fixed-size records, never pickled.
 
-    host (host/zygote.py)              zygote process (worker/zygote.py)
+    host (backends/local/zygote.py)    zygote process (worker/zygote.py)
       FORK(req) + [sock, log] fds ──►  hand them to a spare worker
       ◄── FORKED(req, pid)
       KILL(pid) / SIGNAL(pid, sig) ──► kill a worker's tree / signal it
@@ -28,6 +28,7 @@ def pack(kind: int, a: int = 0, b: int = 0, c: int = 0) -> bytes:
     return RECORD.pack(kind, a, b, c)
 
 
-def unpack(data: bytes) -> tuple:
+def unpack(data: bytes) -> tuple[int, int, int, int]:
     """(kind, a, b, c); struct.error for a record of the wrong size."""
-    return RECORD.unpack(data)
+    kind, a, b, c = RECORD.unpack(data)
+    return kind, a, b, c

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import signal
 import struct
+from enum import IntEnum
 from typing import Any, NamedTuple, Optional
 
 # ---------------------------------------------------------------- constants
@@ -32,39 +33,40 @@ INIT, CALL, PROMPT, MODCALL, LOAD, SHUTDOWN = 1, 2, 3, 4, 5, 6
 REQUEST, REPLY = 7, 8
 # Worker -> host:
 READY, RESULT = 9, 10
-# Host -> a worker forked ahead, before its INIT (host/zygote.py):
+# Host -> a worker forked ahead, before its INIT (backends/local/zygote.py):
 PRIME = 11
 
 
 class Init(NamedTuple):
     library: str
-    files: list               # absolute paths, in load order (empty for code registered at run time)
+    files: list[str]          # absolute paths, in load order (empty: code registered at run time)
     source: Optional[str]     # code of a library registered with register_tool_from_code
-    configs: dict             # host_tool_configs of the library's stems (host callables as refs)
+    configs: dict[str, Any]   # host_tool_configs of the library's stems (host callables as refs)
     handlers: int             # HANDLER_* bits
-    sys_path: Optional[list]
-    env: Optional[dict]       # the whole environment (unconfined) or the allowlisted part (confined), bytes
-    confine: Optional[dict]   # {"root", "read_paths"} when confined
+    sys_path: Optional[list[str]]
+    # the whole environment (unconfined) or the allowlisted part (confined), bytes
+    env: Optional[dict[bytes, bytes]]
+    confine: Optional[dict[str, Any]]   # {"root", "read_paths"} when confined
     tmpdir: Optional[str]     # the private temp dir the host made for a confined worker
-    disabled: list            # protections switched off for a test (lcp_sandbox.testing)
-    limits: dict              # Limits as a dict
+    disabled: list[str]       # protections switched off for a test (lcp_sandbox.testing)
+    limits: dict[str, Any]    # Limits as a dict
 
 
 class Prime(NamedTuple):
     """What every unconfined worker of this host gets, set while the worker waits for
     its INIT; INIT's own values are set again over it (then nothing differs)."""
-    env: dict                 # the host's environment, bytes
-    sys_path: list
+    env: dict[bytes, bytes]   # the host's environment
+    sys_path: list[str]
 
 
 class Call(NamedTuple):
     tool: str
     file_index: int
-    params: dict
+    params: dict[str, Any]
     cwd: str
-    injected: Optional[dict]  # host objects, lent as refs
+    injected: Optional[dict[str, Any]]  # host objects, lent as refs
     handlers: int
-    spin_us: int = 0          # after its RESULT, the worker polls this long for the next CALL (host/spin.py)
+    spin_us: int = 0          # after its RESULT, the worker polls this long for the next CALL
 
 
 class Prompt(NamedTuple):
@@ -77,8 +79,8 @@ class Prompt(NamedTuple):
 class ModCall(NamedTuple):
     fn: str
     file_index: int
-    args: tuple
-    kwargs: dict
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
     cwd: str
     handlers: int
 
@@ -97,8 +99,8 @@ class Request(NamedTuple):
     op: int
     ref: Any                  # int (lent this call), REF_CONFIRM / REF_UI, or ["cfg", stem, key]
     name: Optional[str]       # attribute or operator name
-    args: list
-    kwargs: dict
+    args: list[Any]
+    kwargs: dict[str, Any]
 
 
 class Reply(NamedTuple):
@@ -107,17 +109,30 @@ class Reply(NamedTuple):
 
 
 class Ready(NamedTuple):
-    report: dict              # str -> str: what protections are in force
+    report: dict[str, str]    # what protections are in force
+
+
+class Outcome(IntEnum):
+    """How a call ended: a RESULT's ``outcome``, an int on the wire (the plain ints
+    below).  The host reads what a worker sent as an Outcome (backends/local/endings.py)."""
+    OK = 0                    # the value is the answer (an LCP result for a CALL)
+    TIMED_OUT = 1             # the tool obeyed the soft timeout (or an interrupt)
+    OUT_OF_MEMORY = 2         # MemoryError escaped the tool; the detail is its message
+    LOAD_FAILED = 3           # the library did not load: the worker exits after this RESULT
+    RAISED = 4                # a module function raised: the value is [type name, args]
+
+
+# The same values as plain ints, as they travel: what a worker sends, what the codec
+# checks and the warm path compares.  On every call an int is faster than an IntEnum
+# member: msgpack packs it on the encoder's fast path (a member: twice the cost), and
+# it compares with an int without a detour (the codec's check: +5% with members).
+OK, TIMED_OUT, OUT_OF_MEMORY, LOAD_FAILED, RAISED = (int(o) for o in Outcome)
 
 
 class Result(NamedTuple):
     value: Any
-    outcome: int              # OUTCOME_*
+    outcome: int              # an Outcome, as its int
     detail: str
-
-
-# RESULT outcomes
-OK, TIMED_OUT, OUT_OF_MEMORY, LOAD_FAILED, RAISED = 0, 1, 2, 3, 4
 
 HOST_TO_WORKER = {INIT: Init, CALL: Call, PROMPT: Prompt, MODCALL: ModCall, LOAD: Load,
                   SHUTDOWN: Shutdown, REQUEST: Request, REPLY: Reply, PRIME: Prime}
@@ -129,7 +144,7 @@ OP_METHOD = 2     # getattr(ref, name)(*args, **kwargs), public names only
 OP_SETATTR = 3    # setattr(ref, name, args[0]), public names only
 OP_TRUTH = 4      # bool(ref)
 OP_LIST = 5       # list(ref)
-OP_OPERATOR = 6   # one of host/objects.py OPERATORS by name: ==, <, hash(), len(), [], in, str()...
+OP_OPERATOR = 6   # one of binding/objects.py OPERATORS by name: ==, <, hash(), len(), in...
 OPS = frozenset(range(7))
 
 

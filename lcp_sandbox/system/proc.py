@@ -1,6 +1,6 @@
 """Process trees and exit statuses, read from /proc and wait(2): no side effects.
 
-Shared by the host (the watchdog's RSS of a worker's tree, how a worker
+Shared by the host (the memory of a worker's tree, how a worker
 ended) and the zygote (which processes to kill with a worker, its status).
 """
 from __future__ import annotations
@@ -36,7 +36,7 @@ _PAGE = os.sysconf("SC_PAGE_SIZE")
 def children(pid: int) -> list[int]:
     """The direct children of ``pid``, from /proc/<pid>/task/<tid>/children."""
     if not _HAS_CHILDREN_FILES:
-        import psutil                 # kernels without CONFIG_PROC_CHILDREN: slower, same answer
+        import psutil  # kernels without CONFIG_PROC_CHILDREN: slower, same answer
         try:
             return [c.pid for c in psutil.Process(pid).children()]
         except psutil.Error:
@@ -65,18 +65,6 @@ def process_tree(pid: int) -> list[int]:
 
 
 _HAS_CHILDREN_FILES = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
-
-
-def tree_rss(pid: int) -> int:
-    """Resident memory of a process and all its descendants, in bytes (0 if gone)."""
-    total = 0
-    for p in process_tree(pid):
-        try:
-            with open(f"/proc/{p}/statm", "rb") as f:
-                total += int(f.read().split()[1]) * _PAGE
-        except (OSError, ValueError, IndexError):
-            pass
-    return total
 
 
 def memory(pid: int) -> tuple[int, int]:

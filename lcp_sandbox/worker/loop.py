@@ -27,23 +27,26 @@ import enum
 import importlib.util
 import os
 import signal
+import socket
 import sys
 import time
 import traceback
 import types
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional, cast
 
 from .. import protocol as P
 from ..core import normalize
-from ..protocol import error_value
+from ..protocol import LOAD_FAILED, OK, OUT_OF_MEMORY, RAISED, TIMED_OUT, error_value
 from .confine import prepare, set_environment
 from .proxies import Channel, Proxy
 from .signature import accepts, positional
 
 PERSISTENT_PREFIX = "lollms_client.tools_bindings.lcp.persistent_"
-PRELOADED: set = set()      # module names the library's template imported before forking us
+PRELOADED: set[str] = set()   # module names the library's template imported before forking us
 HOST_PARAMS = P.HOST_PARAMS
+#: What a call method answers: RESULT's fields (value, outcome, detail).
+Answer = tuple[Any, int, str]
 
 
 class ToolTimeout(BaseException):
@@ -81,14 +84,20 @@ def describe(value: Any) -> Any:
         text = repr(value)
     except Exception as exc:
         text = f"<{type(value).__name__} object (repr failed: {exc})>"
-    print(f"lcp_sandbox: a {type(value).__module__}.{type(value).__qualname__} object cannot be sent "
-          f"to the host; it was sent as its repr", file=sys.stderr)
+    print(f"lcp_sandbox: a {type(value).__module__}.{type(value).__qualname__} object cannot be "
+          f"sent to the host; it was sent as its repr", file=sys.stderr)
     return text
+
+
+# A module's handler hooks: (its setter, the config key, the module global it may
+# read instead, the handler bit).
+_HOOKS = (("set_confirm_handler", "confirm_handler", "_CONFIRM_HANDLER", P.HANDLER_CONFIRM),
+          ("set_user_interaction_handler", "user_interaction_handler", None, P.HANDLER_UI))
 
 
 class Worker:
     def __init__(self, conn: Optional[P.Connection], init: P.Init) -> None:
-        self.conn = conn
+        self.conn = conn                          # None: a worker that only runs calls (benchmarks)
         self.ch = Channel(conn, describe)
         self.encoder = P.Encoder(describe)        # results: callables are described, not lent
         self.library = init.library
@@ -115,7 +124,8 @@ class Worker:
     def _config(self, stem: str) -> dict:
         """host_tool_configs[stem] with host callables as relays and handlers injected."""
         cfg = dict(self.ch.wrap(self.configs.get(stem) or {}))
-        for key, bit in (("confirm_handler", P.HANDLER_CONFIRM), ("user_interaction_handler", P.HANDLER_UI)):
+        for key, bit in (("confirm_handler", P.HANDLER_CONFIRM),
+                         ("user_interaction_handler", P.HANDLER_UI)):
             if self.handlers & bit and key not in cfg:
                 cfg[key] = self.relays[bit]
         return cfg
@@ -123,8 +133,7 @@ class Worker:
     def _hooks(self, mod: types.ModuleType, cfg: Optional[dict]) -> None:
         """Give a module the host's handlers through its set_*_handler hooks, as
         in-process: at load (from its config) and whenever the handlers change."""
-        for hook, key, attr, bit in (("set_confirm_handler", "confirm_handler", "_CONFIRM_HANDLER", P.HANDLER_CONFIRM),
-                                     ("set_user_interaction_handler", "user_interaction_handler", None, P.HANDLER_UI)):
+        for hook, key, attr, bit in _HOOKS:
             relay = cfg.get(key, self._relay(bit)) if cfg is not None else self._relay(bit)
             fn = getattr(mod, hook, None)
             try:
@@ -152,7 +161,8 @@ class Worker:
             else:
                 mod = types.ModuleType(name)
                 sys.modules[name] = mod
-                exec(compile(self.source, f"<dynamic tool {self.library}>", "exec"), mod.__dict__)
+                code = compile(self.source or "", f"<dynamic tool {self.library}>", "exec")
+                exec(code, mod.__dict__)
             cfg = self._config(stem)
             self._hooks(mod, cfg)
             init_fn = getattr(mod, "init_tools_library", None)
@@ -167,8 +177,8 @@ class Worker:
                 what = f"called sys.exit({exc.code!r})"
             else:
                 what = f"raised {type(exc).__name__}: {exc}"
-            raise LoadFailed(f"{what} while loading {self.files[index] if self.files else 'its code'}\n"
-                             + traceback.format_exc()) from None
+            where = self.files[index] if self.files else "its code"
+            raise LoadFailed(f"{what} while loading {where}\n" + traceback.format_exc()) from None
         self.modules[index] = mod
         return mod
 
@@ -202,21 +212,22 @@ class Worker:
         os.chdir(cwd)
 
     # ------------------------------------------------------------ calling
-    # Each returns the RESULT fields: [value, outcome, detail].
-    def call(self, msg: P.Call) -> list:
-        # (one unpacking: a NamedTuple's field access is a descriptor call each)
-        tool, file_index, params, cwd, injected, handlers, _ = msg
+    # Each answers RESULT's fields: (value, outcome, detail).
+    # (The warm call's path, kept in one frame: a call of a helper costs more than its branches.)
+    def call(self, msg: P.Call) -> Answer:  # noqa: C901
+        tool, file_index, params, cwd, injected, handlers, _ = msg      # (unpacked once)
         try:
             self._enter(cwd, handlers)
         except OSError as exc:
-            return [normalize.failure(f"[{self.library}] tool '{tool}' not run: cannot enter the "
-                                      f"workspace {cwd!r} ({exc.strerror})."), P.OK, ""]
+            return (normalize.failure(f"[{self.library}] tool '{tool}' not run: cannot enter the "
+                                      f"workspace {cwd!r} ({exc.strerror})."), OK, "")
         try:
             entry = self.entries.get(tool) or self._entry(tool, file_index)
         except LoadFailed as exc:
-            return [self._load_failure(tool, exc), P.LOAD_FAILED, ""]
+            return self._load_failure(tool, exc), LOAD_FAILED, ""
         if entry is None:
-            return [normalize.failure(f"[{self.library}] Function '{tool}' not found in module."), P.OK, ""]
+            return (normalize.failure(f"[{self.library}] Function '{tool}' not found in module."),
+                    OK, "")
 
         if entry.var_kw:
             kwargs = {k: v for k, v in params.items() if k not in HOST_PARAMS}
@@ -241,17 +252,17 @@ class Worker:
                 raise ToolTimeout()
             out = entry.fn(**kwargs)
         except ToolTimeout:
-            return [None, P.TIMED_OUT, ""]
+            return None, TIMED_OUT, ""
         except MemoryError as exc:
-            return [None, P.OUT_OF_MEMORY, str(exc)]
+            return None, OUT_OF_MEMORY, str(exc)
         except BaseException as exc:
-            return [normalize.crashed(tool, exc, traceback.format_exc()), P.OK, ""]
+            return normalize.crashed(tool, exc, traceback.format_exc()), OK, ""
         finally:
             self.in_tool = False
         try:
-            return [normalize.normalize(out, cwd), P.OK, ""]
+            return normalize.normalize(out, cwd), OK, ""
         except Exception as exc:
-            return [normalize.crashed(tool, exc, traceback.format_exc()), P.OK, ""]
+            return normalize.crashed(tool, exc, traceback.format_exc()), OK, ""
 
     def _load_failure(self, tool: str, exc: LoadFailed) -> dict:
         msg, _, tb = str(exc).partition("\n")
@@ -260,27 +271,28 @@ class Worker:
             f"The tool '{tool}' did not run; the library will be loaded again on the next call.",
             traceback=tb)
 
-    def modcall(self, msg: P.ModCall) -> list:
+    def modcall(self, msg: P.ModCall) -> Answer:
         """A module-level function called by the host (e.g. init_tools_library again)."""
         try:
             self._enter(msg.cwd, msg.handlers)
             fn = getattr(self._module(msg.file_index), msg.fn)
-            return [fn(*self.ch.wrap(list(msg.args)), **self.ch.wrap(msg.kwargs)), P.OK, ""]
+            return fn(*self.ch.wrap(list(msg.args)), **self.ch.wrap(msg.kwargs)), OK, ""
         except LoadFailed as exc:
-            return [["RuntimeError", [f"library {self.library} failed to load: {exc}"]], P.LOAD_FAILED, ""]
+            why = f"library {self.library} failed to load: {exc}"
+            return ["RuntimeError", [why]], LOAD_FAILED, ""
         except BaseException as exc:
-            return [error_value(exc), P.RAISED, ""]
+            return error_value(exc), RAISED, ""
 
-    def prompt(self, msg: P.Prompt) -> list:
+    def prompt(self, msg: P.Prompt) -> Answer:
         """A dynamic prompt provider; None when it is missing or fails (as in-process)."""
         try:
             self._enter(msg.cwd, msg.handlers)
             fn = getattr(self._module(msg.file_index), msg.fn, None)
-            return [str(fn()) if callable(fn) else None, P.OK, ""]
+            return str(fn()) if callable(fn) else None, OK, ""
         except Exception:
-            return [None, P.OK, ""]
+            return None, OK, ""
 
-    def load(self, msg: P.Load) -> list:
+    def load(self, msg: P.Load) -> Answer:
         """Import every file of the library; the tool names each one defines."""
         try:
             self._enter(msg.cwd, msg.handlers)
@@ -288,29 +300,40 @@ class Worker:
                 self._module(i)
         except LoadFailed as exc:
             text, _, tb = str(exc).partition("\n")
-            return [[text, tb], P.LOAD_FAILED, ""]
+            return [text, tb], LOAD_FAILED, ""
         except OSError as exc:
-            return [[f"cannot enter the workspace {msg.cwd!r} ({exc.strerror})", ""], P.LOAD_FAILED, ""]
-        return [None, P.OK, ""]
+            return [f"cannot enter the workspace {msg.cwd!r} ({exc.strerror})", ""], LOAD_FAILED, ""
+        return None, OK, ""
 
-    def reply(self, kind: str, name: str, fields: list) -> None:
-        """Send the RESULT; a result the protocol cannot carry, or one over the
-        cap, becomes a failure that says so (the worker is kept)."""
+    def result(self, msg: tuple[Any, ...], value: Any, outcome: int, detail: str) -> bytes:
+        """The RESULT frame answering ``msg``; a result the protocol cannot carry, or
+        one over the cap, becomes a failure that says so (the worker is kept)."""
         try:
-            frame = self.encoder.encode(P.RESULT, fields)
+            frame = self.encoder.encode(P.RESULT, [value, outcome, detail])
         except P.Unsendable as exc:
-            frame = self.encoder.encode(P.RESULT, [normalize.failure(
-                f"[{self.library}] {kind} '{name}': its result could not be sent to the host ({exc}). "
-                "The worker was kept."), P.OK, ""])
+            frame = self._failure(msg, f"its result could not be sent to the host ({exc}). "
+                                       "The worker was kept.")
         if len(frame) > self.max_result:
-            frame = self.encoder.encode(P.RESULT, [normalize.failure(
-                f"[{self.library}] {kind} '{name}': its result is {len(frame) / 1048576:.1f} MB, over the "
-                f"{self.max_result / 1048576:g} MB cap (max_result_mb); it was dropped and the worker "
-                "was kept."), P.OK, ""])
-        self.conn.send_encoded(frame)
+            frame = self._failure(msg, f"its result is {len(frame) / 1048576:.1f} MB, over the "
+                                       f"{self.max_result / 1048576:g} MB cap (max_result_mb); "
+                                       "it was dropped and the worker was kept.")
+        return frame
+
+    def _failure(self, msg: tuple[Any, ...], what: str) -> bytes:
+        """A RESULT saying ``what`` went wrong with the answer to ``msg``."""
+        if type(msg) is P.Call:
+            where = f"tool '{msg.tool}'"
+        elif type(msg) is P.ModCall:
+            where = f"function '{msg.fn}'"
+        elif type(msg) is P.Prompt:
+            where = f"prompt provider '{msg.fn}'"
+        else:
+            where = f"load '{self.library}'"
+        return self.encoder.encode(P.RESULT, [normalize.failure(
+            f"[{self.library}] {where}: {what}"), OK, ""])
 
 
-REHEARSED: list = []        # what this process's rehearsal ran (worker/rehearsal.py); READY says it
+REHEARSED: list[str] = []   # what this process's rehearsal ran (worker/rehearsal.py); READY says it
 
 
 def prime(msg: P.Prime) -> None:
@@ -324,9 +347,9 @@ def session(conn: P.Connection) -> None:
     """[PRIME,] INIT, READY, then calls until SHUTDOWN or EOF; raises what broke it."""
     kind, payload = conn.recv_frame()
     if kind == P.PRIME:                      # forked ahead: set now what INIT will say again
-        prime(P.loads_from_host(kind, payload))
+        prime(cast(P.Prime, P.loads_from_host(kind, payload)))
         kind, payload = conn.recv_frame()
-    init = P.loads_from_host(kind, payload)
+    init = cast(P.Init, P.loads_from_host(kind, payload))
     report = prepare(init)
     if REHEARSED:
         report["rehearsed"] = ", ".join(REHEARSED)
@@ -346,10 +369,10 @@ def session(conn: P.Connection) -> None:
 
 def serve_calls(conn: P.Connection, worker: Worker) -> None:
     """Answer the host's messages until SHUTDOWN or EOF (or a library that failed to load)."""
-    ch = worker.ch
+    ch, result, send = worker.ch, worker.result, conn.send_encoded
     recv, loads, spin, monotonic = conn.recv_frame, P.loads_from_host, conn.spin, time.monotonic
-    ops = {P.CALL: (worker.call, "tool"), P.MODCALL: (worker.modcall, "function"),
-           P.PROMPT: (worker.prompt, "prompt provider"), P.LOAD: (worker.load, "load")}
+    ops: dict[int, Callable[[Any], Answer]] = {P.CALL: worker.call, P.MODCALL: worker.modcall,
+                                               P.PROMPT: worker.prompt, P.LOAD: worker.load}
     while True:
         try:
             kind, payload = recv()
@@ -358,21 +381,21 @@ def serve_calls(conn: P.Connection, worker: Worker) -> None:
         op = ops.get(kind)
         if op is None:                           # SHUTDOWN
             return
-        msg = loads(kind, payload)
+        msg: Any = loads(kind, payload)
         ch.call_seq += 1
         ch.in_call = True
         try:
-            fields = op[0](msg)
+            value, outcome, detail = op(msg)
         finally:
             ch.end_call()
-        worker.reply(op[1], msg[0] if kind != P.LOAD else worker.library, fields)
-        if fields[1] == P.LOAD_FAILED:           # the library failed to load: start afresh
+        send(result(msg, value, outcome, detail))
+        if outcome == LOAD_FAILED:               # the library failed to load: start afresh
             return
-        if kind == P.CALL and msg[-1]:           # spin_us: the host expects the next call soon
-            spin(monotonic() + msg[-1] * 1e-6)
+        if kind == P.CALL and msg.spin_us:       # the host expects the next call soon
+            spin(monotonic() + msg.spin_us * 1e-6)
 
 
-def serve(sock) -> None:
+def serve(sock: socket.socket) -> None:
     """Run the worker loop on a connected socket; never returns."""
     code = 0
     try:

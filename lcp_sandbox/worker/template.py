@@ -22,16 +22,24 @@
 The template ran the library's import: its memory is the library's, so it is as
 untrusted as a worker.  That is why a tenant's descriptors never pass through it:
 they go from the zygote into an inbox the spare created after the fork.
+
+``TemplateHandle`` is the zygote's end of the channel (worker/zygote.py holds one per
+template): it forks the template, asks it for spares and checks each registration.
 """
 from __future__ import annotations
 
+import array
+import collections
 import gc
 import importlib.util
+import io
 import os
 import signal
 import socket
+import struct
 import sys
 import threading
+from typing import Iterable, Optional, cast
 
 from .. import protocol as P
 from ..system.proc import children
@@ -40,8 +48,10 @@ from .rlimits import die_with_parent
 
 _MAX_FD = 0x7FFFFFFF
 
+Spare = tuple[int, socket.socket]      # (pid, inbox): a worker-to-be waiting for its fds
 
-def close_all_but(keep) -> None:
+
+def close_all_but(keep: Iterable[int]) -> None:
     """Close every descriptor of this process except 0, 1, 2 and ``keep``."""
     low = 0
     for fd in sorted({0, 1, 2, *keep}):
@@ -63,8 +73,8 @@ def adopt(inbox: socket.socket, new_session: bool = False) -> None:
     A template's spare leaves the template's session only now: until the zygote
     registered it, that session is what keeps the zygote from taking it for an orphan."""
     try:       # now, while waiting: fds 1 and 2 are replaced below, the objects stay
-        sys.stdout.reconfigure(line_buffering=True)
-        sys.stderr.reconfigure(line_buffering=True)
+        cast(io.TextIOWrapper, sys.stdout).reconfigure(line_buffering=True)
+        cast(io.TextIOWrapper, sys.stderr).reconfigure(line_buffering=True)
     except Exception:
         pass
     try:
@@ -96,7 +106,7 @@ def main(chan_fd: int, conn_fd: int, zygote_pid: int) -> None:
     conn = P.Connection(socket.socket(fileno=conn_fd))
     try:
         kind, payload = conn.recv_frame()
-        init = P.loads_from_host(kind, payload)
+        init = cast(P.Init, P.loads_from_host(kind, payload))
     except Exception:
         os._exit(0)
     verdict = _import(init)
@@ -122,7 +132,7 @@ def main(chan_fd: int, conn_fd: int, zygote_pid: int) -> None:
             _spare(chan, zygote_pid)
 
 
-def _fds() -> set:
+def _fds() -> set[str]:
     return set(os.listdir("/proc/self/fd"))
 
 
@@ -154,7 +164,7 @@ def _import(init: P.Init) -> str:
     return _leftovers(before)
 
 
-def _leftovers(before: set) -> str:
+def _leftovers(before: set[str]) -> str:
     """What the import left running or open that forked workers would share."""
     if threading.active_count() > 1:
         return "refused: started a thread at import"
@@ -237,3 +247,69 @@ def _spare_child(chan: socket.socket, r: int, intermediate: int, zygote_pid: int
         except Exception:
             pass
     adopt(inbox, new_session=True)
+
+
+# ------------------------------------------------------------ the zygote's end
+class TemplateHandle:
+    """The zygote's handle on a template process: its channel, its spare, the worker
+    requests (TFORK) that wait for one.  Both ends of that channel live in this
+    module: "S" asks for a spare (main()), "W" + its inbox registers one (_spare_child)."""
+    __slots__ = ("pid", "chan", "spare", "queue", "asked", "broke")
+
+    def __init__(self, pid: int, chan: socket.socket) -> None:
+        self.pid, self.chan = pid, chan
+        self.spare: Optional[Spare] = None                 # its registered spare
+        self.queue: collections.deque[tuple[int, list[int]]] = collections.deque()
+        self.asked = False                        # a spare is on its way
+        self.broke = False                        # it sent what it should not: kill it
+
+    @classmethod
+    def fork(cls, conn_fd: int, zygote_pid: int) -> "TemplateHandle":
+        """(In the zygote) fork a template that reads its INIT from ``conn_fd``."""
+        mine, its = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        mine.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)   # a spare's pid: the kernel's
+        pid = os.fork()
+        if pid == 0:
+            try:
+                main(its.fileno(), conn_fd, zygote_pid)
+            finally:
+                os._exit(70)
+        its.close()
+        return cls(pid, mine)
+
+    def ask(self, again: bool = False) -> None:
+        if again or not self.asked:
+            try:
+                self.chan.send(b"S")
+                self.asked = True
+            except OSError:
+                pass
+
+    def registration(self) -> Optional[Spare]:
+        """A spare's registration: (pid, inbox) if the kernel vouches for it; None when
+        the channel ended, or when the template sent what it should not (``broke``)."""
+        try:
+            data, anc, _, _ = self.chan.recvmsg(16, socket.CMSG_SPACE(16) + socket.CMSG_SPACE(12))
+        except OSError:
+            data, anc = b"", []
+        fds: list[int] = []
+        pid = 0
+        for level, kind, payload in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.extend(array.array("i", payload[:len(payload) - len(payload) % 4]))
+            elif level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS \
+                    and len(payload) >= 12:
+                pid = struct.unpack("3i", payload[:12])[0]
+        try:
+            sid = os.getsid(pid) if pid > 0 else -1
+        except OSError:
+            sid = -1
+        if data == b"W" and len(fds) == 1 and pid != self.pid and sid == self.pid:
+            try:
+                return pid, socket.socket(fileno=fds[0])
+            except OSError:
+                pass
+        for fd in fds:
+            os.close(fd)
+        self.broke = bool(data)
+        return None

@@ -1,6 +1,7 @@
 """The local backend: ``Supervisor`` and its process machinery on this machine.
 
-    supervisor.py   routing, what each end of a call means, lifecycle
+    supervisor.py   routing, spawn, lifecycle
+    endings.py      what each end of a call means: the worker's fate, the caller's answer
     slot.py         a worker's slot: FIFO lock, counters, quarantine
     process.py      WorkerProcess: the exchange with its deadlines, kill, reap
     zygote.py       the zygote client (forks, reaps, kills), the worker forked ahead

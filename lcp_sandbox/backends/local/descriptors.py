@@ -7,11 +7,11 @@ import errno
 import resource
 
 
-def raise_open_files_limit() -> dict:
+def raise_open_files_limit() -> dict[str, object]:
     """Raise this process's soft RLIMIT_NOFILE to its hard limit (the host holds two
     descriptors per worker: its socket and its log pipe); what holds, for pool_stats()."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    out = {"soft": soft, "hard": hard, "raised_from": None}
+    out: dict[str, object] = {"soft": soft, "hard": hard, "raised_from": None}
     target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
     if soft != resource.RLIM_INFINITY and soft < target:
         try:
@@ -26,7 +26,8 @@ def out_of_descriptors(exc: BaseException) -> str:
     """A sentence for an OSError that is EMFILE / ENFILE (else "")."""
     if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        which = "this process's limit of" if exc.errno == errno.EMFILE else "the system's file table, limit"
-        return (f". The host ran out of file descriptors ({which} {soft} open files, RLIMIT_NOFILE; "
-                f"each worker holds two): raise the limit or lower max_workers")
+        which = ("this process's limit of" if exc.errno == errno.EMFILE
+                 else "the system's file table, limit")
+        return (f". The host ran out of file descriptors ({which} {soft} open files, "
+                f"RLIMIT_NOFILE; each worker holds two): raise the limit or lower max_workers")
     return ""

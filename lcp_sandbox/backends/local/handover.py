@@ -10,29 +10,33 @@ import os
 import re
 import stat
 import tempfile
+from typing import Optional
 
 from ... import protocol as P
 from ...core import policy
-from ...core.policy import DEFAULT_RUN_AS, may_hand_over, path_within as _within, run_as_ids
 from ...core.outcomes import Refused
+from ...core.policy import DEFAULT_RUN_AS, may_hand_over, run_as_ids
+from ...core.policy import path_within as _within
 
 
-def hand_over_root(init: P.Init, run_as: tuple, library: str, tool: str) -> P.Init:
+def hand_over_root(init: P.Init, run_as: tuple[int, int], library: str, tool: str) -> P.Init:
     """Before a confined worker starts: its root becomes ``run_as``'s and its temp
     dir is made; returns the INIT that says both.  A root that must not be handed
     over refuses the call (403); OSError when handing over fails."""
-    root = init.confine["root"]
+    confine = init.confine or {}
+    root = confine["root"]
     if not policy.may_hand_over(os.path.realpath(root)):
         # A confined tool could rewrite code that later runs unconfined (the zygote).
-        raise Refused.not_run(library, tool, f"its confinement root {root!r} is or holds a system directory, "
-                              f"the sandbox engine or the Python installation, which a confined tool must not "
-                              f"be able to write. Use a workspace of its own.")
+        raise Refused.not_run(library, tool, f"its confinement root {root!r} is or holds a system "
+                              f"directory, the sandbox engine or the Python installation, which a "
+                              f"confined tool must not be able to write. Use a workspace of its "
+                              f"own.")
     hand_over(root, *run_as)
     # The temp dir is the host's to make and to remove: no path a worker names is ever deleted.
-    return init._replace(confine={**init.confine, "run_as": run_as}, tmpdir=private_tmpdir(run_as))
+    return init._replace(confine={**confine, "run_as": run_as}, tmpdir=private_tmpdir(run_as))
 
 
-def private_tmpdir(run_as=None) -> str:
+def private_tmpdir(run_as: Optional[tuple[int, int]] = None) -> str:
     """The worker's TMPDIR, created now (as the host's user) and owned by ``run_as``
     when the worker is about to drop to it."""
     tmp = tempfile.mkdtemp(prefix="lcp-sandbox-")
@@ -45,6 +49,16 @@ def private_tmpdir(run_as=None) -> str:
 
 
 _MAX_DEPTH = 64                  # directory levels handed over below a root
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class _Level:
+    """A directory of the walk: its open descriptor, its path, its subdirectories to visit."""
+    __slots__ = ("fd", "where", "pending")
+
+    def __init__(self, fd: int, where: str) -> None:
+        self.fd, self.where = fd, where
+        self.pending: list[tuple[str, int]] = []
 
 
 def hand_over(path: str, uid: int, gid: int) -> None:
@@ -65,46 +79,49 @@ def hand_over(path: str, uid: int, gid: int) -> None:
     path = os.path.realpath(path)
     if not may_hand_over(path):
         raise PermissionError(f"refusing to hand {path!r} to uid {uid}: it is or holds a system "
-                              "directory or the Python installation; give the worker a root of its own")
+                              "directory or the Python installation; give the worker a root of "
+                              "its own")
     try:
         top = _open_dir_path(path)
     except OSError:
         return                       # gone, or a symlink appeared on the way: nothing handed over
     mounts = _mount_points_below(path)   # bind mounts of the same file system too
-    # Depth first, holding one descriptor per level: [fd, its path, subdirectories to visit].
-    stack = [[top, path, []]]
+    # Depth first, holding one descriptor per level.
+    stack = [_Level(top, path)]
     try:
         dev = os.fstat(top).st_dev
-        stack[-1][2] = _hand_over_dir(top, path, dev, mounts, uid, gid, 0)
+        stack[-1].pending = _hand_over_dir(top, path, dev, mounts, uid, gid, 0)
         while stack:
-            fd, where, pending = stack[-1]
-            if not pending:
-                os.close(stack.pop()[0])
+            level = stack[-1]
+            if not level.pending:
+                os.close(stack.pop().fd)
                 continue
-            name, ino = pending.pop()
+            name, ino = level.pending.pop()
             try:
-                sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                sub = os.open(name, _DIR, dir_fd=level.fd)
             except OSError:
                 continue
-            stack.append([sub, os.path.join(where, name), []])
+            below = _Level(sub, os.path.join(level.where, name))
+            stack.append(below)
             try:
                 st = os.fstat(sub)
             except OSError:
                 continue
             if st.st_ino == ino and st.st_dev == dev:      # else replaced since it was listed
-                stack[-1][2] = _hand_over_dir(sub, stack[-1][1], dev, mounts, uid, gid, len(stack) - 1)
+                below.pending = _hand_over_dir(sub, below.where, dev, mounts, uid, gid,
+                                               len(stack) - 1)
     finally:
-        for fd, _, _ in stack:
-            os.close(fd)
+        for level in stack:
+            os.close(level.fd)
 
 
-def _mount_points_below(path: str) -> set:
+def _mount_points_below(path: str) -> set[str]:
     out = set()
     try:
         with open("/proc/self/mountinfo", "rb") as f:
             for line in f:
-                point = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m[1], 8)]), line.split()[4])
-                point = os.fsdecode(point)
+                raw = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m[1], 8)]), line.split()[4])
+                point = os.fsdecode(raw)
                 if point != path and _within(point, path):
                     out.add(point)
     except (OSError, IndexError):
@@ -112,7 +129,8 @@ def _mount_points_below(path: str) -> set:
     return out
 
 
-def _hand_over_dir(fd: int, where: str, dev: int, mounts: set, uid: int, gid: int, depth: int) -> list:
+def _hand_over_dir(fd: int, where: str, dev: int, mounts: set[str], uid: int, gid: int,
+                   depth: int) -> list[tuple[str, int]]:
     """Chown an open directory and its regular files; return its subdirectories to visit."""
     try:
         st = os.fstat(fd)
@@ -135,8 +153,8 @@ def _hand_over_dir(fd: int, where: str, dev: int, mounts: set, uid: int, gid: in
                 subdirs.append((name, st.st_ino))
         elif stat.S_ISREG(st.st_mode) and (st.st_uid, st.st_gid) != (uid, gid) and st.st_nlink == 1:
             try:     # O_NONBLOCK: if a fifo took its place, opening does not wait for a writer
-                f = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC,
-                            dir_fd=fd)
+                f = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
+                            | os.O_CLOEXEC, dir_fd=fd)
             except OSError:
                 continue
             try:
@@ -158,7 +176,7 @@ def _open_dir_path(path: str) -> int:
         for part in path.strip(os.sep).split(os.sep):
             if not part:
                 continue
-            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            nxt = os.open(part, _DIR, dir_fd=fd)
             os.close(fd)
             fd = nxt
     except BaseException:

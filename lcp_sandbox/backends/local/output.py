@@ -48,7 +48,8 @@ class _Stream:
 
     def _flush_dropped(self) -> None:
         if self.dropped:
-            self.logger.warning("... %d bytes of tool output dropped (over %d bytes/s)", self.dropped, self.rate)
+            self.logger.warning("... %d bytes of tool output dropped (over %d bytes/s)",
+                                self.dropped, self.rate)
             self.dropped = 0
 
     def close(self) -> None:

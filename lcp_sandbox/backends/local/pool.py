@@ -16,15 +16,17 @@ import collections
 import itertools
 import threading
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 
 class Pool:
-    def __init__(self, max_workers: Optional[int] = None, max_per_tenant: Optional[int] = None) -> None:
+    def __init__(self, max_workers: Optional[int] = None,
+                 max_per_tenant: Optional[int] = None) -> None:
         self.max_workers = max_workers
         self.max_per_tenant = max_per_tenant
-        self.limited = max_workers is not None or max_per_tenant is not None   # (read on every call)
-        self.live: collections.Counter = collections.Counter()
+        # (read on every call)
+        self.limited = max_workers is not None or max_per_tenant is not None
+        self.live: collections.Counter[str] = collections.Counter()
         self.total = 0
         self._cond = threading.Condition(threading.RLock())
         self._tickets: list[tuple[int, str]] = []
@@ -55,7 +57,8 @@ class Pool:
                         if self._fits(tenant):
                             self._take(tenant)
                             return
-                        own = self.max_per_tenant is not None and self.live[tenant] >= self.max_per_tenant
+                        cap = self.max_per_tenant
+                        own = cap is not None and self.live[tenant] >= cap
                         if evict(tenant if own else None):
                             continue
                     remaining = None if deadline is None else deadline - time.monotonic()
@@ -85,11 +88,11 @@ class Pool:
             mine = self.live[tenant]
             return any(self.live[t] <= mine for _, t in self._tickets)
 
-    def waiting(self) -> collections.Counter:
+    def waiting(self) -> collections.Counter[str]:
         with self._cond:
             return collections.Counter(t for _, t in self._tickets)
 
-    def stats(self, calls: dict) -> dict:
+    def stats(self, calls: dict[str, int]) -> dict[str, Any]:
         """The pool as a whole and per tenant (``calls``: tenant -> calls served)."""
         waiting = self.waiting()
         tenants = set(calls) | set(self.live) | set(waiting)

@@ -7,22 +7,22 @@
                 stdout/stderr to the output pump
     exchange()  one call, as a protocol state machine:
 
-        send CALL | PROMPT | MODCALL | LOAD      (a CALL carries the worker's spin budget)
-        poll the socket for the slot's spin window (host/spin.py), then:
-        loop:  READY (first, exactly once)  ─► on_ready(report); an interrupt() that
+        send:     CALL | PROMPT | MODCALL | LOAD  (a CALL carries the worker's spin budget)
+        wait:     poll the socket for the slot's spin window (spin.py), then read:
+                  a RESULT ─► checked, returned (the warm call: all of it in exchange())
+        _serve(): anything else, until the RESULT (reading with _next()):
+               READY (first, exactly once)  ─► on_ready(report); an interrupt() that
                                                came before it is signalled now
-               REQUEST ─► HostObjects.handle() here, REPLY   (clock paused meanwhile)
-               RESULT  ─► checked, returned
+               REQUEST ─► _answer(): HostObjects.handle() here, REPLY  (clock paused meanwhile)
                deadline ─► SIGUSR1 (soft) ... grace_s ... kill the tree (hard): DeadlinePassed
-               EOF      ─► WorkerGone
-               anything else, a frame over its cap ─► protocol.ProtocolViolation
+        EOF ─► WorkerGone;  anything else, a frame over its cap ─► protocol.ProtocolViolation
 
-    kill()      the zygote kills its tree (``kill_reason`` says why, for the record)
+    kill()      the zygote kills its tree (``kill_reason``, a KillReason, says why)
     shut_down() SHUTDOWN, then the connection is closed (a retired worker)
     reap()      wait for the zygote's word of its end; how it ended, in words
 
 What a slot, the pool and the crash policy make of an end is not decided
-here (see backends/local.py and host/slot.py).
+here (see supervisor.py and slot.py).
 
 A warm call end to end, the common case (a CALL answered by an OK RESULT, no
 REQUEST), each step one Python frame or less:
@@ -42,20 +42,29 @@ from __future__ import annotations
 import os
 import time
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from ... import protocol as P
-from ..base import Lent
-from ...system.proc import describe_exit
 from ...core.limits import Limits
+from ...protocol import TIMED_OUT
+from ...system.proc import describe_exit
+from ..base import Lent
 from .output import OutputPump
 from .spin import SpinPolicy, calls_in_flight
 from .zygote import Zygote
 
-
 _KIND = {P.Call: P.CALL, P.Prompt: P.PROMPT, P.ModCall: P.MODCALL, P.Load: P.LOAD}
 _READY_CAPS = {P.READY: P.READY_CAP}
-HOST_WAIT_PAUSES_S = 0.005     # a REQUEST the host took at least this long to answer pauses the clock
+HOST_WAIT_PAUSES_S = 0.005     # a REQUEST the host took this long to answer pauses the clock
+
+
+@dataclass(frozen=True)
+class KillReason:
+    """Why a worker ended on purpose, for the record (its slot's ``last_exit``)."""
+    why: str                       # in words: "killed after its 30 s timeout"...
+    counts: bool = True            # a death the crash policy counts (a violation does)
+    code: Optional[int] = None     # the status its call ends with (507: over its memory limit)
 
 
 class WorkerGone(Exception):
@@ -67,10 +76,12 @@ class DeadlinePassed(Exception):
 
 
 class WorkerProcess:
-    __slots__ = ("forked", "zygote", "conn", "started", "tmpdir", "calls", "exit_status", "kill_reason",
-                 "ready", "report", "on_ready", "interrupted", "_caps", "_caps_mb", "_pid")
+    __slots__ = ("forked", "zygote", "conn", "started", "tmpdir", "calls", "exit_status",
+                 "kill_reason", "ready", "report", "on_ready", "interrupted", "_caps", "_caps_mb",
+                 "_pid")
 
-    def __init__(self, forked: Future, zygote: Zygote, conn: P.Connection, tmpdir: Optional[str] = None) -> None:
+    def __init__(self, forked: Future[int], zygote: Zygote, conn: P.Connection,
+                 tmpdir: Optional[str] = None) -> None:
         self.forked = forked                   # the zygote's answer: the pid
         self.zygote = zygote                   # its parent: reaps it, kills it, signals it
         self.conn = conn
@@ -78,12 +89,12 @@ class WorkerProcess:
         self.tmpdir = tmpdir                   # made by the host, removed by the host
         self.calls = 0
         self.exit_status: Optional[int] = None      # set when the zygote reports it
-        self.kill_reason: Optional[dict] = None     # set by whoever killed it on purpose
+        self.kill_reason: Optional[KillReason] = None    # set by whoever ended it on purpose
         self.ready = False                     # its READY arrived (exactly once, first)
-        self.report: dict = {}                 # READY: protections in force
+        self.report: dict[str, str] = {}       # READY: protections in force
         self.on_ready: Callable[["WorkerProcess"], Any] = lambda proc: None
-        self.interrupted = False               # the host cancelled the call in flight (Slot.interrupt)
-        self._caps: dict = {}                  # frame caps during a call, for ...
+        self.interrupted = False               # the host cancelled the call in flight
+        self._caps: dict[int, int] = {}        # frame caps during a call, for ...
         self._caps_mb: Optional[float] = None  # ... this max_result_mb
         self._pid: Optional[int] = None        # the pid, once the zygote said it
 
@@ -94,7 +105,7 @@ class WorkerProcess:
         process when given, see host/templates.py); raises ZygoteGone or OSError.
         Without a template, a worker forked ahead serves an unconfined INIT when there
         is one."""
-        # Not for a confined worker: the one forked ahead holds the host's environment (PRIME).
+        # Not for a confined worker: the one forked ahead holds the host's environment.
         reserved = None if template or init.confine is not None else zygote.take()
         if reserved is not None:
             host_sock, log_r, forked = reserved
@@ -144,21 +155,29 @@ class WorkerProcess:
         return self._pid
 
     @property
-    def protections(self) -> dict:
+    def protections(self) -> dict[str, str]:
         """What its READY said is in force."""
         return {k: v for k, v in self.report.items()
                 if k in ("env", "network", "filesystem", "privileges", "unix_sockets", "syscalls")}
 
     # ------------------------------------------------------------ its end
-    def kill(self, reason: Optional[dict] = None) -> None:
+    def kill(self, reason: Optional[KillReason] = None) -> None:
         """Kill its process tree; the first ``reason`` given is the one recorded."""
         if reason is not None and self.kill_reason is None:
             self.kill_reason = reason
         self.zygote.kill(self.pid)
 
+    def exiting(self, why: str) -> None:
+        """It ends on its own (its library failed to load): ``why`` is the record."""
+        self.kill_reason = KillReason(why, counts=False)
+
+    def exited(self, status: int) -> None:
+        """The zygote reaped it: its Popen-style return code."""
+        self.exit_status = status
+
     def shut_down(self, why: str) -> None:
         """Ask it to exit (it is idle) and let go of it."""
-        self.kill_reason = {"why": why, "counts": False}
+        self.kill_reason = KillReason(why, counts=False)
         try:
             self.conn.send(P.SHUTDOWN)
         except OSError:
@@ -184,12 +203,15 @@ class WorkerProcess:
         return describe_exit(status)
 
     # ------------------------------------------------------------ a call
-    def exchange(self, msg: tuple, objects: Lent, limits: Limits, timeout: Optional[float],
+    # (The warm call's path is exchange() alone, in one frame: send, poll, one read, its
+    # checks; a helper's call on it costs more than the branches it would hide.)
+    def exchange(self, msg: tuple[Any, ...], objects: Lent,  # noqa: C901
+                 limits: Limits, timeout: Optional[float],
                  spin: Optional[SpinPolicy] = None) -> P.Result:
         """Send ``msg`` and serve the worker until its RESULT: READY first (once),
         REQUESTs answered meanwhile; anything else, or a frame over its cap, is a
         protocol violation.  Every read ends by the call's hard deadline.  With
-        ``spin`` (the slot's), the first wait polls before it blocks (host/spin.py).
+        ``spin`` (the slot's), the first wait polls before it blocks (spin.py).
 
         Raises PayloadError (``msg`` could not be sent: nothing was), WorkerGone,
         DeadlinePassed (the tree was killed) or protocol.ProtocolViolation."""
@@ -197,85 +219,124 @@ class WorkerProcess:
         grace = limits.grace_s
         sent = time.monotonic()
         deadline = sent + timeout if timeout else None
-        window = 0.0
-        first = _KIND[type(msg)]
+        if self._caps_mb != limits.max_result_mb:
+            self._set_caps(limits.max_result_mb)
         if not self.ready:
-            spin = None                           # (its first call starts it: nothing to learn from)
-        if self._caps_mb != limits.max_result_mb:          # (built once, not per call)
-            self._caps_mb = limits.max_result_mb
-            self._caps = {P.REQUEST: P.REQUEST_CAP, P.RESULT: int(limits.max_result_mb * 1048576) + P.RESULT_OVERHEAD}
-        call_caps = self._caps
-        soft_sent = False
+            spin = None                           # (its first call starts it: nothing to learn)
         objects.conn = conn
         token = id(self)                          # (one call at a time per worker)
         calls = calls_in_flight.enter(token)
         try:
+            # Send: a CALL carries the worker's spin budget.
+            kind = _KIND[type(msg)]
+            window = 0.0
             if spin is not None:
                 window, budget = spin.plan(sent, calls)
-                if first == P.CALL and budget != msg[-1]:
-                    msg = msg[:-1] + (budget,)    # spin_us, its last field (sent as a plain tuple anyway)
+                if kind == P.CALL and budget != msg[-1]:
+                    msg = msg[:-1] + (budget,)    # spin_us, its last field (sent as a tuple anyway)
             try:
                 # A worker that stops reading cannot hold the host past the hard deadline.
-                conn.send(first, msg, None if deadline is None else deadline + grace)
+                conn.send(kind, msg, None if deadline is None else deadline + grace)
             except TimeoutError:
                 raise P.ProtocolViolation(conn.broken) from None
             except OSError:
-                pass                              # the worker is gone: the read below tells how
-            # Poll for the answer a short while before sleeping; never past the deadline.
+                pass                              # the worker is gone: the read tells how
+            # Wait: poll for the answer a short while before sleeping; never past the deadline.
+            caught = None
             if window:
                 until = sent + window
                 caught = conn.spin(until if deadline is None or until < deadline else deadline)
-            else:
-                caught = None
-            while True:
-                try:
-                    kind, payload = conn.recv_frame(deadline, call_caps if self.ready else _READY_CAPS)
-                    reply = P.parse_from_worker(kind, payload, conn.decoder)
-                except TimeoutError:
-                    if not soft_sent:
-                        soft_sent = True
-                        self.zygote.signal(self.pid, P.SOFT_TIMEOUT_SIGNAL)
-                        deadline = time.monotonic() + grace
-                        continue
-                    self.kill({"why": f"killed after its {timeout:g} s timeout", "counts": False})
-                    raise DeadlinePassed from None
-                except (EOFError, OSError):
-                    raise WorkerGone from None
-                if kind == P.RESULT:
-                    if reply[1] == P.TIMED_OUT and not soft_sent and not self.interrupted:
-                        raise P.ProtocolViolation("it reported a timeout nobody signalled")
-                    if conn.pending():
-                        raise P.ProtocolViolation("it sent more after its RESULT")
-                    if spin is not None:
-                        spin.answered(sent, time.monotonic(), caught)
-                    return reply
-                if kind == P.READY:
-                    self.ready = True
-                    if self.interrupted and not soft_sent:   # interrupt() came before READY
-                        self.zygote.signal(self.pid, P.SOFT_TIMEOUT_SIGNAL)
-                    self.report = reply.report
-                    self.on_ready(self)
-                    continue
-                t0 = time.monotonic()             # a REQUEST
-                objects.deadline = None if deadline is None else deadline + (0 if soft_sent else grace)
-                answer = objects.handle(reply, conn.decoder.saw_ref)
-                if conn.broken:                   # during a callback into the tool
-                    raise P.ProtocolViolation(conn.broken)
-                try:
-                    try:
-                        conn.send(P.REPLY, answer, objects.deadline)
-                    except P.PayloadError as exc:
-                        conn.send(P.REPLY, (False, ["TypeError", [f"the host's answer cannot be sent: {exc}"]]),
-                                  objects.deadline)
-                except TimeoutError:
-                    raise P.ProtocolViolation(conn.broken) from None
-                except OSError:
-                    pass
-                waited = time.monotonic() - t0
-                if deadline is not None and waited >= HOST_WAIT_PAUSES_S:
-                    # Waiting for the host (a person confirming, an LLM generating) does not
-                    # count; a flood of quick requests does, or it could stretch the deadline.
-                    deadline += waited
+            reply: Any                            # (the message parse_from_worker checked)
+            try:
+                kind, payload = conn.recv_frame(deadline, self._caps if self.ready else _READY_CAPS)
+                reply = P.parse_from_worker(kind, payload, conn.decoder)
+            except TimeoutError:
+                kind, reply = 0, None
+            except (EOFError, OSError):
+                raise WorkerGone from None
+            soft_sent = False
+            if kind != P.RESULT:                  # READY, a REQUEST, the deadline: serve them
+                reply, soft_sent = self._serve(kind, reply, objects, deadline, grace, timeout)
+            if reply.outcome == TIMED_OUT and not soft_sent and not self.interrupted:
+                raise P.ProtocolViolation("it reported a timeout nobody signalled")
+            if conn.pending():
+                raise P.ProtocolViolation("it sent more after its RESULT")
+            if spin is not None:
+                spin.answered(sent, time.monotonic(), caught)
+            return reply
         finally:
             calls_in_flight.leave(token)
             objects.release()
+
+    def _set_caps(self, max_result_mb: float) -> None:
+        """The frame caps during a call (kept: built again only when the limit changes)."""
+        self._caps_mb = max_result_mb
+        self._caps = {P.REQUEST: P.REQUEST_CAP,
+                      P.RESULT: int(max_result_mb * 1048576) + P.RESULT_OVERHEAD}
+
+    def _next(self, deadline: Optional[float]) -> tuple[int, Any]:
+        """(_serve) The worker's next message, decoded and checked: (kind, its
+        NamedTuple); (0, None) when the deadline passed first.  WorkerGone at EOF."""
+        conn = self.conn
+        try:
+            kind, payload = conn.recv_frame(deadline, self._caps if self.ready else _READY_CAPS)
+            return kind, P.parse_from_worker(kind, payload, conn.decoder)
+        except TimeoutError:
+            return 0, None
+        except (EOFError, OSError):
+            raise WorkerGone from None
+
+    def _serve(self, kind: int, reply: Any, objects: Lent, deadline: Optional[float],
+               grace: float, timeout: Optional[float]) -> tuple[P.Result, bool]:
+        """From a message that was not the RESULT (READY, a REQUEST, the deadline) on,
+        serve the worker until its RESULT: (the RESULT, whether the soft timeout was
+        signalled).  Past the deadline: SIGUSR1, and past its grace, the tree killed."""
+        soft_sent = False
+        while kind != P.RESULT:
+            if not kind:                          # the deadline passed
+                if soft_sent:
+                    self.kill(KillReason(f"killed after its {timeout:g} s timeout", counts=False))
+                    raise DeadlinePassed
+                soft_sent = True
+                self.zygote.signal(self.pid, P.SOFT_TIMEOUT_SIGNAL)
+                deadline = time.monotonic() + grace
+            elif kind == P.READY:
+                self._ready(reply, soft_sent)
+            else:
+                deadline = self._answer(reply, objects, deadline, 0.0 if soft_sent else grace)
+            kind, reply = self._next(deadline)
+        return reply, soft_sent
+
+    def _ready(self, ready: P.Ready, soft_sent: bool) -> None:
+        self.ready = True
+        if self.interrupted and not soft_sent:   # interrupt() came before READY
+            self.zygote.signal(self.pid, P.SOFT_TIMEOUT_SIGNAL)
+        self.report = ready.report
+        self.on_ready(self)
+
+    def _answer(self, request: P.Request, objects: Lent, deadline: Optional[float],
+                grace: float) -> Optional[float]:
+        """Serve one REQUEST and send its REPLY; the call's deadline, moved by the time
+        the host took when that was long enough not to count."""
+        conn = self.conn
+        t0 = time.monotonic()
+        objects.deadline = None if deadline is None else deadline + grace
+        answer = objects.handle(request, conn.decoder.saw_ref)
+        if conn.broken:                           # during a callback into the tool
+            raise P.ProtocolViolation(conn.broken)
+        try:
+            try:
+                conn.send(P.REPLY, answer, objects.deadline)
+            except P.PayloadError as exc:
+                why = f"the host's answer cannot be sent: {exc}"
+                conn.send(P.REPLY, (False, ["TypeError", [why]]), objects.deadline)
+        except TimeoutError:
+            raise P.ProtocolViolation(conn.broken) from None
+        except OSError:
+            pass
+        waited = time.monotonic() - t0
+        if deadline is not None and waited >= HOST_WAIT_PAUSES_S:
+            # Waiting for the host (a person confirming, an LLM generating) does not
+            # count; a flood of quick requests does, or it could stretch the deadline.
+            deadline += waited
+        return deadline

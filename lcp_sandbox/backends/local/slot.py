@@ -10,6 +10,15 @@ that keep dying put the library in quarantine, for a back-off that doubles.
                    └─► quarantined for backoff_s (5 s, 10 s, ... 300 s)
     call ───► refuse_if_quarantined() ─► 503 while it lasts
     a call served ──► served(): the fresh-death count and the back-off start over
+
+Its fields are written by its own methods only; the supervisor, the templates
+and the watchdog read them and call these:
+
+    configure(limits)  begin_call()  end_call(now)        a call (supervisor)
+    attach(proc, start, template)  started_fresh(why)     a worker started (templates)
+    detach(proc)  ended(how)                              a worker gone (supervisor)
+    measured(...)  owe_sample() / sample_taken()          memory samples (watchdog)
+    owe_idle() / idle_checked()                           the idle deadline (watchdog)
 """
 from __future__ import annotations
 
@@ -21,9 +30,9 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from ... import protocol as P
 from ...core.discovery import Library
-from ...system.proc import tree_memory
 from ...core.limits import Limits
 from ...core.outcomes import Unavailable
+from ...system.proc import tree_memory
 from .spin import SpinPolicy
 
 if TYPE_CHECKING:
@@ -40,7 +49,7 @@ class FifoLock:
 
     def __init__(self) -> None:
         self._mutex = threading.Lock()
-        self._waiters: collections.deque = collections.deque()
+        self._waiters: collections.deque[threading.Lock] = collections.deque()
         self._held = threading.Lock()
 
     def acquire(self, timeout: Optional[float] = None) -> bool:
@@ -94,7 +103,7 @@ class Slot:
     lock: FifoLock = field(default_factory=FifoLock)
     proc: Optional["WorkerProcess"] = None
     busy: bool = False
-    caller: Optional[int] = None           # the host thread whose call runs (interrupt() targets it)
+    caller: Optional[int] = None           # the host thread whose call runs (interrupt())
     interrupted: bool = False              # interrupt() signalled the call in flight
     calls: int = 0
     starts: int = 0
@@ -102,10 +111,10 @@ class Slot:
     peak_rss: int = 0
     peak_uss: int = 0
     start: str = ""                        # how its worker started: "template" | "fresh (why)"
-    template: Optional[tuple] = None       # the key of the template it was forked from
+    template: Optional[tuple[Any, ...]] = None     # the key of the template it came from
     # crash-loop bookkeeping
     fresh_deaths: int = 0
-    deaths: collections.deque = field(default_factory=collections.deque)
+    deaths: collections.deque[float] = field(default_factory=collections.deque)
     quarantined_until: float = 0.0
     backoff_s: float = 0.0
     last_used: float = 0.0
@@ -122,11 +131,62 @@ class Slot:
     def restarts(self) -> int:
         return max(0, self.starts - 1)
 
+    # ------------------------------------------------------------ calls
+    def configure(self, limits: Limits) -> None:
+        """The library's settings as the call that arrives says them."""
+        self.limits = limits
+
     def begin_call(self) -> None:
         """Its worker is about to get a call from this thread."""
         self.busy = True
         self.interrupted = False
         self.caller = threading.get_ident()
+
+    def end_call(self, now: float) -> None:
+        """The call ended (answered or not) at ``now``."""
+        self.busy = False
+        self.caller = None
+        self.last_used = now
+
+    # ------------------------------------------------------------ its worker
+    def attach(self, proc: "WorkerProcess", start: str,
+               template: Optional[tuple[Any, ...]] = None) -> None:
+        """``proc`` serves it now; ``start`` says how it started ("template", "fresh (why)")."""
+        self.proc, self.start, self.template = proc, start, template
+        self.starts += 1
+
+    def started_fresh(self, why: str) -> None:
+        """Its worker imported the library itself after all (``why``)."""
+        self.start = f"fresh ({why})"
+
+    def detach(self, proc: "WorkerProcess") -> bool:
+        """``proc`` no longer serves it; False when it was not its worker (any more)."""
+        if self.proc is not proc:
+            return False
+        self.proc = None
+        return True
+
+    def ended(self, how: str) -> None:
+        """How its last worker ended, in words."""
+        self.last_exit = how
+
+    # ------------------------------------------------------------ the watchdog's marks
+    def owe_sample(self) -> bool:
+        """A memory sample becomes due; False when one already was."""
+        owed, self.sample_due = not self.sample_due, True
+        return owed
+
+    def sample_taken(self) -> None:
+        self.sample_due = False
+
+    def owe_idle(self) -> bool:
+        """The watchdog keeps its idle deadline; False when it already did."""
+        owed, self.idle_due = not self.idle_due, True
+        return owed
+
+    def idle_checked(self) -> None:
+        """The idle deadline is no longer kept (the next call's end keeps it again)."""
+        self.idle_due = False
 
     def interrupt(self) -> bool:
         """Signal the call in flight as its soft timeout would (the host cancelled it).
@@ -155,7 +215,7 @@ class Slot:
             self.measured(pid, rss, uss, now)
         return self.mem_rss, self.mem_uss, max(0.0, now - self.mem_at)
 
-    def stats(self, now: float) -> dict:
+    def stats(self, now: float) -> dict[str, Any]:
         """What Supervisor.stats() says of this slot: ``library``, ``tenant``, ``pid``
         (None when no worker runs), ``state`` (idle, busy, stopped or quarantined),
         ``calls``, ``restarts``, ``last_exit`` (how the last worker ended),
@@ -175,17 +235,20 @@ class Slot:
         call ended since; the peaks are the largest samples."""
         proc = self.proc
         pid = proc.known_pid if proc is not None and proc.exit_status is None else None
-        alive = pid is not None
-        rss, uss, age = self.memory(pid, now) if alive else (0, 0, None)
+        rss, uss = 0, 0
+        age: Optional[float] = None
+        if pid is not None:
+            rss, uss, age = self.memory(pid, now)
         return {
             "library": self.library.name, "tenant": self.tenant,
             "pid": pid,
             "state": ("quarantined" if self.quarantined_until > now else
-                      "busy" if self.busy else "idle" if alive else "stopped"),
+                      "busy" if self.busy else "idle" if pid is not None else "stopped"),
             "calls": self.calls, "restarts": self.restarts, "last_exit": self.last_exit,
-            "rss": rss, "peak_rss": max(self.peak_rss, rss), "uss": uss, "peak_uss": max(self.peak_uss, uss),
+            "rss": rss, "peak_rss": max(self.peak_rss, rss),
+            "uss": uss, "peak_uss": max(self.peak_uss, uss),
             "memory_age_s": age, "start": self.start or None,
-            "protections": proc.protections if alive else {},
+            "protections": proc.protections if proc is not None and pid is not None else {},
             "workspace_root": self.root or None,
             "spin": self.spin.stats(),
         }
@@ -193,8 +256,9 @@ class Slot:
     def refuse_if_quarantined(self, tool: str, now: float) -> None:
         if self.quarantined_until > now:
             raise Unavailable.not_run(
-                self.library.name, tool, f"the library is quarantined after its workers died repeatedly "
-                f"({self.last_exit}); it will be retried in {self.quarantined_until - now:.0f} s.")
+                self.library.name, tool, f"the library is quarantined after its workers died "
+                f"repeatedly ({self.last_exit}); it will be retried in "
+                f"{self.quarantined_until - now:.0f} s.")
 
     def served(self) -> None:
         """A worker answered a call: the crash loop, if any, is over."""
@@ -217,12 +281,13 @@ class Slot:
         return None
 
 
-def evict_one(slots: list, asking: Slot, tenant: Optional[str],
+def evict_one(slots: list[Slot], asking: Slot, tenant: Optional[str],
               retire: Callable[[Slot, "WorkerProcess", str, str], None]) -> bool:
     """Retire the least recently used idle worker (of ``tenant`` if given) to make
     room for ``asking``'s; False when none is idle."""
-    candidates = sorted((s for s in slots if s is not asking and s.proc is not None and not s.busy
-                         and (tenant is None or s.tenant == tenant)), key=lambda s: s.last_used)
+    candidates = sorted((s for s in slots if s is not asking and s.proc is not None
+                         and not s.busy and (tenant is None or s.tenant == tenant)),
+                        key=lambda s: s.last_used)
     for victim in candidates:
         if victim.lock.acquire(timeout=0):
             try:

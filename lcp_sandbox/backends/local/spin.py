@@ -18,8 +18,9 @@ when the typical wait is longer than the cap: spinning only where it pays off.
 Polls that miss twice in a row pause that side's polling for 1, 2, 4 ... 64
 calls (when both sides share one CPU, a poll only delays the other side).
 Nothing spins when at least as many calls are in flight in this host process
-as it has usable CPUs (its affinity, or a cgroup quota; ``calls_in_flight``), and nothing spins outside the
-window right after a call: an idle worker sleeps in a blocking read.
+as it has usable CPUs (its affinity, or a cgroup quota; ``calls_in_flight``), and
+nothing spins outside the window right after a call: an idle worker sleeps in a
+blocking read.
 
 The worker's reads are bounded by what the host told it (the host's message
 is trusted); the host's by its own window and the call's deadline, never by
@@ -39,12 +40,15 @@ def usable_cpus(cgroup: str = "/sys/fs/cgroup") -> int:
     """CPUs this process may run on: its affinity, lowered by a cgroup CPU quota
     (a container limited to 1 CPU on a 2-CPU machine must not spin on both)."""
     n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    for quota_file, period_file in (("cpu.max", None), ("cpu/cpu.cfs_quota_us", "cpu/cpu.cfs_period_us")):
+    for quota_file, period_file in (("cpu.max", None),
+                                    ("cpu/cpu.cfs_quota_us", "cpu/cpu.cfs_period_us")):
         try:
             with open(os.path.join(cgroup, quota_file)) as f:
                 words = f.read().split()
-            quota, period = words[0], words[1] if period_file is None else None
-            if period_file is not None:
+            quota = words[0]
+            if period_file is None:
+                period = words[1]
+            else:
                 with open(os.path.join(cgroup, period_file)) as f:
                     period = f.read().strip()
             if quota not in ("max", "-1") and int(period) > 0:
@@ -65,7 +69,7 @@ class InFlight:
     __slots__ = ("_calls",)
 
     def __init__(self) -> None:
-        self._calls: set = set()
+        self._calls: set[int] = set()
 
     def enter(self, token: int) -> int:
         """Count the call ``token`` (unique while it runs); returns the count with it."""
@@ -123,8 +127,9 @@ class SpinPolicy:
 
     ``plan`` before a call is sent, ``answered`` when its RESULT arrived."""
 
-    __slots__ = ("service", "gap", "last_answer", "host_window", "worker_budget", "host_hits", "host_misses",
-                 "worker_hits", "worker_misses", "off_busy", "host_backoff", "worker_backoff")
+    __slots__ = ("service", "gap", "last_answer", "host_window", "worker_budget", "host_hits",
+                 "host_misses", "worker_hits", "worker_misses", "off_busy", "host_backoff",
+                 "worker_backoff")
 
     def __init__(self) -> None:
         self.service = SPIN_CAP_S        # running averages (s): optimistic until measured
@@ -159,8 +164,9 @@ class SpinPolicy:
             self.host_window = self.worker_budget = 0.0
             return 0.0, 0
         # (``hold and``: no call into a back-off that holds nothing, the common case)
-        self.host_window = 0.0 if self.host_backoff.hold and self.host_backoff.paused() else _window(self.service)
-        self.worker_budget = 0.0 if self.worker_backoff.hold and self.worker_backoff.paused() else _window(self.gap)
+        host, worker = self.host_backoff, self.worker_backoff
+        self.host_window = 0.0 if host.hold and host.paused() else _window(self.service)
+        self.worker_budget = 0.0 if worker.hold and worker.paused() else _window(self.gap)
         return self.host_window, int(self.worker_budget * 1e6)
 
     def answered(self, sent: float, now: float, caught: Optional[bool]) -> None:
@@ -177,7 +183,7 @@ class SpinPolicy:
             else:
                 self.host_misses += 1
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, float]:
         return {"host_window_us": round(self.host_window * 1e6, 1),
                 "worker_window_us": round(self.worker_budget * 1e6, 1),
                 "host_hits": self.host_hits, "host_misses": self.host_misses,

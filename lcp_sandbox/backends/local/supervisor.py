@@ -1,7 +1,7 @@
 """The local backend: the supervisor of this machine's worker processes.
 
     SandboxedBinding.execute_tool ─► Supervisor.run(spec, msg, objects)
-        slot = slots[spec.key]                         (tenant, library, root): one FIFO lock each
+        slot = slots[spec.key]                  (tenant, library, root): one FIFO lock each
         with slot.lock:
             a live worker, called within the last ms (the warm case)? straight on; else
             _worker_for():  closed / quarantined? ─► 503
@@ -11,13 +11,11 @@
                                            RESULT other ─► _outcome(): the value, or an outcome
                   raised ─► _failed(): WorkerGone ─► buried, 500 (507 if the watchdog killed it)
                            ProtocolViolation ─► _violation()  killed, 500
-                           DeadlinePassed ─► 504 (killed); a soft timeout the tool obeyed: 504, kept
+                           DeadlinePassed ─► 504 (killed); a soft timeout obeyed: 504, kept
+                  (_outcome, _failed, _violation: endings.py, what each end means)
         after the call: a waiting tenant may take this worker's room (pool fairness)
 
-    host/process.py WorkerProcess (spawn, exchange, deadlines, kill, reap); host/slot.py
-    Slot (FIFO, counters, quarantine); host/watchdog.py idle workers, USS against memory_mb;
-    host/pool.py room and fairness; host/outcomes.py SandboxEvent; host/zygote.py forks,
-    reaps, kills; host/templates.py library templates; host/output.py stdout/stderr
+    (the other modules of backends/local/: its __init__.py says what each holds)
 Calls to one worker are served one at a time in arrival order; calls to
 different slots never wait for each other (no global lock is held while a
 call runs).
@@ -31,24 +29,24 @@ import shutil
 import threading
 import time
 import weakref
+from concurrent.futures import Future
 from typing import Any, Callable, Optional
 
 from ... import protocol as P
-from ...core.normalize import OUT_OF_MEMORY
+from ...core.outcomes import Unavailable
 from ...core.policy import DEFAULT_RUN_AS, not_in_force, run_as_ids
-from .handover import hand_over_root
+from ...protocol import OK, invalid_answer
+from ..base import Closing, Lent, WorkerSpec, emit
 from .descriptors import out_of_descriptors, raise_open_files_limit
-from ...core.outcomes import (CallFailed, Cancelled, OutOfMemory, ProtocolViolated,  # noqa: F401 (exported)
-                             SandboxEvent, TimedOut, Unavailable, WorkerDied)
+from .endings import CallEnds
+from .handover import hand_over_root
 from .output import OutputPump
 from .pool import Pool
-from .process import DeadlinePassed, WorkerGone, WorkerProcess
+from .process import WorkerProcess
 from .slot import CrashPolicy, Slot, evict_one
 from .templates import Templates
 from .watchdog import Watchdog
 from .zygote import Zygote, ZygoteGone
-from ...protocol import invalid_answer, is_error, rebuild_error
-from ..base import Closing, Lent, WorkerSpec, emit
 
 log = logging.getLogger("lcp_sandbox")
 
@@ -61,14 +59,15 @@ def _close_all() -> None:
         sup.close()
 
 
-class Supervisor(Closing):
+class Supervisor(CallEnds, Closing):
     """Owns the zygote, the worker slots and the threads that watch them (a Backend)."""
 
-    def __init__(self, max_workers: Optional[int] = None, max_workers_per_tenant: Optional[int] = None,
+    def __init__(self, max_workers: Optional[int] = None,
+                 max_workers_per_tenant: Optional[int] = None,
                  idle_timeout_s: Optional[float] = None, confine: bool = False,
                  on_event: Optional[Callable[[dict], None]] = None,
                  crash_policy: Optional[CrashPolicy] = None, watch_interval_s: float = 0.05,
-                 run_as: tuple = DEFAULT_RUN_AS) -> None:
+                 run_as: tuple[int, int] = DEFAULT_RUN_AS) -> None:
         """``confine`` is the default for bindings that do not say (see worker/confine/);
         ``run_as`` is the (uid, gid) a confined worker of a root host runs as (per
         library: ``"sandbox": {"run_as": ...}``); ``on_event`` gets a dict per
@@ -80,7 +79,7 @@ class Supervisor(Closing):
         self.idle_timeout_s = idle_timeout_s
         self.on_event = on_event
         self.pool = Pool(max_workers, max_workers_per_tenant)
-        self._slots: dict[tuple, Slot] = {}
+        self._slots: dict[tuple[str, str, str], Slot] = {}
         self._by_pid: dict[int, Slot] = {}
         self._lock = threading.Lock()
         self._zygote: Optional[Zygote] = None
@@ -96,7 +95,8 @@ class Supervisor(Closing):
         _live_supervisors.add(self)
 
     def _event(self, kind: str, slot: Slot, **details: Any) -> None:
-        emit(self.on_event, {"event": kind, "tenant": slot.tenant, "library": slot.library.name, **details})
+        emit(self.on_event, {"event": kind, "tenant": slot.tenant, "library": slot.library.name,
+                             **details})
 
     # ------------------------------------------------------------ calling
     def run(self, spec: WorkerSpec, msg: tuple, objects: Lent, *, tool: str,
@@ -110,10 +110,11 @@ class Supervisor(Closing):
         timeout = spec.limits.timeout_s if timeout_s is None else timeout_s
         queue_deadline = time.monotonic() + timeout if timeout else None
         slot = self._slots.get(spec.key) or self._slot(spec)
-        slot.limits = spec.limits
+        if slot.limits is not spec.limits:       # (the binding keeps its specs: seldom)
+            slot.configure(spec.limits)
         if not slot.lock.acquire(timeout=timeout if timeout else None):
-            raise Unavailable.not_run(spec.library.name, tool, f"its worker stayed busy with earlier calls "
-                                      f"for the whole {timeout:g} s timeout.")
+            raise Unavailable.not_run(spec.library.name, tool, f"its worker stayed busy with "
+                                      f"earlier calls for the whole {timeout:g} s timeout.")
         try:
             proc = slot.proc
             now = time.monotonic()
@@ -122,26 +123,26 @@ class Supervisor(Closing):
                     or slot.quarantined_until > now or self._closed):
                 proc = self._worker_for(slot, spec, tool, queue_deadline, now)
             slot.begin_call()
-            self._watchdog.call_started(slot)
+            if slot.limits.memory_mb:           # (the watchdog samples it while it runs)
+                self._watchdog.call_started(slot)
             try:
                 result = proc.exchange(msg, objects, slot.limits, timeout, slot.spin)
             except BaseException as exc:
                 self._failed(slot, proc, tool, timeout, exc)      # (raises the call's outcome)
             proc.calls += 1
             slot.served()
-            value = result[0]
-            if result[1] == P.OK:
+            value, outcome, _ = result
+            if outcome == OK:
                 why = invalid_answer(msg, value)
                 if why:
                     self._violation(slot, proc, tool, why)
                 return value
             return self._outcome(slot, proc, msg, result, tool, timeout)
         finally:
-            slot.busy = False
-            slot.caller = None
-            slot.last_used = time.monotonic()
+            slot.end_call(time.monotonic())
             if slot.proc is not None and self.pool.limited and self.pool.should_yield(spec.tenant):
-                self._retire(slot, slot.proc, "evict", "stopped to give its room to a waiting tenant")
+                self._retire(slot, slot.proc, "evict",
+                             "stopped to give its room to a waiting tenant")
             self._watchdog.call_ended(slot)     # (holding the lock: see Watchdog._idle)
             slot.lock.release()
             zyg = self._zygote
@@ -150,10 +151,11 @@ class Supervisor(Closing):
 
     def _slot(self, spec: WorkerSpec) -> Slot:
         with self._lock:
-            return self._slots.setdefault(spec.key, Slot(spec.tenant, spec.library, spec.limits, spec.root))
+            return self._slots.setdefault(spec.key, Slot(spec.tenant, spec.library, spec.limits,
+                                                         spec.root))
 
-    def _worker_for(self, slot: Slot, spec: WorkerSpec, tool: str, queue_deadline: Optional[float],
-                    now: float) -> WorkerProcess:
+    def _worker_for(self, slot: Slot, spec: WorkerSpec, tool: str,
+                    queue_deadline: Optional[float], now: float) -> WorkerProcess:
         """The slot's worker, alive and idle, started if need be (503: closed, quarantined)."""
         if self._closed:
             raise Unavailable.not_run(slot.library.name, tool, "the sandbox supervisor is closed.")
@@ -169,80 +171,13 @@ class Supervisor(Closing):
                 self._bury(slot, proc, served_a_call=proc.calls > 0)
             proc = None if slot.proc is not proc else proc
         if proc is None:
+            assert spec.init is not None, "a spec run here says how its worker starts"
             proc = self._spawn(slot, spec.init(), queue_deadline, tool)
         return proc
 
-    def _failed(self, slot: Slot, proc: WorkerProcess, tool: str, timeout: Optional[float],
-                exc: BaseException) -> None:
-        """The exchange raised ``exc``: the worker's fate; raises the call's SandboxEvent (or ``exc``)."""
-        name = slot.library.name
-        if isinstance(exc, WorkerGone):
-            how = self._bury(slot, proc, served_a_call=proc.calls > 0)
-            reason = proc.kill_reason
-            if self._closed:
-                raise Unavailable(f"[{name}] tool '{tool}' was stopped: the sandbox supervisor was closed while it ran.")
-            if reason and reason.get("code") == OUT_OF_MEMORY:
-                self._event("memory", slot, pid=proc.pid, tool=tool, reason=reason["why"])
-                raise OutOfMemory.killed(name, tool, reason["why"])
-            raise WorkerDied(name, tool, how)
-        if isinstance(exc, P.ProtocolViolation):
-            self._violation(slot, proc, tool, str(exc))
-        if isinstance(exc, DeadlinePassed):
-            self._bury(slot, proc, served_a_call=True)
-            self._event("timeout", slot, pid=proc.pid, tool=tool, stage="hard", seconds=timeout)
-            raise TimedOut(name, tool, timeout, killed=True) from None
-        if isinstance(exc, P.PayloadError):
-            raise CallFailed.not_run(name, tool, f"its parameters could not be sent to the worker ({exc}); "
-                                     f"the worker was kept.") from None
-        # Whatever went wrong here, the stream may be out of step: never reuse it.
-        proc.kill({"why": f"stopped after an error in the host ({type(exc).__name__})", "counts": False})
-        self._bury(slot, proc, served_a_call=True)
-        if not isinstance(exc, Exception):
-            raise exc
-        log.exception("internal error while %s ran %s", name, tool)
-        raise CallFailed(f"[{name}] tool '{tool}': the host failed while handling the call "
-                         f"({type(exc).__name__}: {exc}); the worker was stopped and will be replaced on "
-                         f"the next call.") from None
-
-    def _outcome(self, slot: Slot, proc: WorkerProcess, msg: tuple, result: P.Result, tool: str,
-                 timeout: Optional[float]) -> Any:
-        """A RESULT other than OK: what the call's caller gets."""
-        name = slot.library.name
-        outcome, value = result.outcome, result.value
-        if outcome == P.TIMED_OUT and slot.interrupted:
-            self._event("interrupt", slot, pid=proc.pid, tool=tool)
-            raise Cancelled(name, tool)
-        if outcome == P.TIMED_OUT:
-            self._event("timeout", slot, pid=proc.pid, tool=tool, stage="soft", seconds=timeout)
-            raise TimedOut(name, tool, timeout, killed=False)
-        if outcome == P.OUT_OF_MEMORY:
-            raise OutOfMemory.uncaught(name, tool, result.detail[:500], slot.limits.memory_mb)
-        if outcome == P.LOAD_FAILED:              # the worker exits: start fresh next time
-            proc.kill_reason = {"why": "library failed to load", "counts": False}
-            self._bury(slot, proc, served_a_call=True)
-            if type(msg) is P.Call:
-                if invalid_answer(msg, value):
-                    self._violation(slot, proc, tool, "malformed load failure")
-                return value
-            if type(msg) is P.Load:
-                return value
-            raise rebuild_error(*value) if is_error(value) else RuntimeError(f"library {name} failed to load")
-        # RAISED: a module function called by the host raised
-        if type(msg) is not P.ModCall:
-            self._violation(slot, proc, tool, "an exception result for a call that cannot raise")
-        raise rebuild_error(*value)
-
-    def _violation(self, slot: Slot, proc: WorkerProcess, tool: Optional[str], what: str) -> None:
-        """The worker broke the protocol: kill its tree, never believe it (and, during
-        a call, end the call)."""
-        proc.kill({"why": f"broke the protocol ({what})", "counts": True})
-        self._bury(slot, proc, served_a_call=proc.calls > 0)
-        self._event("violation", slot, pid=proc.known_pid, tool=tool, reason=what)
-        if tool is not None:
-            raise ProtocolViolated(slot.library.name, tool, what)
-
     # ------------------------------------------------------------ workers
-    def _zyg(self) -> Zygote:
+    def _zyg(self) -> tuple[Zygote, OutputPump]:
+        """The zygote, started if need be, and the pump of its workers' output."""
         with self._lock:
             if self._closed:
                 raise Unavailable("The sandbox supervisor is closed.")
@@ -251,9 +186,9 @@ class Supervisor(Closing):
                     self._zygote = Zygote(on_exit=self._on_exit)
                 except ZygoteGone as exc:
                     raise Unavailable(f"The sandbox could not start: {exc}") from None
-                self._pump = self._pump or OutputPump()
+            self._pump = pump = self._pump or OutputPump()
             self._watchdog.start()
-            return self._zygote
+            return self._zygote, pump
 
     def start(self) -> None:
         """Start the zygote now and wait until it can fork (else the first call does)."""
@@ -262,31 +197,37 @@ class Supervisor(Closing):
     def _on_exit(self, pid: int, status: int) -> None:
         slot = self._by_pid.pop(pid, None)
         if slot is not None and slot.proc is not None and slot.proc.pid == pid:
-            slot.proc.exit_status = status
+            slot.proc.exited(status)
         elif slot is None:
             self.templates.exited(pid)
 
-    def _spawn(self, slot: Slot, init: P.Init, deadline: Optional[float], tool: str) -> WorkerProcess:
+    def _room(self, slot: Slot, deadline: Optional[float], tool: str) -> None:
+        """Room in the pool for one more worker of ``slot``'s tenant (503 at ``deadline``)."""
+        pool = self.pool
+        if not pool.limited:
+            return pool.reserve(slot.tenant, None, lambda tenant: False)
+        try:
+            pool.reserve(slot.tenant, deadline, lambda tenant: evict_one(
+                list(self._slots.values()), slot, tenant, self._retire))
+        except TimeoutError:
+            raise Unavailable.not_run(slot.library.name, tool, f"no worker became free in time "
+                                      f"(pool of {pool.max_workers} workers, "
+                                      f"{pool.max_per_tenant} per tenant, all busy).") from None
+
+    def _spawn(self, slot: Slot, init: P.Init, deadline: Optional[float],
+               tool: str) -> WorkerProcess:
         name = slot.library.name
-        if self.pool.limited:
-            try:
-                self.pool.reserve(slot.tenant, deadline, lambda tenant: evict_one(list(self._slots.values()), slot, tenant, self._retire))
-            except TimeoutError:
-                raise Unavailable.not_run(name, tool, f"no worker became free in time (pool of "
-                                          f"{self.pool.max_workers} workers, {self.pool.max_per_tenant} per "
-                                          f"tenant, all busy).") from None
-        else:
-            self.pool.reserve(slot.tenant, None, lambda tenant: False)
+        self._room(slot, deadline, tool)
         tmpdir = None
         try:
-            zyg = self._zyg()
+            zyg, pump = self._zyg()
             try:
                 if self.protections_off:
                     init = init._replace(disabled=sorted(self.protections_off))
                 if init.confine is not None:
                     init = hand_over_root(init, slot.limits.run_as or self.run_as, name, tool)
                     tmpdir = init.tmpdir
-                proc = self.templates.start(zyg, slot, init, self._pump, deadline)
+                proc = self.templates.start(zyg, slot, init, pump, deadline)
             except (ZygoteGone, OSError) as exc:
                 raise Unavailable.not_run(name, tool, f"could not start a worker: {exc}" + (
                     out_of_descriptors(exc) or "")) from None
@@ -296,10 +237,13 @@ class Supervisor(Closing):
                 shutil.rmtree(tmpdir, ignore_errors=True)
             raise
         proc.on_ready = functools.partial(self._ready, slot, init)
-        slot.proc = proc
-        slot.starts += 1
-        proc.forked.add_done_callback(lambda f: f.exception() is None and self._by_pid.__setitem__(f.result(), slot))
+        proc.forked.add_done_callback(functools.partial(self._forked, slot))
         return proc
+
+    def _forked(self, slot: Slot, forked: Future[int]) -> None:
+        """The zygote said the pid of ``slot``'s worker: its end will be told by it."""
+        if forked.exception() is None:
+            self._by_pid[forked.result()] = slot
 
     def _ready(self, slot: Slot, init: P.Init, proc: WorkerProcess) -> None:
         """The worker's READY: what protections are in force; one clear warning per
@@ -314,8 +258,7 @@ class Supervisor(Closing):
 
     def _detach(self, slot: Slot, proc: WorkerProcess) -> None:
         """``proc`` no longer serves ``slot``: give its room back to the pool."""
-        if slot.proc is proc:
-            slot.proc = None
+        if slot.detach(proc):
             self.pool.release(slot.tenant)
             self.templates.released(slot.template)
             if proc.tmpdir:
@@ -324,7 +267,7 @@ class Supervisor(Closing):
     def _retire(self, slot: Slot, proc: WorkerProcess, kind: str, why: str) -> None:
         """Stop an idle worker on purpose (eviction, idle timeout, host request)."""
         proc.shut_down(why)
-        slot.last_exit = why
+        slot.ended(why)
         self._detach(slot, proc)
         self._watchdog.retiring(proc)
         self._event(kind, slot, pid=proc.pid, reason=why)
@@ -332,14 +275,15 @@ class Supervisor(Closing):
     def _bury(self, slot: Slot, proc: WorkerProcess, served_a_call: bool) -> str:
         """The worker is gone or going: reap it, record how, free the slot."""
         how = proc.reap()
-        slot.last_exit = how if proc.kill_reason is None else proc.kill_reason["why"]
+        reason = proc.kill_reason
+        slot.ended(how if reason is None else reason.why)
         self._detach(slot, proc)
-        if proc.kill_reason is None or proc.kill_reason.get("counts", True):
+        if reason is None or reason.counts:
             self._event("crash", slot, pid=proc.pid, reason=how)
             backoff = slot.record_death(self.crash_policy, fresh=not served_a_call)
             if backoff is not None:
-                log.error("library %s (tenant %s) quarantined for %.0f s after repeated worker deaths",
-                          slot.library.name, slot.tenant, backoff)
+                log.error("library %s (tenant %s) quarantined for %.0f s after repeated worker "
+                          "deaths", slot.library.name, slot.tenant, backoff)
                 self._event("quarantine", slot, seconds=backoff)
         return how
 
@@ -362,20 +306,23 @@ class Supervisor(Closing):
         """Interrupt ``tenant``'s call that host thread ``thread_id`` waits for, as its
         soft timeout would (the tool gets ToolTimeout, once back from the host if it
         was asking it; the worker is kept; the call fails with 499)."""
-        return any(s.interrupt() for s in list(self._slots.values()) if s.tenant == tenant and s.caller == thread_id)
+        return any(s.interrupt() for s in list(self._slots.values())
+                   if s.tenant == tenant and s.caller == thread_id)
 
-    def stats(self, tenant: Optional[str] = None) -> list[dict]:
+    def stats(self, tenant: Optional[str] = None) -> list[dict[str, Any]]:
         """One dict per worker slot (only ``tenant``'s when given); see Slot.stats."""
         now = time.monotonic()
-        return [slot.stats(now) for slot in list(self._slots.values()) if tenant is None or slot.tenant == tenant]
+        return [slot.stats(now) for slot in list(self._slots.values())
+                if tenant is None or slot.tenant == tenant]
 
-    def pool_stats(self) -> dict:
+    def pool_stats(self) -> dict[str, Any]:
         """The pool as a whole and per tenant: live workers, calls waiting for room; the
         library templates (not counted in max_workers); the host's open-files limit."""
         calls: dict[str, int] = {}
         for slot in list(self._slots.values()):
             calls[slot.tenant] = calls.get(slot.tenant, 0) + slot.calls
-        return {**self.pool.stats(calls), "templates": self.templates.stats(), "open_files": self.open_files}
+        return {**self.pool.stats(calls), "templates": self.templates.stats(),
+                "open_files": self.open_files}
 
     def close(self) -> None:
         """Stop every worker and the zygote; idempotent."""
@@ -384,7 +331,8 @@ class Supervisor(Closing):
                 return
             self._closed = True
         self._watchdog.stop()
-        idle = [slot.proc for slot in list(self._slots.values()) if slot.proc is not None and not slot.busy]
+        idle = [slot.proc for slot in list(self._slots.values())
+                if slot.proc is not None and not slot.busy]
         for proc in idle:
             proc.shut_down("the supervisor was closed")
         if self._zygote is not None:

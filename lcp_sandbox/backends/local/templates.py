@@ -1,7 +1,7 @@
 """Library templates, host side: which worker starts from which template.
 
     start(zygote, slot, init, pump, deadline)
-        why_not(slot, init)?  ─► WorkerProcess.start() as before; slot.start = "fresh (why)"
+        why_not(limits, init)?  ─► WorkerProcess.start() as before; slot.attach(proc, "fresh (why)")
         key = files (path, mtime, size), sys.path, environment, network
         the library's first worker ─► fresh, from the zygote's rehearsed spare (the fastest
                                cold start; a library one tenant uses gets no template)
@@ -9,7 +9,8 @@
                                socketpair, TEMPLATE to the zygote, its READY {"template":
                                verdict}; this worker waits for it (within its deadline)
         (an older version of the library's files: its template is retired first)
-        verdict "ok"     ─► WorkerProcess.start(template=pid); slot.start = "template"
+        verdict "ok"     ─► WorkerProcess.start(template=pid); slot.attach(proc, "template", key)
+                            (the template gone meanwhile: slot.started_fresh(...) when forked)
         verdict refused  ─► fresh, with the reason; remembered until the file changes
     exited(pid)     a template died: forgotten (the next worker makes a new one)
     released(key)   a worker of it ended;  tick(now) retires templates with no worker
@@ -27,18 +28,24 @@ import os
 import threading
 import time
 from concurrent.futures import Future
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, cast
 
 from ... import protocol as P
+from ...core.limits import Limits
 from ...system.proc import tree_memory
+from .output import OutputPump
 from .process import WorkerProcess
-from .zygote import Zygote
+from .slot import Slot
+from .zygote import Forked, Zygote
+
+#: What makes a template: the library, its files (path, mtime, size), sys.path, environment...
+TemplateKey = tuple[Any, ...]
 
 
 class _Template:
     __slots__ = ("key", "library", "pid", "state", "workers", "idle_since", "ready")
 
-    def __init__(self, key: tuple, library: str) -> None:
+    def __init__(self, key: TemplateKey, library: str) -> None:
         self.key, self.library = key, library
         self.pid = 0
         self.state = "starting"
@@ -51,8 +58,8 @@ class Templates:
     def __init__(self, idle_timeout_s: Optional[float]) -> None:
         self.idle_timeout_s = idle_timeout_s
         self._lock = threading.Lock()
-        self._by_key: dict[tuple, _Template] = {}
-        self._seen: set = set()                 # keys whose first worker has started
+        self._by_key: dict[TemplateKey, _Template] = {}
+        self._seen: set[TemplateKey] = set()    # keys whose first worker has started
         self.on_idle: Callable[[float], None] = lambda at: None   # tick(at) may retire one
 
     def _idle_from(self, tpl: _Template, since: float) -> None:
@@ -61,9 +68,9 @@ class Templates:
             self.on_idle(since + self.idle_timeout_s)
 
     @staticmethod
-    def why_not(limits: Any, init: P.Init) -> str:
+    def why_not(limits: Limits, init: P.Init) -> str:
         """Why a worker of this library imports fresh ("" when a template may serve it)."""
-        if getattr(limits, "template", True) is False:
+        if limits.template is False:
             return "templates off for this library"
         if not init.files:
             return "code registered at run time"
@@ -72,17 +79,20 @@ class Templates:
         return ""
 
     @staticmethod
-    def key(init: P.Init) -> tuple:
+    def key(init: P.Init) -> TemplateKey:
         files = []
         for f in init.files:
             st = os.stat(f)
             files.append((f, st.st_mtime_ns, st.st_size))
         lim = init.limits
-        return (init.library, tuple(files), tuple(init.sys_path or ()), tuple(sorted((init.env or {}).items())),
+        return (init.library, tuple(files), tuple(init.sys_path or ()),
+                tuple(sorted((init.env or {}).items())),
                 tuple(sorted((lim.get("env") or {}).items())), bool(lim.get("network", True)))
 
-    def start(self, zygote: Zygote, slot: Any, init: P.Init, pump: Any, deadline: Optional[float]) -> WorkerProcess:
-        """Start ``slot``'s worker, from the library's template when one may serve it."""
+    def start(self, zygote: Zygote, slot: Slot, init: P.Init, pump: OutputPump,
+              deadline: Optional[float]) -> WorkerProcess:
+        """Start ``slot``'s worker, from the library's template when one may serve it,
+        and attach it to the slot."""
         name, bps = slot.library.name, slot.limits.log_bytes_per_s
         why = self.why_not(slot.limits, init)
         tpl = None
@@ -93,23 +103,25 @@ class Templates:
                     "" if tpl.state == "ok" else tpl.state
             except OSError as exc:
                 why = f"template not made: {exc}"
-        slot.template = None
-        if why:
-            slot.start = f"fresh ({why})"
-            return WorkerProcess.start(zygote, init, pump, name, bps)
+        if why or tpl is None:
+            proc = WorkerProcess.start(zygote, init, pump, name, bps)
+            slot.attach(proc, f"fresh ({why})")
+            return proc
         proc = WorkerProcess.start(zygote, init, pump, name, bps, template=tpl.pid)
-        slot.start, slot.template = "template", tpl.key
+        slot.attach(proc, "template", tpl.key)
         with self._lock:
             tpl.workers += 1
 
-        def served(fut: Future) -> None:
-            if fut.exception() is None and not getattr(fut, "templated", True):
-                slot.start = "fresh (its template was gone)"
+        def served(fut: Future[int]) -> None:
+            if fut.exception() is None and isinstance(fut, Forked) and not fut.templated:
+                slot.started_fresh("its template was gone")
         proc.forked.add_done_callback(served)
         return proc
 
-    def _template(self, zygote: Zygote, init: P.Init, deadline: Optional[float]) -> Optional[_Template]:
-        """The library's template, waiting while it is made; None for the library's first worker."""
+    def _template(self, zygote: Zygote, init: P.Init,
+                  deadline: Optional[float]) -> Optional[_Template]:
+        """The library's template, waiting while it is made; None for the library's
+        first worker."""
         key = self.key(init)
         stale = []
         with self._lock:
@@ -123,7 +135,7 @@ class Templates:
                 for other in list(self._by_key.values()):
                     if other.library == init.library and other.key[1] != key[1] and \
                             [f[0] for f in other.key[1]] == [f[0] for f in key[1]]:
-                        stale.append(self._by_key.pop(other.key))     # the file changed
+                        stale.append(self._by_key.pop(other.key))       # the file changed
                 tpl = self._by_key[key] = _Template(key, init.library)
                 mine = True
             else:
@@ -131,13 +143,14 @@ class Templates:
         for old in stale:
             if old.pid:
                 zygote.kill(old.pid)
-        if mine:       # made by a thread: a caller whose deadline passes goes fresh, the template lives on
+        if mine:       # made by a thread: a caller whose deadline passes goes fresh, it lives on
             threading.Thread(target=self._make, args=(zygote, tpl, init, time.monotonic() + 120.0),
                              name="lcp-sandbox-template", daemon=True).start()
         tpl.ready.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
         return tpl
 
-    def _make(self, zygote: Zygote, tpl: _Template, init: P.Init, deadline: Optional[float]) -> None:
+    def _make(self, zygote: Zygote, tpl: _Template, init: P.Init,
+              deadline: Optional[float]) -> None:
         host_sock, its_sock = P.pair()
         conn = P.Connection(host_sock)
         try:
@@ -148,9 +161,11 @@ class Templates:
             its_sock.close()
             tpl.pid = fut.result(30.0)
             kind, payload = conn.recv_frame(deadline, {P.READY: P.READY_CAP})
-            verdict = P.parse_from_worker(kind, payload, conn.decoder).report.get("template")
-            tpl.state = verdict if isinstance(verdict, str) and (verdict == "ok" or verdict.startswith(
-                "refused: ")) else "refused: it answered out of protocol"
+            ready = cast(P.Ready, P.parse_from_worker(kind, payload, conn.decoder))
+            verdict = ready.report.get("template", "")      # (str: the codec checked it)
+            if verdict != "ok" and not verdict.startswith("refused: "):
+                verdict = "refused: it answered out of protocol"
+            tpl.state = verdict
         except TimeoutError:
             tpl.state = "refused: its import took over 120 s"
         except Exception as exc:                     # EOF, a protocol violation, the zygote gone
@@ -181,7 +196,7 @@ class Templates:
                     del self._by_key[tpl.key]
                     tpl.state = "dead"
 
-    def released(self, key: Optional[tuple]) -> None:
+    def released(self, key: Optional[TemplateKey]) -> None:
         """A worker started from the template of ``key`` ended."""
         if key is None:
             return
@@ -200,19 +215,20 @@ class Templates:
             return None
         with self._lock:
             unused = [t for t in self._by_key.values() if t.state == "ok" and t.workers == 0]
-            idle = sorted((t for t in unused if now - t.idle_since >= idle_s), key=lambda t: t.idle_since)
+            idle = sorted((t for t in unused if now - t.idle_since >= idle_s),
+                          key=lambda t: t.idle_since)
             for tpl in idle:
                 del self._by_key[tpl.key]
         for tpl in idle:
             zygote.kill(tpl.pid)
         return min((t.idle_since + idle_s for t in unused if t not in idle), default=None)
 
-    def stats(self) -> list[dict]:
+    def stats(self) -> list[dict[str, Any]]:
         with self._lock:
             tpls = list(self._by_key.values())
         out = []
         for t in tpls:
             rss, uss = tree_memory(t.pid) if t.state == "ok" else (0, 0)
-            out.append({"library": t.library, "pid": t.pid or None, "state": t.state, "workers": t.workers,
-                        "rss": rss, "uss": uss})
+            out.append({"library": t.library, "pid": t.pid or None, "state": t.state,
+                        "workers": t.workers, "rss": rss, "uss": uss})
         return out

@@ -40,7 +40,7 @@ from typing import Any, Callable, Optional
 
 from ...core.normalize import OUT_OF_MEMORY
 from ...system.proc import tree_usage
-from .process import WorkerProcess
+from .process import KillReason, WorkerProcess
 from .slot import Slot
 
 log = logging.getLogger("lcp_sandbox")
@@ -62,7 +62,7 @@ class Watchdog:
         self.idle_timeout_s = idle_timeout_s
         self._interval = interval
         self._cond = threading.Condition(threading.Lock())
-        self._heap: list[tuple[float, int, int, Any]] = []    # (due at, seq, what, slot | proc)
+        self._heap: list[tuple[float, int, int, Any]] = []   # (due at, seq, what, slot | proc)
         self._seq = itertools.count()
         self._limited: dict[int, Slot] = {}  # id -> slot busy with a memory-limited call
         self._busy_due = math.inf            # next sample of the memory-limited calls
@@ -74,7 +74,8 @@ class Watchdog:
 
     def start(self) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="lcp-sandbox-watchdog", daemon=True)
+            self._thread = threading.Thread(target=self._run, name="lcp-sandbox-watchdog",
+                                            daemon=True)
             self._thread.start()
 
     def stop(self) -> None:
@@ -84,7 +85,8 @@ class Watchdog:
 
     # ------------------------------------------------------------ what becomes due
     def _due(self, at: float, what: int, obj: Any) -> None:
-        """(holding the condition) ``obj`` is due ``at``; wake the thread if it would sleep past it."""
+        """(holding the condition) ``obj`` is due ``at``; wake the thread if it would sleep
+        past it."""
         heapq.heappush(self._heap, (at, next(self._seq), what, obj))
         if at < self._wakes_at:
             self._cond.notify()
@@ -102,8 +104,8 @@ class Watchdog:
                 self._due(at, _TICK, None)
 
     def call_started(self, slot: Slot) -> None:
-        """A call is sent to ``slot``'s worker (it is busy): with a memory limit, its tree
-        is sampled every interval until it ends."""
+        """A call with a memory limit is sent to ``slot``'s worker (it is busy): its tree
+        is sampled every interval until it ends (the supervisor calls this only then)."""
         if slot.limits.memory_mb:
             with self._cond:
                 self._limited[id(slot)] = slot
@@ -119,11 +121,9 @@ class Watchdog:
                 not slot.idle_due and self.idle_timeout_s is not None):
             with self._cond:
                 self._limited.pop(id(slot), None)
-                if not slot.sample_due:
-                    slot.sample_due = True
+                if slot.owe_sample():
                     self._due(slot.last_used + SAMPLE_DELAY_S, _SAMPLE, slot)
-                if not slot.idle_due and self.idle_timeout_s is not None:
-                    slot.idle_due = True
+                if self.idle_timeout_s is not None and slot.owe_idle():
                     self._due(slot.last_used + self.idle_timeout_s, _IDLE, slot)
 
     # ------------------------------------------------------------ the thread
@@ -157,7 +157,7 @@ class Watchdog:
             for slot in busy:
                 self._guarded(self._measure, slot)
 
-    def _guarded(self, fn: Callable, *args: Any) -> None:
+    def _guarded(self, fn: Callable[..., Any], *args: Any) -> None:
         try:
             fn(*args)
         except Exception:                    # the watchdog outlives any one worker's trouble
@@ -168,11 +168,10 @@ class Watchdog:
             if not obj.zygote.reaped(obj.pid):      # (most have exited long before)
                 obj.zygote.kill(obj.pid)
         elif what == _SAMPLE:
-            obj.sample_due = False
+            obj.sample_taken()
             if self._measure(obj) > 1 and obj.limits.memory_mb:     # its tool left processes
                 with self._cond:
-                    if not obj.sample_due:
-                        obj.sample_due = True
+                    if obj.owe_sample():
                         self._due(now + SAMPLE_DELAY_S, _SAMPLE, obj)
         elif what == _IDLE:
             self._idle(obj, now)
@@ -186,15 +185,15 @@ class Watchdog:
         Returns how many processes the tree has (0: no worker)."""
         proc = slot.proc
         pid = None if proc is None or proc.exit_status is not None else proc.known_pid
-        if pid is None:
+        if proc is None or pid is None:
             return 0
         rss, uss, processes = tree_usage(pid)
         slot.measured(pid, rss, uss, time.monotonic())
         limit = slot.limits.memory_mb
         if limit and uss > limit * 1048576:
-            proc.kill({"why": f"went over its memory limit of {limit:g} MB (observed "
-                              f"{uss / 1048576:.0f} MB of its own memory in its process tree)",
-                       "code": OUT_OF_MEMORY, "counts": False})
+            proc.kill(KillReason(f"went over its memory limit of {limit:g} MB (observed "
+                                 f"{uss / 1048576:.0f} MB of its own memory in its process tree)",
+                                 counts=False, code=OUT_OF_MEMORY))
         return processes
 
     def _idle(self, slot: Slot, now: float) -> None:
@@ -212,12 +211,12 @@ class Watchdog:
         try:
             proc = slot.proc
             if proc is None or proc.exit_status is not None:
-                slot.idle_due = False                 # the next call's end sets it again
+                slot.idle_checked()                   # the next call's end keeps it again
             elif time.monotonic() - slot.last_used <= idle_s:
                 with self._cond:
                     self._due(slot.last_used + idle_s, _IDLE, slot)
             else:
-                slot.idle_due = False
+                slot.idle_checked()
                 self._retire(slot, proc, "idle", f"stopped after {idle_s:g} s idle")
         finally:
             slot.lock.release()

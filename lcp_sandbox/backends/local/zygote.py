@@ -2,8 +2,9 @@
 kill and signal workers, learn how they ended.
 
     Zygote() ── python -I -c _BOOT FD ──► zygote process, allowlisted environment
-    fork(sock, log) ── FORK + fds ──────► ◄── FORKED(pid)   (a Future: nobody waits for it)
-    fork(sock, log, template=tpid) ── TFORK: from a library's template (host/templates.py)
+    fork(sock, log) ── FORK + fds ──────► ◄── FORKED(pid)   (a Forked future: nobody waits)
+    fork(sock, log, template=tpid) ── TFORK: from a library's template (templates.py);
+                                      Forked.templated: whether the template served it
     template(conn) ── TEMPLATE + fd ────► ◄── FORKED(template pid)
     kill / signal(pid) ── KILL / SIGNAL ─►
     reader thread ◄── EXITED(pid, status) ── wait_exit(), on_exit(pid, status)
@@ -33,14 +34,13 @@ from concurrent.futures import Future
 from typing import Callable, Optional
 
 from ...core.policy import ENGINE_DIR, allowed_environment, host_environment
-from ...protocol.control import (EXITED, FORK, FORKED, KILL, MAX_RECORD as _MAXMSG, READY, SIGNAL, TEMPLATE,
-                                TFORK)
-from ...protocol.control import pack as _pack, unpack as _unpack
+from ...protocol import control
+from ...protocol.control import EXITED, FORKED, READY, pack, unpack
 from ...protocol.framing import Connection, pair
 from ...protocol.messages import PRIME, Prime
 
 RESERVED = 1                # workers forked ahead, waiting for their INIT
-RESERVE_DELAY_S = 0.005     # after a take(), so its replacement does not compete with the new worker
+RESERVE_DELAY_S = 0.005     # after a take(): its replacement does not compete with the new worker
 
 # The zygote runs the host's own copy of the engine, loaded from its folder by path (not
 # whatever `lcp_sandbox` the environment would find first), and adds no folder to sys.path.
@@ -56,6 +56,18 @@ class ZygoteGone(Exception):
     pass
 
 
+class Forked(Future[int]):
+    """The zygote's answer to a request: the pid of what it forked."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.templated = False     # TFORK: its template's spare served it (not a plain one)
+
+
+#: A worker forked ahead: (its host socket, its log pipe's read end, its pid to come).
+Reserved = tuple[socket.socket, int, Forked]
+
+
 class Zygote:
     """The host's handle on a zygote process.  Thread-safe."""
 
@@ -68,20 +80,22 @@ class Zygote:
         # -I: neither the host's CWD nor PYTHONPATH nor user site-packages on sys.path.  The
         # package's own folder is appended only when the installation does not provide it.
         self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-c", _BOOT, str(zyg_end.fileno()), os.path.join(ENGINE_DIR, "lcp_sandbox")],
-            pass_fds=(zyg_end.fileno(),), stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+            [sys.executable, "-I", "-c", _BOOT, str(zyg_end.fileno()),
+             os.path.join(ENGINE_DIR, "lcp_sandbox")],
+            pass_fds=(zyg_end.fileno(),), stdin=subprocess.DEVNULL, env=env,
+            start_new_session=True)
         zyg_end.close()
         self.pid = self.proc.pid
         self._ctl = host_end
         self._send_lock = threading.Lock()
         self._cond = threading.Condition()
-        self._pending: dict[int, Future] = {}
+        self._pending: dict[int, Forked] = {}
         self._exits: dict[int, int] = {}
         self._next = 0
         self._on_exit = on_exit
         self.alive = True
-        self._reserved: list = []              # [(host socket, log read end, forked future)]
-        self._due = 0.0                        # when the reader forks a reserved worker (0: not owed)
+        self._reserved: list[Reserved] = []
+        self._due = 0.0                        # when the reader forks one ahead (0: not owed)
         self.owed = False                      # a take() whose replacement settle() asks for
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
@@ -102,13 +116,15 @@ class Zygote:
             pass
 
     def _read(self) -> None:
+        """The reader thread: the zygote's records; forks what is owed when it is due."""
         ctl_fd = self._ctl.fileno()
         poller = select.poll()
         poller.register(ctl_fd, select.POLLIN)
         poller.register(self._wake_r, select.POLLIN)
         while True:
             due = self._due
-            events = poller.poll(None if not due else max(0, int((due - time.monotonic()) * 1000) + 1))
+            wait = None if not due else max(0, int((due - time.monotonic()) * 1000) + 1)
+            events = poller.poll(wait)
             if due and time.monotonic() >= due:
                 self._due = 0.0
                 while len(self._reserved) < RESERVED and self.alive and self._reserve():
@@ -121,30 +137,16 @@ class Zygote:
             if not any(fd == ctl_fd for fd, _ in events):
                 continue
             try:
-                data = self._ctl.recv(_MAXMSG)
+                data = self._ctl.recv(control.MAX_RECORD)
             except OSError:
                 data = b""
             if not data:
                 break
             try:
-                msg = _unpack(data)
+                kind, a, b, c = unpack(data)
             except struct.error:
                 continue
-            if msg[0] == READY:
-                self._ready.set()
-            elif msg[0] == FORKED:
-                fut = self._pending.pop(msg[1], None)
-                if fut:
-                    fut.templated = bool(msg[3])     # TFORK: served by the template's spare
-                    fut.set_result(msg[2])
-            elif msg[0] == EXITED:
-                with self._cond:
-                    self._exits[msg[1]] = msg[2]
-                    if len(self._exits) > 10000:
-                        self._exits.pop(next(iter(self._exits)))
-                    self._cond.notify_all()
-                if self._on_exit:
-                    self._on_exit(msg[1], msg[2])
+            self._record(kind, a, b, c)
         with self._cond:
             self.alive = False
             self._cond.notify_all()
@@ -154,7 +156,24 @@ class Zygote:
             fut.set_exception(ZygoteGone("the zygote process is gone"))
         self._pending.clear()
 
-    def fork(self, sock_fd: int, log_fd: int, template: int = 0) -> Future:
+    def _record(self, kind: int, a: int, b: int, c: int) -> None:
+        if kind == READY:
+            self._ready.set()
+        elif kind == FORKED:                     # (request, pid, from its template)
+            fut = self._pending.pop(a, None)
+            if fut:
+                fut.templated = bool(c)
+                fut.set_result(b)
+        elif kind == EXITED:                     # (pid, status)
+            with self._cond:
+                self._exits[a] = b
+                if len(self._exits) > 10000:
+                    self._exits.pop(next(iter(self._exits)))
+                self._cond.notify_all()
+            if self._on_exit:
+                self._on_exit(a, b)
+
+    def fork(self, sock_fd: int, log_fd: int, template: int = 0) -> Forked:
         """Start a worker serving ``sock_fd``; the future's result is its pid.
 
         ``template``: the pid of a library template to fork it from (the future's
@@ -162,8 +181,8 @@ class Zygote:
         The fds are duplicated into the zygote as this returns, so the caller may
         close its copies and talk to the worker at once, before the pid is known."""
         if template:
-            return self._request(TFORK, [sock_fd, log_fd], template)
-        return self._request(FORK, [sock_fd, log_fd])
+            return self._request(control.TFORK, [sock_fd, log_fd], template)
+        return self._request(control.FORK, [sock_fd, log_fd])
 
     def _reserve(self) -> bool:
         try:
@@ -192,18 +211,18 @@ class Zygote:
             self._reserved.append((host_sock, log_r, fut))
         return True
 
-    def take(self) -> Optional[tuple]:
+    def take(self) -> Optional[Reserved]:
         """A reserved worker, (host socket, log read end, forked future), or None.
         Its replacement is owed: call settle() once the call it serves is answered."""
         with self._send_lock:
             got = self._reserved.pop() if self._reserved and self.alive else None
         self.owed = True
         if got is not None:
-            fut = got[2]
+            sock, log_r, fut = got
             if not fut.done() or (fut.exception() is None and fut.result() not in self._exits):
                 return got
-            got[0].close()                        # it died waiting (or the zygote did)
-            os.close(got[1])
+            sock.close()                          # it died waiting (or the zygote did)
+            os.close(log_r)
         return None
 
     def settle(self) -> None:
@@ -211,12 +230,13 @@ class Zygote:
         if self.owed:
             self._owe()
 
-    def template(self, conn_fd: int) -> Future:
-        """Start a template process reading its INIT from ``conn_fd``; the future's result is its pid."""
-        return self._request(TEMPLATE, [conn_fd])
+    def template(self, conn_fd: int) -> Forked:
+        """Start a template process reading its INIT from ``conn_fd``; the future's
+        result is its pid."""
+        return self._request(control.TEMPLATE, [conn_fd])
 
-    def _request(self, kind: int, fds: list, arg: int = 0) -> Future:
-        fut: Future = Future()
+    def _request(self, kind: int, fds: list[int], arg: int = 0) -> Forked:
+        fut = Forked()
         with self._send_lock:
             if not self.alive:
                 raise ZygoteGone("the zygote process is gone")
@@ -224,26 +244,26 @@ class Zygote:
             req = self._next
             self._pending[req] = fut
             try:
-                socket.send_fds(self._ctl, [_pack(kind, req, arg)], fds)
+                socket.send_fds(self._ctl, [pack(kind, req, arg)], fds)
             except OSError as exc:
                 self._pending.pop(req, None)
                 raise ZygoteGone(f"the zygote process is gone ({exc})") from None
         return fut
 
-    def _send(self, msg: tuple) -> None:
+    def _send(self, kind: int, pid: int, arg: int = 0) -> None:
         with self._send_lock:
             try:
-                self._ctl.send(_pack(*msg))
+                self._ctl.send(pack(kind, pid, arg))
             except OSError:
                 pass
 
     def kill(self, pid: int) -> None:
         """Kill a worker and its whole process tree (no-op if already reaped)."""
-        self._send((KILL, pid))
+        self._send(control.KILL, pid)
 
     def signal(self, pid: int, sig: int) -> None:
         """Send ``sig`` to a live worker (no-op if already reaped, so never a reused pid)."""
-        self._send((SIGNAL, pid, int(sig)))
+        self._send(control.SIGNAL, pid, int(sig))
 
     def reaped(self, pid: int) -> bool:
         """Whether the zygote said ``pid`` ended (never waits)."""

@@ -1,0 +1,126 @@
+"""What each end of a call means: the worker's fate and what the caller gets.
+
+    Supervisor.run ─► exchange()
+        RESULT OK ─► the value (checked inline in run(): a malformed one is a violation)
+        RESULT other ─► _outcome():  TIMED_OUT  ─► 499 (interrupted) or 504, worker kept
+                                     OUT_OF_MEMORY ─► 507, worker kept
+                                     LOAD_FAILED ─► buried (it exits); the value, or raised
+                                     RAISED ─► the module function's exception, rebuilt
+        raised ─► _failed():  WorkerGone ─► buried, 500 (507 if the watchdog killed it)
+                              ProtocolViolation ─► _violation(): killed, buried, 500
+                              DeadlinePassed ─► buried (killed), 504
+                              PayloadError ─► nothing was sent, worker kept, 500
+                              anything else ─► killed, buried (the stream may be out of step)
+
+``CallEnds`` is the Supervisor's (a mixin): it reads ``_closed`` and calls
+``_bury`` and ``_event``, which the Supervisor defines.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, NoReturn, Optional
+
+from ... import protocol as P
+from ...core.normalize import OUT_OF_MEMORY
+from ...core.outcomes import (
+    CallFailed,
+    Cancelled,
+    OutOfMemory,
+    ProtocolViolated,
+    TimedOut,
+    Unavailable,
+    WorkerDied,
+)
+from ...protocol import Outcome, invalid_answer, is_error, rebuild_error
+from .process import DeadlinePassed, KillReason, WorkerGone, WorkerProcess
+from .slot import Slot
+
+log = logging.getLogger("lcp_sandbox")
+
+
+class CallEnds:
+    """The Supervisor's decisions at the end of a call that did not simply succeed."""
+
+    _closed: bool
+
+    def _bury(self, slot: Slot, proc: WorkerProcess, served_a_call: bool) -> str:
+        raise NotImplementedError
+
+    def _event(self, kind: str, slot: Slot, **details: Any) -> None:
+        raise NotImplementedError
+
+    def _failed(self, slot: Slot, proc: WorkerProcess, tool: str, timeout: Optional[float],
+                exc: BaseException) -> NoReturn:
+        """The exchange raised ``exc``: the worker's fate; raises the call's SandboxEvent
+        (or ``exc``)."""
+        name = slot.library.name
+        if isinstance(exc, WorkerGone):
+            how = self._bury(slot, proc, served_a_call=proc.calls > 0)
+            reason = proc.kill_reason
+            if self._closed:
+                raise Unavailable(f"[{name}] tool '{tool}' was stopped: the sandbox supervisor "
+                                  "was closed while it ran.")
+            if reason is not None and reason.code == OUT_OF_MEMORY:
+                self._event("memory", slot, pid=proc.pid, tool=tool, reason=reason.why)
+                raise OutOfMemory.killed(name, tool, reason.why)
+            raise WorkerDied(name, tool, how)
+        if isinstance(exc, P.ProtocolViolation):
+            self._violation(slot, proc, tool, str(exc))
+        if isinstance(exc, DeadlinePassed):
+            self._bury(slot, proc, served_a_call=True)
+            self._event("timeout", slot, pid=proc.pid, tool=tool, stage="hard", seconds=timeout)
+            raise TimedOut(name, tool, timeout or 0.0, killed=True) from None
+        if isinstance(exc, P.PayloadError):
+            raise CallFailed.not_run(name, tool, f"its parameters could not be sent to the worker "
+                                     f"({exc}); the worker was kept.") from None
+        # Whatever went wrong here, the stream may be out of step: never reuse it.
+        proc.kill(KillReason(f"stopped after an error in the host ({type(exc).__name__})",
+                             counts=False))
+        self._bury(slot, proc, served_a_call=True)
+        if not isinstance(exc, Exception):
+            raise exc
+        log.exception("internal error while %s ran %s", name, tool)
+        raise CallFailed(f"[{name}] tool '{tool}': the host failed while handling the call "
+                         f"({type(exc).__name__}: {exc}); the worker was stopped and will be "
+                         f"replaced on the next call.") from None
+
+    def _outcome(self, slot: Slot, proc: WorkerProcess, msg: tuple[Any, ...], result: P.Result,
+                 tool: str, timeout: Optional[float]) -> Any:
+        """A RESULT other than OK: what the call's caller gets."""
+        name = slot.library.name
+        value, wire, detail = result
+        outcome = Outcome(wire)                   # (the codec checked it is one)
+        if outcome is Outcome.TIMED_OUT:
+            if slot.interrupted:
+                self._event("interrupt", slot, pid=proc.pid, tool=tool)
+                raise Cancelled(name, tool)
+            self._event("timeout", slot, pid=proc.pid, tool=tool, stage="soft", seconds=timeout)
+            raise TimedOut(name, tool, timeout or 0.0, killed=False)
+        if outcome is Outcome.OUT_OF_MEMORY:
+            raise OutOfMemory.uncaught(name, tool, detail[:500], slot.limits.memory_mb)
+        if outcome is Outcome.LOAD_FAILED:        # the worker exits: start fresh next time
+            proc.exiting("library failed to load")
+            self._bury(slot, proc, served_a_call=True)
+            if type(msg) is P.Call:
+                if invalid_answer(msg, value):
+                    self._violation(slot, proc, tool, "malformed load failure")
+                return value
+            if type(msg) is P.Load:
+                return value
+            if is_error(value):
+                raise rebuild_error(*value)
+            raise RuntimeError(f"library {name} failed to load")
+        # Outcome.RAISED: a module function called by the host raised
+        if type(msg) is not P.ModCall:
+            self._violation(slot, proc, tool, "an exception result for a call that cannot raise")
+        raise rebuild_error(*value)
+
+    def _violation(self, slot: Slot, proc: WorkerProcess, tool: Optional[str], what: str) -> None:
+        """The worker broke the protocol: kill its tree, never believe it (and, during
+        a call, end the call)."""
+        proc.kill(KillReason(f"broke the protocol ({what})", counts=True))
+        self._bury(slot, proc, served_a_call=proc.calls > 0)
+        self._event("violation", slot, pid=proc.known_pid, tool=tool, reason=what)
+        if tool is not None:
+            raise ProtocolViolated(slot.library.name, tool, what)
+
