@@ -122,13 +122,14 @@ def test_past_the_session_cap_a_new_session_gets_503_and_nothing_starts(tmp_path
         held = [open_session(c, srv) for _ in range(2)]
         for h in held:
             assert result_of(call(c, srv, h, "tool_quick"))["result"]["isError"] is False
-        before = {p.pid for p in srv.workers()}
+        before = {p.pid for p in srv.workers() if _works_in(p, srv.root)}
+        assert len(before) == 2                                 # a worker each, in its workspace
         workspaces = sorted(p.name for p in srv.root.iterdir())
         r = c.post(srv.url, headers=ACCEPT, json=INIT)
         assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1
         assert "mcp-session-id" not in r.headers
         assert sorted(p.name for p in srv.root.iterdir()) == workspaces       # no workspace made
-        assert {p.pid for p in srv.workers()} <= before                         # no worker started
+        assert {p.pid for p in srv.workers() if _works_in(p, srv.root)} == before   # none started
         c.delete(srv.url, headers=held[0])                                      # room again
         assert until(lambda: c.post(srv.url, headers=ACCEPT, json=INIT).status_code == 200)
 
@@ -222,7 +223,12 @@ def test_300_clients_at_once_are_all_answered_and_leave_nothing_behind(tmp_path)
     with serving(tmp_path) as srv, httpx2.Client(timeout=60) as c:
         warm = open_session(c, srv)                     # a session that lives through the flood
         assert call(c, srv, warm, "tool_quick").status_code == 200
-        c.delete(srv.url, headers=open_session(c, srv))
+        for _ in range(3):                              # the library's template is made by now
+            h = open_session(c, srv)
+            assert call(c, srv, h, "tool_quick").status_code == 200
+            c.delete(srv.url, headers=h)
+        in_root = lambda: [p for p in srv.workers() if _works_in(p, srv.root)]    # noqa: E731
+        assert until(lambda: len(in_root()) == 1)       # only the kept session's worker
         base = len(srv.workers())
         base_uss = _uss(srv.workers())
         tally: dict = {}
@@ -233,19 +239,29 @@ def test_300_clients_at_once_are_all_answered_and_leave_nothing_behind(tmp_path)
         assert tally == {"call 200": 300}, tally
         assert result_of(call(c, srv, warm, "tool_quick", rid=5))["result"]["structuredContent"][
             "output"] == {"calls": 2}                      # the kept session kept its state
-        assert until(lambda: len(srv.workers()) <= base, 60), (len(srv.workers()), base)
-        assert _uss(srv.workers()) <= base_uss + 16 * 2**20
+        assert until(lambda: len(in_root()) == 1, 60), len(in_root())
+        # The zygote and the library's template keep spares forked ahead, refilled a few ms
+        # after each hand-out: one may be on its way when the baseline is read.
+        assert until(lambda: len(srv.workers()) <= base + 1, 60), (len(srv.workers()), base)
+        assert _uss(srv.workers()) <= base_uss + 24 * 2**20
 
 
 def test_past_max_connections_clients_get_503_not_a_dropped_connection(tmp_path):
-    with serving(tmp_path, "--max-connections", "8") as srv:
+    """60 clients, each its own connection, against a server that takes 8 at once: every
+    one gets an HTTP answer (uvicorn's 503 past the bound), none a dropped connection,
+    and the session the server had is served once the flood has passed."""
+    with serving(tmp_path, "--max-connections", "8") as srv, httpx2.Client(timeout=30) as c:
+        kept = open_session(c, srv)
+        assert call(c, srv, kept, "tool_quick").status_code == 200
         tally: dict = {}
 
         async def flood() -> None:
             await asyncio.gather(*(_client(srv.url, "tool_quick", tally) for _ in range(60)))
         asyncio.run(asyncio.wait_for(flood(), 240))
         assert set(tally) <= {"call 200", "initialize 503", "call 503"}, tally
-        assert tally.get("call 200", 0) >= 1 and sum(tally.values()) == 60
+        assert sum(tally.values()) == 60 and tally.get("initialize 503", 0) >= 1
+        assert result_of(call(c, srv, kept, "tool_quick", rid=3))["result"][
+            "structuredContent"]["output"] == {"calls": 2}
 
 
 # ---------------------------------------------------------------- numbers
@@ -327,7 +343,7 @@ def test_each_tool_call_is_a_span_under_the_sdks_request_span(tmp_path):
         thread.join(30)
         sup.close()
     spans = exporter.get_finished_spans()
-    ours = [s for s in spans if s.name == "tools/call tool_quick"]
+    ours = [s for s in spans if s.name == "lcp_sandbox tool_quick"]
     assert len(ours) == 1
     attrs = dict(ours[0].attributes or {})
     assert attrs["lcp.library"] == "load" and attrs["lcp.tool"] == "tool_quick"

@@ -303,7 +303,7 @@ class McpFront:
                                         is_error=True)
         session.calls = session.calls or anyio.Semaphore(session.max_calls)
         async with session.calls:               # this session's calls beyond the cap wait here
-            with _tracer.start_as_current_span(f"tools/call {params.name}") as span:
+            with _tracer.start_as_current_span(f"lcp_sandbox {params.name}") as span:
                 result = await self._run(session, ctx, params.name, arguments)
                 if span.is_recording():
                     _describe(span, session, params.name, result)

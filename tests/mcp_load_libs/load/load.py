@@ -6,11 +6,7 @@ CALLS = {"n": 0}
 
 
 def tool_quick() -> dict:
-    """Answers at once with how many calls this worker served.
-
-    Returns:
-        dict: the count.
-    """
+    """Answers at once with how many calls this worker served (a dict: {"calls": n})."""
     CALLS["n"] += 1
     return {"calls": CALLS["n"]}
 
@@ -21,9 +17,6 @@ def tool_held(release: str, max_s: float = 30.0) -> dict:
     Args:
         release (str): absolute path of the file that ends the wait.
         max_s (float): the longest wait, so the tool always ends.
-
-    Returns:
-        dict: whether it was released.
     """
     deadline = time.monotonic() + max_s
     while not os.path.exists(release) and time.monotonic() < deadline:
