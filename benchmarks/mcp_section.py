@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from .harness import paired_ratio, ratio, summarize
+from .harness import interleaved, paired_ratio, ratio, summarize
 
 BARE = '''
 import sys
@@ -141,17 +141,10 @@ def run(ctx: Any, prog: Any) -> None:
             paths[f"{k}_sdk"] = (lambda n, u=u: _sdk_batch(u, n))
         for fn in paths.values():
             fn(20)                                            # warm-up
-        samples: dict = {k: [] for k in paths}
-        per_round: dict = {k: {} for k in paths}
         rounds = max(1, cfg.mcp_rounds)
-        for r in range(rounds):
-            order = list(paths)
-            ctx.rng.shuffle(order)
-            for key in order:
-                xs = paths[key](cfg.mcp_calls)
-                samples[key] += xs
-                per_round[key][r] = sorted(xs)[len(xs) // 2]
-            prog.step("mcp", f"warm round {r + 1}/{rounds}")
+        samples, per_round = interleaved(
+            {k: (lambda fn=fn: fn(cfg.mcp_calls)) for k, fn in paths.items()}, rounds, ctx.rng,
+            lambda r: prog.step("mcp", f"warm round {r + 1}/{rounds}"))
         warm = {k: summarize(xs, 1e6) for k, xs in samples.items()}       # milliseconds
         for client in ("plain", "sdk"):
             row = warm[f"ours_{client}"]

@@ -20,6 +20,7 @@ from typing import Iterator, Optional
 
 import psutil
 import pytest
+from conftest import poll, stop_server
 
 pytest.importorskip("mcp")
 
@@ -75,12 +76,7 @@ def serving(tmp_path: Path, *args: str, token: Optional[str] = None) -> Iterator
         url = next(m.group(1) for line in lines if (m := re.search(r"serving (http://\S+)", line)))
         yield Server(url, root, proc)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_server(proc)
 
 
 def open_session(c: httpx2.Client, srv: Server, headers: Optional[dict] = None) -> dict:
@@ -106,16 +102,6 @@ def result_of(r: httpx2.Response) -> dict:
     return r.json()
 
 
-def until(predicate, timeout: float = 20.0) -> bool:
-    """Polls ``predicate`` until it holds (True) or ``timeout`` passes (False)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
 # ---------------------------------------------------------------- caps
 def test_past_the_session_cap_a_new_session_gets_503_and_nothing_starts(tmp_path):
     with serving(tmp_path, "--max-sessions", "2") as srv, httpx2.Client(timeout=30) as c:
@@ -131,7 +117,7 @@ def test_past_the_session_cap_a_new_session_gets_503_and_nothing_starts(tmp_path
         assert sorted(p.name for p in srv.root.iterdir()) == workspaces       # no workspace made
         assert {p.pid for p in srv.workers() if _works_in(p, srv.root)} == before   # none started
         c.delete(srv.url, headers=held[0])                                      # room again
-        assert until(lambda: c.post(srv.url, headers=ACCEPT, json=INIT).status_code == 200)
+        assert poll(lambda: c.post(srv.url, headers=ACCEPT, json=INIT).status_code == 200)
 
 
 def test_an_idle_session_ends_and_its_workers_stop(tmp_path):
@@ -139,7 +125,7 @@ def test_an_idle_session_ends_and_its_workers_stop(tmp_path):
         h = open_session(c, srv)
         assert result_of(call(c, srv, h, "tool_quick"))["result"]["structuredContent"]["output"]
         worker = next(p for p in srv.workers() if _works_in(p, srv.root))
-        assert until(lambda: not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE)
+        assert poll(lambda: not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE)
         assert call(c, srv, h, "tool_quick").status_code == 404             # the session is gone
 
 
@@ -228,7 +214,7 @@ def test_300_clients_at_once_are_all_answered_and_leave_nothing_behind(tmp_path)
             assert call(c, srv, h, "tool_quick").status_code == 200
             c.delete(srv.url, headers=h)
         in_root = lambda: [p for p in srv.workers() if _works_in(p, srv.root)]    # noqa: E731
-        assert until(lambda: len(in_root()) == 1)       # only the kept session's worker
+        assert poll(lambda: len(in_root()) == 1)       # only the kept session's worker
         base = len(srv.workers())
         base_uss = _uss(srv.workers())
         tally: dict = {}
@@ -239,10 +225,10 @@ def test_300_clients_at_once_are_all_answered_and_leave_nothing_behind(tmp_path)
         assert tally == {"call 200": 300}, tally
         assert result_of(call(c, srv, warm, "tool_quick", rid=5))["result"]["structuredContent"][
             "output"] == {"calls": 2}                      # the kept session kept its state
-        assert until(lambda: len(in_root()) == 1, 60), len(in_root())
+        assert poll(lambda: len(in_root()) == 1, 60), len(in_root())
         # The zygote and the library's template keep spares forked ahead, refilled a few ms
         # after each hand-out: one may be on its way when the baseline is read.
-        assert until(lambda: len(srv.workers()) <= base + 1, 60), (len(srv.workers()), base)
+        assert poll(lambda: len(srv.workers()) <= base + 1, 60), (len(srv.workers()), base)
         assert _uss(srv.workers()) <= base_uss + 24 * 2**20
 
 
@@ -334,7 +320,7 @@ def test_each_tool_call_is_a_span_under_the_sdks_request_span(tmp_path):
     thread.start()
     srv = Server(f"http://127.0.0.1:{port}{MCP_PATH}", tmp_path / "s", None)   # type: ignore[arg-type]
     try:
-        assert until(lambda: server.started)
+        assert poll(lambda: server.started)
         with httpx2.Client(timeout=30) as c:
             h = open_session(c, srv)
             assert call(c, srv, h, "tool_quick").status_code == 200
