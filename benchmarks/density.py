@@ -178,6 +178,10 @@ def run(ctx: Any, prog: Any) -> None:
         # settled: the watchdog's after-call samples and retiring workers' graces are past
         samples, seen, cpu = alternate(ctx, prog, "density", path, others, rounds, cfg.density_calls,
                                        cfg.density_window_s, rng, transitions, SHUTDOWN_GRACE_S + SETTLE_S)
+        # Right after a burst of calls: metrics() reads counters; stats() then reads /proc
+        # for every worker called since its last sample.
+        res["after_burst_ms"] = {"metrics": timed(sup.metrics, STATS_REPS),
+                                 "stats": timed(sup.stats, 1)}
         replaced(path, pid, "t0")
         res["transitions_s"] = {k: secs(v) for k, v in transitions.items()}
     finally:

@@ -92,7 +92,10 @@ def density_lines(d: dict) -> list:
             f"  stats() over {n} workers p50 {fmt(st.get('p50'))} ms (p90 {fmt(st.get('p90'))}); pool_stats() "
             f"p50 {fmt(d.get('pool_stats_ms', {}).get('p50'))} ms; host descriptors per worker "
             f"{fmt(f.get('per_worker'))} (its socket, its output pipe), soft RLIMIT_NOFILE "
-            f"{f.get('open_files_soft_limit')}"] + live_table(d) + [
+            f"{f.get('open_files_soft_limit')}",
+            f"  right after a burst of calls: metrics() p50 "
+            f"{fmt(d.get('after_burst_ms', {}).get('metrics', {}).get('p50'))} ms, stats() "
+            f"{fmt(d.get('after_burst_ms', {}).get('stats', {}).get('p50'))} ms"] + live_table(d) + [
             f"  closed in {fmt(d.get('close_s'))} s, its processes gone {fmt(d.get('processes_gone_s'))} s later; "
             f"left: {left.get('processes')} processes, {left.get('fds')} "
             f"descriptors, {left.get('tmpdirs')} temporary directories", ""]

@@ -146,3 +146,6 @@ def run(ctx: Any) -> None:
             "<=", "", f"host threads {pool['host_runs']}, pool {pool['pool_runs']}")
         add("density_stats_ms", f"Supervisor.stats() over {n} workers (p50)", dens["stats_ms"]["p50"],
             T["density_stats_ms"], "<=", "ms", note)
+        burst = dens.get("after_burst_ms", {}).get("metrics", {})
+        add("density_metrics_ms", f"Supervisor.metrics() over {n} workers right after a burst of "
+            f"calls (p50)", burst.get("p50"), T["density_metrics_ms"], "<=", "ms", note)

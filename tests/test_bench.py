@@ -25,7 +25,7 @@ TARGET_NAMES = {"warm_p50", "warm_p99", "warm_p50_inprocess", "cold_vs_spawn", "
                 "discovery_first", "discovery_again", "density_uss", "density_warm_p50", "density_host_idle_cpu",
                 "density_pool_idle_runs", "density_stats_ms", "cold_p50", "cold_p99", "uss_plain", "template_p50",
                 "fresh_over_template", "uss_template", "syscalls_warm_p50", "mcp_warm_sdk", "mcp_warm_plain",
-                "metrics_share"}
+                "metrics_share", "density_metrics_ms"}
 
 
 def _has_matplotlib() -> bool:

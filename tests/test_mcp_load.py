@@ -154,6 +154,35 @@ def test_a_session_over_its_rate_gets_429_and_another_is_not_slowed(tmp_path):
                       ).status_code == 200                          # only tools/call is metered
 
 
+def test_over_stdio_a_call_over_the_rate_is_a_json_rpc_error_with_the_delay(tmp_path):
+    """No HTTP status there: the call over the rate is refused with the JSON-RPC error
+    the HTTP 429 carries, its data the delay; the session lives on."""
+    import anyio
+    from mcp import ClientSession, StdioServerParameters
+    from mcp.client.stdio import stdio_client
+    from mcp.shared.exceptions import MCPError
+    params = StdioServerParameters(command=sys.executable, args=[
+        "-m", "lcp_sandbox.fronts.cli", "serve-mcp", str(LIBS), "--rate-limit", "1",
+        "--workspace", str(tmp_path)])
+
+    async def body() -> tuple:
+        async with stdio_client(params) as (read, write):
+            async with ClientSession(read, write) as session:
+                await session.initialize()
+                answered, refused = 0, []
+                for _ in range(5):                      # a burst of 2, then 1 a second
+                    try:
+                        await session.call_tool("tool_quick", {})
+                        answered += 1
+                    except MCPError as exc:
+                        refused.append(exc)
+                listed = await session.list_tools()     # not metered
+                return answered, refused, len(listed.tools)
+    answered, refused, tools = anyio.run(body)
+    assert answered >= 2 and refused and tools == 2
+    assert refused[0].code == -32029 and refused[0].data["retryAfter"] >= 1
+
+
 def test_one_sessions_flood_of_slow_calls_does_not_hold_up_another_session(tmp_path):
     release = tmp_path / "release"
     with serving(tmp_path, "--max-calls-per-session", "2") as srv, httpx2.Client(timeout=60) as c:

@@ -64,7 +64,7 @@ def add_parser(sub: Any, parents: list) -> None:
 def _add_load_options(p: argparse.ArgumentParser) -> None:
     """What keeps one client from taking the server (every session costs processes)."""
     from .mcp_limits import default_max_sessions
-    g = p.add_argument_group("load (http)")
+    g = p.add_argument_group("load (http; --rate-limit over stdio too)")
     g.add_argument("--max-sessions", type=_positive_int, default=default_max_sessions(),
                    metavar="N", help="live sessions at most; past it a new session gets 503 "
                    "with Retry-After and nothing is started (default here: %(default)s, one per "
