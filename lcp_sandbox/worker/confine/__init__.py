@@ -70,9 +70,26 @@ def environment_of(init: P.Init) -> dict:
     return {**(init.env or {}), **own}
 
 
-def prepare(init: P.Init) -> dict:
+#: In a confined template (worker/template.py): what it applied for every worker it forks
+#: (its report, and "covered": make_reachable()'s).  A worker forked from it finds it here
+#: and only stacks its own Landlock layer.
+SHARED: dict[str, str] = {}
+
+
+def _read_only(conf: dict, shared: bool = False) -> list[str]:
+    """What a confined worker reads.  A template's layer reads all of /proc instead of
+    /proc/self: a rule holds an inode, and each worker's /proc/self is its own (its own
+    layer narrows that to it)."""
+    system = [("/proc" if shared and p == "/proc/self" else p) for p in SYSTEM_READ_PATHS]
+    return [*conf.get("read_paths", ()), *python_paths(), *system, ENGINE_DIR]
+
+
+def prepare(init: P.Init, shared: bool = False) -> dict:
     """Environment, confinement and limits of this worker, before any tool code runs.
 
+    ``shared``: this is a confined template (worker/template.py), whose INIT names the
+    tenants' folder as its root and the temp-dir parent of its workers as its temp dir;
+    it applies everything but the process limits, and keeps its report in SHARED.
     Returns what is in force, for the host's stats()."""
     lim = init.limits
     conf = init.confine
@@ -82,30 +99,19 @@ def prepare(init: P.Init) -> dict:
     report: dict = {"env": "host environment" if conf is None else
                     "clean (allowlist" + (" + library env)" if extra else ")")}
     disabled = set(init.disabled or ())        # lcp_sandbox.testing.protections_off()
+    if conf is not None and SHARED:
+        _stack(init, report, disabled)         # forked from a confined template
+        apply_in_worker(lim)
+        return report
     if lim.get("network", True):
         report["network"] = "host network"
     else:
         report["network"] = SWITCHED_OFF if "netns" in disabled else isolate_network()
     if conf is not None:
-        # The namespace above and Landlock's rule paths need the host's privileges
-        # (as root: CAP_SYS_ADMIN, opening anything); the privileges are dropped after
-        # them, seccomp last.  The temp dir was made by the host.
-        tmp = init.tmpdir
-        assert tmp is not None, "the host makes a confined worker's temp dir before it starts"
-        os.environ["TMPDIR"] = tempfile.tempdir = tmp
-        ro = [*conf.get("read_paths", ()), *python_paths(), *SYSTEM_READ_PATHS, ENGINE_DIR]
-        covered = make_reachable([conf["root"], tmp, *ro], conf.get("run_as"))
-        if "landlock" in disabled:
-            report["filesystem"] = SWITCHED_OFF
-        else:
-            report["filesystem"] = apply_landlock([conf["root"], tmp], ro, DEVICES)
-        if covered:
-            report["filesystem"] += "; " + covered
-        report["privileges"] = drop_privileges(conf.get("run_as"))
-        wanted = lim.get("syscalls") or {}
-        report["syscalls"], report["unix_sockets"] = restrict_syscalls(
-            lim.get("network", True), tuple(wanted.get("allow", ())),
-            bool(wanted.get("allow_dangerous")), allowlist="syscalls" not in disabled)
+        _confine(init, report, disabled, shared)
+        if shared:
+            SHARED.update(report)
+            return report
     else:
         report["filesystem"] = "unrestricted"
         report["privileges"] = f"the host's (uid {os.geteuid()}, not confined)"
@@ -113,3 +119,45 @@ def prepare(init: P.Init) -> dict:
         report["syscalls"] = "not confined"
     apply_in_worker(lim)
     return report
+
+
+def _confine(init: P.Init, report: dict, disabled: set, shared: bool) -> None:
+    """A fresh worker's (or a template's) confinement, in the package docstring's order."""
+    lim, conf = init.limits, init.confine or {}
+    # The namespace above and Landlock's rule paths need the host's privileges
+    # (as root: CAP_SYS_ADMIN, opening anything); the privileges are dropped after
+    # them, seccomp last.  The temp dir was made by the host.
+    tmp = init.tmpdir
+    assert tmp is not None, "the host makes a confined worker's temp dir before it starts"
+    os.environ["TMPDIR"] = tempfile.tempdir = tmp
+    ro = _read_only(conf, shared)
+    covered = make_reachable([conf["root"], tmp, *ro], conf.get("run_as"))
+    if "landlock" in disabled:
+        report["filesystem"] = SWITCHED_OFF
+    else:
+        report["filesystem"] = apply_landlock([conf["root"], tmp], ro, DEVICES)
+    if covered:
+        report["filesystem"] += "; " + covered
+    report["covered"] = covered
+    report["privileges"] = drop_privileges(conf.get("run_as"))
+    wanted = lim.get("syscalls") or {}
+    report["syscalls"], report["unix_sockets"] = restrict_syscalls(
+        lim.get("network", True), tuple(wanted.get("allow", ())),
+        bool(wanted.get("allow_dangerous")), allowlist="syscalls" not in disabled)
+
+
+def _stack(init: P.Init, report: dict, disabled: set) -> None:
+    """A worker forked from a confined template: the template's namespace, privileges
+    and system call filter are in force already (inherited, they only narrow); the
+    worker adds its own Landlock layer (its root, its temp dir, the same read set), so
+    what it reaches is what a fresh worker reaches, and its Landlock domain (signals,
+    abstract sockets) is its own, not its siblings'."""
+    conf = init.confine or {}
+    report.update({k: v for k, v in SHARED.items() if k != "env"})
+    tmp = init.tmpdir
+    assert tmp is not None, "the host makes a confined worker's temp dir before it starts"
+    os.environ["TMPDIR"] = tempfile.tempdir = tmp
+    if "landlock" not in disabled:
+        report["filesystem"] = apply_landlock([conf["root"], tmp], _read_only(conf), DEVICES)
+        if SHARED.get("covered"):
+            report["filesystem"] += "; " + SHARED["covered"]
