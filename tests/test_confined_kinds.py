@@ -24,11 +24,8 @@ OFF = {"chanprobe": {"sandbox": {"network": False}}}
 
 
 @pytest.fixture(scope="module")
-def tenants():
-    path = Path(os.path.realpath(tempfile.mkdtemp(prefix="lcp-test-")))
-    path.chmod(0o711)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+def tenants(open_tmp_module):
+    return open_tmp_module
 
 
 def confined(kind: str, tenants: Path, **kw) -> Confined:

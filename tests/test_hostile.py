@@ -6,8 +6,6 @@ attack would write is absent), the call returned with the right code, and the
 next call of that library (a fresh worker) and of another library is correct.
 """
 import os
-import shutil
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -23,15 +21,12 @@ HOSTILE = Path(__file__).resolve().parent / "hostile_libs"
 
 
 @pytest.fixture(scope="module", params=KINDS)
-def confined(request):
+def confined(request, open_tmp_module):
     """Confined workers of one start kind (confined_kinds.py: fresh, from a base, from
     the library's template) for the whole module."""
-    path = Path(os.path.realpath(tempfile.mkdtemp(prefix="lcp-test-")))
-    path.chmod(0o711)
-    c = Confined(request.param, path)
+    c = Confined(request.param, open_tmp_module / request.param)
     yield c
     c.close()
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

@@ -10,9 +10,7 @@ classic-BPF interpreter for every system call number of both architectures.
 """
 import errno
 import os
-import shutil
 import socket
-import tempfile
 import threading
 from pathlib import Path
 
@@ -46,11 +44,8 @@ def violations(refused: dict) -> set:
 
 
 @pytest.fixture(scope="module")
-def root():
-    path = Path(os.path.realpath(tempfile.mkdtemp(prefix="lcp-test-")))
-    path.chmod(0o711)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+def root(open_tmp_module):
+    return open_tmp_module
 
 
 @pytest.fixture(scope="module", params=KINDS)

@@ -76,12 +76,9 @@ def tool_holds(paths: dict) -> dict:
     """/proc/self/status's credentials and filters, the network namespace (whether it is
     the host's, given its inode), and what each of ``paths`` ({label: [path, "read" |
     "write"]}) allows."""
-    out = {}
     with open("/proc/self/status") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            if key in STATUS:
-                out[key] = " ".join(value.split())
+        fields = dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+    out = {k: " ".join(fields.get(k, "").split()) for k in STATUS}
     out["netns"] = os.readlink("/proc/self/ns/net")
     out["env"] = sorted(os.environ)
     out["tmp_in_its_own_dir"] = os.environ.get("TMPDIR", "")
