@@ -213,14 +213,16 @@ def test_per_tenant_run_as_gets_a_template_of_its_own(tenants):
         c.close()
 
 
-def test_nothing_is_left_after_close(tenants, new_processes):
-    before = {d for d in os.listdir(tempfile.gettempdir()) if d.startswith("lcp-sandbox-")}
+def test_nothing_is_left_after_close(tenants, new_processes, monkeypatch):
+    own_tmp = tenants / "own-tmp"             # (other processes of this machine use /tmp too)
+    own_tmp.mkdir()
+    own_tmp.chmod(0o711)
+    monkeypatch.setattr(tempfile, "tempdir", str(own_tmp))
     c = confined("template", tenants)
     for t in ("n1", "n2"):
         assert c.binding(LIBS, t).execute_tool("tool_listen", {"kind": "tcp"})["success"]
     assert started_as("template", c.sup.stats(tenant="n2")[0]["start"])
-    assert new_processes()
+    assert new_processes() and os.listdir(own_tmp)       # its temp-dir parents, its workers'
     c.close()
-    after = {d for d in os.listdir(tempfile.gettempdir()) if d.startswith("lcp-sandbox-")}
-    assert after - before == set()
+    assert os.listdir(own_tmp) == []
     assert new_processes() == set()

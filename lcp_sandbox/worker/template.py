@@ -265,7 +265,8 @@ def _spare_child(chan: socket.socket, r: int, intermediate: int, zygote_pid: int
         os._exit(0)
     theirs.close()
     chan.detach()
-    close_all_but((inbox.fileno(),))
+    from .confine import ready_layer
+    close_all_but((inbox.fileno(), *ready_layer()))     # (a confined one: its ruleset)
     null = os.open(os.devnull, os.O_RDONLY)      # stdin: nothing the import left there
     os.dup2(null, 0)
     os.close(null)

@@ -35,11 +35,12 @@ from __future__ import annotations
 
 import os
 import tempfile
+from typing import Any
 
 from ... import protocol as P
 from ...core.policy import ENGINE_DIR, SWITCHED_OFF, SYSTEM_READ_PATHS, python_paths
 from ..rlimits import apply_in_worker
-from .landlock import DEVICES, apply_landlock
+from .landlock import DEVICES, add_rules, apply_landlock, enforce, open_ruleset
 from .mounts import make_reachable
 from .network import isolate_network
 from .privileges import drop_privileges
@@ -73,7 +74,29 @@ def environment_of(init: P.Init) -> dict:
 #: In a confined template (worker/template.py): what it applied for every worker it forks
 #: (its report, and "covered": make_reachable()'s).  A worker forked from it finds it here
 #: and only stacks its own Landlock layer.
-SHARED: dict[str, str] = {}
+SHARED: dict[str, Any] = {}
+
+
+#: In a spare of a confined template: its own Landlock ruleset, read rules added while it
+#: waits (ready_layer()), ((fd, ABI), the read set); INIT adds its root and temp dir.
+_LAYER: list[tuple[tuple[int, int], list[str]]] = []
+
+
+def ready_layer() -> tuple[int, ...]:
+    """(A spare of a confined template, while it waits for its descriptors) open this
+    process's own ruleset and add the read rules its layer will have (the template's
+    read set, with its own /proc/self): its INIT then only adds its root and temp dir.
+    Returns the descriptor to keep open (none when there is nothing to prepare)."""
+    conf = SHARED.get("confine")
+    if not isinstance(conf, dict) or str(SHARED.get("filesystem")).startswith(SWITCHED_OFF):
+        return ()
+    got = open_ruleset()
+    if isinstance(got, str):
+        return ()
+    ro = _read_only(conf)
+    add_rules(*got, (), ro, DEVICES)
+    _LAYER[:] = [(got, ro)]
+    return (got[0],)
 
 
 def _read_only(conf: dict, shared: bool = False) -> list[str]:
@@ -111,6 +134,7 @@ def prepare(init: P.Init, shared: bool = False) -> dict:
         _confine(init, report, disabled, shared)
         if shared:
             SHARED.update(report)
+            SHARED["confine"] = {"read_paths": list(conf.get("read_paths", ()))}
             return report
     else:
         report["filesystem"] = "unrestricted"
@@ -153,11 +177,24 @@ def _stack(init: P.Init, report: dict, disabled: set) -> None:
     what it reaches is what a fresh worker reaches, and its Landlock domain (signals,
     abstract sockets) is its own, not its siblings'."""
     conf = init.confine or {}
-    report.update({k: v for k, v in SHARED.items() if k != "env"})
+    report.update({k: v for k, v in SHARED.items() if k not in ("env", "confine")})
     tmp = init.tmpdir
     assert tmp is not None, "the host makes a confined worker's temp dir before it starts"
     os.environ["TMPDIR"] = tempfile.tempdir = tmp
+    ready, _LAYER[:] = _LAYER[:], []
+    ro = _read_only(conf)
+    try:
+        if "landlock" in disabled:
+            pass
+        elif ready and ready[0][1] == ro:       # its ruleset, read rules added while it waited
+            fd, abi = ready[0][0]
+            add_rules(fd, abi, [conf["root"], tmp], (), ())
+            report["filesystem"] = enforce(fd, abi)
+        else:
+            report["filesystem"] = apply_landlock([conf["root"], tmp], ro, DEVICES)
+    finally:
+        for (fd, _), _ in ready:
+            os.close(fd)
     if "landlock" not in disabled:
-        report["filesystem"] = apply_landlock([conf["root"], tmp], _read_only(conf), DEVICES)
         if SHARED.get("covered"):
             report["filesystem"] += "; " + SHARED["covered"]
