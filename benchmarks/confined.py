@@ -170,7 +170,9 @@ def density(tenants: int = 200) -> dict:
     workers' USS; what is left after close()."""
     tmp = tempfile.mkdtemp(prefix="lcp-bench-cdens-")
     os.chmod(tmp, 0o711)
-    before_tmp = {d for d in os.listdir(tempfile.gettempdir()) if d.startswith("lcp-sandbox-")}
+    own_tmp = os.path.join(tmp, "tmp")           # the engine's temp dirs go here, counted after
+    os.mkdir(own_tmp, 0o711)
+    saved, tempfile.tempdir = tempfile.tempdir, own_tmp
     before_fds, before_procs = len(os.listdir("/proc/self/fd")), _ours()
     bench = _Bench(tmp)
     try:
@@ -197,17 +199,18 @@ def density(tenants: int = 200) -> dict:
             b.close()
     finally:
         bench.close()
+        tempfile.tempdir = saved
+        left_tmp = os.listdir(own_tmp)
         shutil.rmtree(tmp, ignore_errors=True)
     deadline = time.monotonic() + 10
     while _ours() - before_procs and time.monotonic() < deadline:
         time.sleep(0.05)
-    left_tmp = {d for d in os.listdir(tempfile.gettempdir()) if d.startswith("lcp-sandbox-")}
     return {"tenants": tenants, "workers": len(workers), "answered": answered,
             "calls": 2 * tenants, "seconds": seconds, "starts": starts, "uss_mb": uss,
             "per_worker_mb": uss / max(1, len(workers)), "templates_uss_mb": tpl_uss,
             "left": {"processes": len(_ours() - before_procs),
                      "descriptors": len(os.listdir("/proc/self/fd")) - before_fds,
-                     "temp_dirs": len(left_tmp - before_tmp)}}
+                     "temp_dirs": len(left_tmp)}}
 
 
 def render(res: dict) -> str:
