@@ -19,6 +19,11 @@ this order (prepare(), below); each step needs what the later ones give up:
                           socket rules (needs no_new_privs; last, so the steps above
                           need none of their calls on the list)
 
+A confined template (worker/template.py) runs all of it but the limits with the tenants'
+folder as its root (prepare(shared=True)) and keeps its report in SHARED; a worker forked
+from it only stacks its own Landlock layer (_stack(): its root, its temp dir), with the
+ruleset its spare prepared while it waited (ready_layer()).
+
 Every step reports whether it took effect; nothing pretends.  The host
 shows the report in ``stats()["protections"]``.  Host side (host/handover.py),
 hand_over() gives the confinement root to the worker's uid before the worker
