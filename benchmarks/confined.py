@@ -32,15 +32,8 @@ from lcp_sandbox import SandboxedBinding, Supervisor
 from lcp_sandbox.system.proc import memory
 
 from .harness import ratio, summarize
+from .templates import NUMPY_LIB
 
-NUMPY_LIB = '''
-import os, json, csv, decimal
-import numpy as np
-
-def tool_np(n: int = 4) -> dict:
-    """numpy"""
-    return {"success": True, "output": float(np.ones((n, n)).sum())}
-'''
 PLAIN_LIB = '''
 def tool_{name}(x: int = 1) -> dict:
     """plain"""
@@ -222,19 +215,19 @@ def render(res: dict) -> str:
               "plain_confined": "plain library run before, confined",
               "new_open": "never-run plain library, unconfined",
               "new_confined": "never-run plain library, confined (base)"}
-    for k, label in labels.items():
-        row = res["rows"].get(k)
-        if row:
-            out.append(f"  {label:<44} {row['p50']:8.2f} {row['p99']:8.2f} "
-                       f"{res['uss_mb'].get(k, 0):8.2f}")
-    out.append(f"  confined / unconfined (p50): numpy {res['np_ratio']:.2f}x, plain "
-               f"{res['plain_ratio']:.2f}x, never-run {res['new_ratio']:.2f}x")
-    d = res.get("density")
+    rows = [(label, res["rows"][k], res["uss_mb"].get(k, 0)) for k, label in labels.items()
+            if k in res["rows"]]
+    out += [f"  {label:<44} {row['p50']:8.2f} {row['p99']:8.2f} {uss:8.2f}" for label, row, uss in rows]
+    ratios = ", ".join(f"{name} {res[key]:.2f}x" for name, key in
+                       (("numpy", "np_ratio"), ("plain", "plain_ratio"), ("never-run", "new_ratio")))
+    out.append(f"  confined / unconfined (p50): {ratios}")
+    d = res.get("density") or {}
+    parts = [f"{d.get('tenants')} confined tenants x 2 libraries",
+             f"{d.get('answered')} of {d.get('calls')} answered in {d.get('seconds', 0):.1f} s",
+             f"USS of the workers {d.get('uss_mb', 0):.0f} MB ({d.get('per_worker_mb', 0):.2f} each)",
+             f"templates {d.get('templates_uss_mb', 0):.1f} MB", f"left after close(): {d.get('left')}"]
     if d:
-        out.append(f"  density: {d['tenants']} confined tenants x 2 libraries: {d['answered']} of "
-                   f"{d['calls']} answered in {d['seconds']:.1f} s; USS of the workers "
-                   f"{d['uss_mb']:.0f} MB ({d['per_worker_mb']:.2f} each), templates "
-                   f"{d['templates_uss_mb']:.1f} MB; left after close(): {d['left']}")
+        out.append("  density: " + "; ".join(parts))
     return "\n".join(out)
 
 
