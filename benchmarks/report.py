@@ -307,6 +307,9 @@ def render_table(result: dict) -> str:
     if result.get("syscalls"):
         from .syscalls import render as render_syscalls
         lines += ["", render_syscalls(result["syscalls"])]
+    if result.get("confined"):
+        from .confined import render as render_confined
+        lines += ["", render_confined(result["confined"])]
     if result.get("mcp"):
         lines += ["", *_mcp_lines(result["mcp"])]
     return "\n".join(lines)

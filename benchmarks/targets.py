@@ -46,6 +46,30 @@ def parallel(ctx: Any) -> dict:
             "calls_of_ceiling": ratio(sb.get("calls_per_s"), ceil.get("calls_per_s")), "note": "; ".join(notes)}
 
 
+def confined(cf: dict, add: Any) -> None:
+    """The CONFINED section's targets (a new confined tenant's first call; density)."""
+    if not cf.get("rows"):
+        return
+    T, rows, uss = TARGETS, cf["rows"], cf.get("uss_mb") or {}
+    add("confined_np_p50", "numpy library, new confined tenant's first call from its template, p50",
+        rows.get("np_confined", {}).get("p50"), T["confined_np_p50_ms"], "<=", "ms")
+    add("confined_np_ratio", "numpy library, new tenant: confined p50 / unconfined p50 (same run)",
+        cf.get("np_ratio"), T["confined_np_ratio"], "<=")
+    add("uss_confined_np", "worker USS after its first call, numpy library, confined template",
+        uss.get("np_confined"), T["uss_confined_np_mb"], "<=", "MB")
+    add("confined_plain_ratio", "plain library run before, new tenant: confined p50 / unconfined p50",
+        cf.get("plain_ratio"), T["confined_plain_ratio"], "<=",
+        note=f"never-run library, confined (base) / unconfined: {x(cf.get('new_ratio'))}")
+    d = cf.get("density") or {}
+    if d:
+        left = d.get("left") or {}
+        ok = d.get("answered") == d.get("calls") and not any(left.values())
+        add("confined_density_uss", f"USS of the workers, {d['tenants']} confined tenants x 2 libraries",
+            d.get("uss_mb"), T["confined_density_uss_mb"], "<=", "MB",
+            note=f"{d.get('answered')} of {d.get('calls')} answered; left after close(): {left}"
+                 + ("" if ok else " (NOT all answered / something left)"))
+
+
 def run(ctx: Any) -> None:
     T = TARGETS
     res = ctx.result
@@ -94,6 +118,7 @@ def run(ctx: Any) -> None:
     add("syscalls_warm_p50", "confined warm call p50, system call allowlist on / off",
         sc.get("warm_ratio_paired") or sc.get("warm_ratio"), T["syscalls_warm_p50"], "<=",
         note="" if sc.get("warm_ratio") is None else f"pooled {x(sc['warm_ratio'])}")
+    confined(res.get("confined") or {}, add)
     mcp = (res.get("mcp") or {}).get("warm_ms", {})
     for client, label in (("sdk", "the SDK's client"), ("plain", "a kept-alive plain HTTP client")):
         row = mcp.get(f"ours_{client}", {})

@@ -101,16 +101,26 @@ def _forget_inprocess_modules():
         del sys.modules[name]
 
 
+def _open_tmp():
+    path = Path(os.path.realpath(tempfile.mkdtemp(prefix="lcp-test-")))
+    path.chmod(0o711)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def open_tmp_module():
+    """open_tmp, for a whole test module."""
+    yield from _open_tmp()
+
+
 @pytest.fixture
 def open_tmp():
     """A fresh temp dir that any user may traverse (not list), removed after the test.
 
     pytest's tmp_path lies under 0700 folders; a confined worker of a root host runs as
     an unprivileged uid (65534 by default) and could not reach a workspace there."""
-    path = Path(os.path.realpath(tempfile.mkdtemp(prefix="lcp-test-")))
-    path.chmod(0o711)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    yield from _open_tmp()
 
 
 @pytest.fixture

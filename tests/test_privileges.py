@@ -14,6 +14,7 @@ import threading
 
 import pytest
 
+from confined_kinds import KINDS, Confined
 from conftest import HERE
 from lcp_sandbox import SandboxedBinding, Supervisor
 from lcp_sandbox import Limits
@@ -25,7 +26,7 @@ LIBS = HERE / "priv_libs"
 ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not ROOT, reason="the host is not root: no uid to drop to, nothing to chown")
 ZERO = "0000000000000000"
-BLOCKED = "blocked (seccomp: only AF_INET, AF_INET6 and AF_NETLINK sockets can be created)"
+BLOCKED = seccomp.UNIX_BLOCKED
 
 
 def host_status() -> dict:
@@ -40,14 +41,23 @@ def roots(open_tmp):
     return a, b
 
 
+@pytest.fixture(params=KINDS)
+def kind(request, open_tmp):
+    """Confined workers of one start kind (confined_kinds.py), tenants under open_tmp."""
+    c = Confined(request.param, open_tmp)
+    yield c
+    c.close()
+
+
 @pytest.fixture
-def sup():
-    s = Supervisor(confine=True)
-    yield s
-    s.close()
+def sup(kind):
+    kind.sup.kind = kind
+    return kind.sup
 
 
 def binding(sup, root, tenant="a", **kw):
+    if hasattr(sup, "kind"):
+        return sup.kind.binding(LIBS, tenant, root=root, **kw)
     return SandboxedBinding(tools_folders=[LIBS], supervisor=sup, tenant=tenant, workspace=str(root),
                             workspace_root=str(root), **kw)
 
@@ -84,9 +94,12 @@ def test_confined_worker_of_a_root_host_runs_as_nobody(sup, roots):
 
 
 @needs_root
-def test_run_as_is_configurable(roots):
+@pytest.mark.parametrize("start", KINDS)
+def test_run_as_is_configurable(roots, open_tmp, start):
     a, b = roots
-    with Supervisor(confine=True, run_as=(4242, 4343)) as sup:
+    kind = Confined(start, open_tmp, run_as=(4242, 4343))
+    with kind.sup as sup:
+        sup.kind = kind
         ta = binding(sup, a)
         tb = binding(sup, b, tenant="b", host_tool_configs={"privprobe": {"sandbox": {"run_as": [5151, 5252]}}})
         assert ta.execute_tool("tool_status", {})["output"]["Uid"] == "4242 4242 4242 4242"
@@ -96,26 +109,32 @@ def test_run_as_is_configurable(roots):
         assert (os.stat(b / "f.txt").st_uid, os.stat(b / "f.txt").st_gid) == (5151, 5252)
         assert {s["tenant"]: s["protections"]["privileges"] for s in sup.stats()} == {
             "a": "uid 4242 gid 4343, no capabilities", "b": "uid 5151 gid 5252, no capabilities"}
+        kind.check(ta), kind.check(tb)
 
 
 @needs_root
-def test_paths_below_a_root_only_folder_stay_reachable(tmp_path):
+@pytest.mark.parametrize("start", KINDS)
+def test_paths_below_a_root_only_folder_stay_reachable(tmp_path, start):
     """pytest's tmp_path lies below 0700 folders of root (as Python does on machines
     where it is installed in root's home directory): the worker's library and workspace there are
     reachable by its uid, and nothing else of those folders is."""
-    lib, ws = tmp_path / "libs", tmp_path / "ws"
+    lib, ws = tmp_path / "libs", tmp_path / "tenants" / "ws"
     shutil.copytree(LIBS, lib, ignore=shutil.ignore_patterns("__pycache__"))
-    ws.mkdir()
+    ws.mkdir(parents=True)
     (tmp_path / "beside.txt").write_text("not for the worker")
-    with Supervisor(confine=True) as sup:
-        t = SandboxedBinding(tools_folders=[lib], supervisor=sup, workspace=str(ws), workspace_root=str(ws))
+    c = Confined(start, tmp_path / "tenants")
+    try:
+        t = c.binding(lib, "default", root=ws)
         assert t.execute_tool("tool_status", {})["output"]["Uid"] == "65534 65534 65534 65534"
         assert t.execute_tool("tool_write", {"name": "f.txt", "text": "x"})["success"]
         assert t.execute_tool("tool_import", {"name": "wave"})["success"]       # stdlib, not preloaded
         assert t.execute_tool("tool_read", {"path": str(tmp_path / "beside.txt")})["output"] in (
             "FileNotFoundError", "PermissionError")
-        fs = sup.stats()[0]["protections"]["filesystem"]
+        fs = c.sup.stats()[0]["protections"]["filesystem"]
         assert fs.startswith("on (") and "covered (own mount namespace" in fs
+        c.check(t)
+    finally:
+        c.close()
     assert not any(str(tmp_path) in line for line in open("/proc/self/mountinfo"))    # host unchanged
 
 
@@ -306,7 +325,8 @@ def test_side_doors_to_sockets_are_closed(sup, roots):
     a, _ = roots
     off = binding(sup, a, host_tool_configs={"privprobe": {"sandbox": {"network": False}}})
     on = binding(sup, a, tenant="a-network-on")
-    assert off.execute_tool("tool_socket", {"family": socket.AF_INET})["output"] == "ok"
+    assert off.execute_tool("tool_socket", {"family": socket.AF_INET})["output"] == "PermissionError"
+    assert on.execute_tool("tool_socket", {"family": socket.AF_INET})["output"] == "ok"
     assert on.execute_tool("tool_socket", {"family": socket.AF_UNIX})["output"] == "ok"
     with protections_off(sup, "syscalls"):                      # started now, without the filter
         bare = binding(sup, a, tenant="a-no-filter")

@@ -10,14 +10,14 @@ classic-BPF interpreter for every system call number of both architectures.
 """
 import errno
 import os
-import shutil
 import socket
-import tempfile
 import threading
 from pathlib import Path
 
 import pytest
 from conftest import HERE
+
+from confined_kinds import KINDS, Confined
 
 from lcp_sandbox import SandboxedBinding, Supervisor
 from lcp_sandbox.core import syscalls as S
@@ -44,25 +44,22 @@ def violations(refused: dict) -> set:
 
 
 @pytest.fixture(scope="module")
-def root():
-    path = Path(os.path.realpath(tempfile.mkdtemp(prefix="lcp-test-")))
-    path.chmod(0o711)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+def root(open_tmp_module):
+    return open_tmp_module
 
 
-@pytest.fixture(scope="module")
-def sup():
-    with Supervisor(confine=True) as s:
-        yield s
+@pytest.fixture(scope="module", params=KINDS)
+def sup(request, root):
+    """Confined workers of one start kind (confined_kinds.py) for the whole module."""
+    c = Confined(request.param, root / request.param)
+    c.sup.kind = c
+    yield c.sup
+    c.close()
 
 
 def make(sup, root: Path, tenant: str, **sandbox) -> SandboxedBinding:
-    ws = root / tenant
-    ws.mkdir(exist_ok=True)
     configs = {"sysprobe": {"sandbox": sandbox}} if sandbox else None
-    return SandboxedBinding(tools_folders=[LIBS], supervisor=sup, tenant=tenant, workspace=str(ws),
-                            workspace_root=str(ws), host_tool_configs=configs)
+    return sup.kind.binding(LIBS, tenant, host_tool_configs=configs)
 
 
 @pytest.fixture(scope="module")
@@ -89,8 +86,8 @@ def protections(sup, tenant: str) -> dict:
 
 
 @pytest.mark.parametrize("which", ["on", "off"])
-def test_refused_families_answer_eperm_and_the_worker_lives_on(which, request, sup):
-    t = request.getfixturevalue(which)
+def test_refused_families_answer_eperm_and_the_worker_lives_on(which, on, off, sup):
+    t = {"on": on, "off": off}[which]
     before = t.execute_tool("tool_increment", {})["output"]
     pid = sup.stats(tenant=which)[0]["pid"]
     refused = t.execute_tool("tool_refused", {})["output"]
@@ -117,16 +114,16 @@ def test_unconfined_workers_are_not_filtered(root):
 
 
 @pytest.mark.parametrize("which", ["on", "off"])
-def test_calls_with_argument_rules_keep_their_allowed_forms(which, request):
-    allowed = request.getfixturevalue(which).execute_tool("tool_allowed", {})["output"]
+def test_calls_with_argument_rules_keep_their_allowed_forms(which, on, off):
+    allowed = {"on": on, "off": off}[which].execute_tool("tool_allowed", {})["output"]
     assert all(err != errno.EPERM for _, err in allowed.values()), allowed
     assert allowed["personality_query"][0] >= 0 and allowed["getppid"][0] > 0
     assert allowed["prctl_get_nnp"] == [1, 0]                  # no_new_privs is set
 
 
 @pytest.mark.parametrize("which", ["on", "off"])
-def test_what_tools_do_still_works(which, request):
-    corpus = request.getfixturevalue(which).execute_tool("tool_corpus", {})
+def test_what_tools_do_still_works(which, on, off):
+    corpus = {"on": on, "off": off}[which].execute_tool("tool_corpus", {})
     assert corpus["success"], corpus
     assert corpus["output"] == dict.fromkeys(corpus["output"], "ok")
     assert {"threads", "fork", "subprocess", "asyncio", "sqlite", "numpy"} <= set(corpus["output"])
@@ -162,7 +159,7 @@ class Client:
 
 
 def test_host_objects_confirm_relay_and_code_registered_at_run_time(sup, root):
-    ws = root / "relay"
+    ws = sup.kind.tenants_root / "relay"
     ws.mkdir()
     t = SandboxedBinding(tools_folders=[LIBS], supervisor=sup, tenant="relay", workspace=str(ws),
                          workspace_root=str(ws), confirm_handler=lambda *a: ("allow", "fine"))
@@ -265,9 +262,12 @@ def test_the_program_answers_every_number_as_the_tables_say(machine, network):
     assert run_bpf(rows, clone, arch, (0x01200011,)) == ALLOW            # fork()'s
     assert run_bpf(rows, clone, arch, (0x10000000 | 17,)) == EPERM       # CLONE_NEWUSER
     assert run_bpf(rows, clone, arch, (0x40000000,)) == EPERM            # CLONE_NEWNET
-    for family, ok in ((socket.AF_INET, True), (socket.AF_INET6, True), (socket.AF_NETLINK, True),
-                       (socket.AF_UNIX, network), (40, False), (38, False), (17, False)):
+    for family, ok in ((socket.AF_INET, network), (socket.AF_INET6, network),
+                       (socket.AF_NETLINK, True), (socket.AF_UNIX, network), (40, False),
+                       (38, False), (17, False)):
         assert (run_bpf(rows, sock, arch, (family, 1, 0)) == ALLOW) == ok, family
+    # network off: NETLINK_ROUTE only (NETLINK_USERSOCK would connect workers of one namespace)
+    assert (run_bpf(rows, sock, arch, (socket.AF_NETLINK, 3, 2)) == ALLOW) == network
     ioctl, prctl = number("ioctl", machine), number("prctl", machine)
     assert run_bpf(rows, ioctl, arch, (0, 0x5401)) == ALLOW
     assert run_bpf(rows, ioctl, arch, (0, 0x5412)) == EPERM                # TIOCSTI

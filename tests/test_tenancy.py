@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from confined_kinds import KINDS, Confined
 from conftest import HERE
 from lcp_sandbox import SandboxedBinding, Supervisor
 from lcp_sandbox.testing import protections_off
@@ -22,15 +23,21 @@ def roots(open_tmp):
     return a, b
 
 
+@pytest.fixture(params=KINDS)
+def kind(request, open_tmp):
+    """Confined workers of one start kind (confined_kinds.py), tenants under open_tmp."""
+    c = Confined(request.param, open_tmp)
+    yield c
+    c.close()
+
+
 @pytest.fixture
-def confined(roots):
+def confined(roots, kind):
     """Two tenants, confined, each with a workspace root, on one supervisor."""
     a, b = roots
-    sup = Supervisor(confine=True)
-    ta = SandboxedBinding(tools_folders=[LIBS], supervisor=sup, tenant="a", workspace=str(a), workspace_root=str(a))
-    tb = SandboxedBinding(tools_folders=[LIBS], supervisor=sup, tenant="b", workspace=str(b), workspace_root=str(b))
-    yield sup, ta, tb
-    ta.close(), tb.close(), sup.close()
+    ta, tb = kind.binding(LIBS, "a", root=a), kind.binding(LIBS, "b", root=b)
+    yield kind.sup, ta, tb
+    kind.check(ta), kind.check(tb)
 
 
 def test_state_is_per_tenant(confined):
@@ -89,19 +96,19 @@ def test_workspace_outside_the_tenant_root_403(confined, roots):
     assert ta.execute_tool("tool_write_file", {"path": "x.txt", "text": "1"}, workspace=str(sub))["success"]
 
 
-def test_host_secrets_are_invisible(roots, monkeypatch):
+def test_host_secrets_are_invisible(roots, monkeypatch, kind):
     a, b = roots
     monkeypatch.setenv("OPENAI_API_KEY", "sk-host-secret")
-    with Supervisor(confine=True) as sup:
-        t = SandboxedBinding(tools_folders=[LIBS], supervisor=sup, tenant="a", workspace=str(a),
-                             workspace_root=str(a),
-                             host_tool_configs={"probe": {"sandbox": {"env": {"PROBE_MODE": "on"}}}})
-        assert t.execute_tool("tool_getenv", {"name": "OPENAI_API_KEY"})["output"] == {"environ": None, "proc": False}
-        assert t.execute_tool("tool_getenv", {"name": "PROBE_MODE"})["output"]["environ"] == "on"
-        assert t.execute_tool("tool_getenv", {"name": "PATH"})["output"]["environ"] == os.environ["PATH"]
-        # unconfined (drop-in parity) tools see the host's environment, as in-process
-        u = SandboxedBinding(tools_folders=[LIBS], supervisor=sup, tenant="u", workspace=str(a), confine=False)
-        assert u.execute_tool("tool_getenv", {"name": "OPENAI_API_KEY"})["output"]["environ"] == "sk-host-secret"
+    t = kind.binding(LIBS, "a", root=a,
+                     host_tool_configs={"probe": {"sandbox": {"env": {"PROBE_MODE": "on"}}}})
+    assert t.execute_tool("tool_getenv", {"name": "OPENAI_API_KEY"})["output"] == {"environ": None, "proc": False}
+    assert t.execute_tool("tool_getenv", {"name": "PROBE_MODE"})["output"]["environ"] == "on"
+    assert t.execute_tool("tool_getenv", {"name": "PATH"})["output"]["environ"] == os.environ["PATH"]
+    kind.check(t)
+    # unconfined (drop-in parity) tools see the host's environment, as in-process
+    u = SandboxedBinding(tools_folders=[LIBS], supervisor=kind.sup, tenant="u", workspace=str(a), confine=False)
+    assert u.execute_tool("tool_getenv", {"name": "OPENAI_API_KEY"})["output"]["environ"] == "sk-host-secret"
+    u.close()
 
 
 @pytest.fixture
@@ -126,34 +133,38 @@ def listener():
     srv.close()
 
 
-def test_network_off_and_on(roots, listener):
+def test_network_off_and_on(roots, listener, kind):
     a, b = roots
-    with Supervisor(confine=True) as sup:
-        off = SandboxedBinding(tools_folders=[LIBS], supervisor=sup, tenant="a", workspace=str(a),
-                               host_tool_configs={"probe": {"sandbox": {"network": False}}})
-        on = SandboxedBinding(tools_folders=[LIBS], supervisor=sup, tenant="b", workspace=str(b))
-        r = off.execute_tool("tool_connect", {"host": "127.0.0.1", "port": listener})
+    off = kind.binding(LIBS, "a", root=a, host_tool_configs={"probe": {"sandbox": {"network": False}}})
+    on = kind.binding(LIBS, "b", root=b)
+    r = off.execute_tool("tool_connect", {"host": "127.0.0.1", "port": listener})
+    # no socket but NETLINK_ROUTE: no loopback either (confined_kinds: siblings share a namespace)
+    assert r["success"] is False and r["error"].startswith("PermissionError"), r
+    r = on.execute_tool("tool_connect", {"host": "127.0.0.1", "port": listener})
+    assert r["output"] == "hello from the host\n"
+    prot = {s["tenant"]: s["protections"] for s in kind.sup.stats()}
+    assert prot["a"]["network"].startswith("on (own network namespace")
+    assert prot["b"]["network"] == "host network"
+    assert prot["a"]["filesystem"].startswith("on (ABI")
+    kind.check(off), kind.check(on)
+    with Supervisor() as plain:        # unconfined, own namespace: its loopback is its own
+        u = SandboxedBinding(tools_folders=[LIBS], supervisor=plain, workspace=str(a),
+                             host_tool_configs={"probe": {"sandbox": {"network": False}}})
+        r = u.execute_tool("tool_connect", {"host": "127.0.0.1", "port": listener})
         assert r["success"] is False and ("refused" in r["error"] or "unreachable" in r["error"])
-        r = on.execute_tool("tool_connect", {"host": "127.0.0.1", "port": listener})
-        assert r["output"] == "hello from the host\n"
-        prot = {s["tenant"]: s["protections"] for s in sup.stats()}
-        assert prot["a"]["network"].startswith("on (own network namespace")
-        assert prot["b"]["network"] == "host network"
-        assert prot["a"]["filesystem"].startswith("on (ABI")
 
 
-def test_missing_mechanism_warns_once_and_stats_tell(roots, monkeypatch, caplog):
+def test_missing_mechanism_warns_once_and_stats_tell(roots, monkeypatch, caplog, kind):
     a, b = roots
-    with Supervisor(confine=True) as sup, protections_off(sup, "landlock"), \
-            caplog.at_level(logging.WARNING, logger="lcp_sandbox"):
-        t = SandboxedBinding(tools_folders=[LIBS], supervisor=sup, tenant="a", workspace=str(a),
-                             workspace_root=str(a))
+    with protections_off(kind.sup, "landlock"), caplog.at_level(logging.WARNING, logger="lcp_sandbox"):
+        t = kind.binding(LIBS, "a", root=a)
         assert t.execute_tool("tool_read_file", {"path": str(b / "secret.txt")})["output"] == "b's secret"
         assert t.execute_tool("tool_lib_a_pid", {})["success"]
         warnings = [r for r in caplog.records if "confinement requested" in r.getMessage()]
         assert len(warnings) == 1 and "not in force" in warnings[0].getMessage()
         assert all(s["protections"]["filesystem"].startswith("unavailable") for s in t.stats())
         assert all(s["protections"]["env"].startswith("clean") for s in t.stats())
+        kind.check(t)
 
 
 def test_lru_eviction_and_events(tmp_path):

@@ -35,6 +35,9 @@ class Limits:
     template: bool = True                   # False: every worker imports the library itself
                                             # (no shared template process: backends/local/
                                             # templates.py)
+    trusted_import: bool = True             # confined, from files: may import in a template
+                                            # that can write beneath the tenants' folder
+                                            # (False: imports after its own confinement)
     syscalls: Optional[dict[str, Any]] = None   # {"allow": [names], "allow_dangerous": bool}: calls
                                             # a confined worker adds to the allowlist
                                             # (core/syscalls.py; checked here)

@@ -244,7 +244,8 @@ def serve_http(options: ServeOptions, host: str, port: int, token: Optional[str]
     port = sock.getsockname()[1]
     url = f"http://{_netloc(host.strip('[]'), port)}{MCP_PATH}"
     os.makedirs(options.workspace_root, exist_ok=True)
-    supervisor = Supervisor(confine=options.confine, max_workers=options.max_workers,
+    supervisor = Supervisor(confine=options.confine, tenants_root=options.workspace_root,
+                            max_workers=options.max_workers,
                             max_workers_per_tenant=options.max_workers_per_session)
     front = McpFront(options, supervisor)
     security = transport_security(host.strip("[]"), port, tuple(allowed_hosts),

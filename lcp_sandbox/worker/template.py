@@ -4,6 +4,11 @@
         conn ◄── INIT from the host (files, sys.path, the workers' environment and network;
                  nothing of a tenant: no configuration, no workspace, no handlers)
         environment; own network namespace if its workers have no network; CWD "/"
+        confined (INIT.confine: the tenants' folder as its root, a temp-dir parent as its
+                 temp dir): all of confine.prepare() but the limits, before the import:
+                 Landlock's first layer, its workers' uid, no capabilities, seccomp; its
+                 workers then stack their own layer (confine._stack).  No files: a "base",
+                 confined and importing nothing (its workers import after their layer)
         import each file as sys.modules[PERSISTENT_PREFIX + stem]: no init_tools_library, no tool
         checks: a Python thread, a child process, a native thread (OpenBLAS's pool excepted),
                 a descriptor or a shared writable mapping left by the import ─► refused
@@ -139,8 +144,14 @@ def _fds() -> set[str]:
 def _import(init: P.Init) -> str:
     """Import the library's files as a worker would; "ok" or "refused: why"."""
     from .loop import PERSISTENT_PREFIX, PRELOADED
-    set_environment(environment_of(init))
-    if not init.limits.get("network", True) and "netns" not in (init.disabled or ()):
+    if init.confine is not None:                 # confined: narrowed first (_confined)
+        why = _confined(init)
+        if why:
+            return why
+    else:
+        set_environment(environment_of(init))
+    if init.confine is None and not init.limits.get("network", True) \
+            and "netns" not in (init.disabled or ()):
         from .confine.network import isolate_network
         state = isolate_network()
         if not state.startswith("on"):
@@ -162,6 +173,25 @@ def _import(init: P.Init) -> str:
     except BaseException as exc:
         return f"refused: the import raised {type(exc).__name__}: {exc}"[:300]
     return _leftovers(before)
+
+
+def _confined(init: P.Init) -> str:
+    """A confined template applies, before it imports anything, all that does not
+    depend on a tenant (confine.prepare(shared=True)): the clean environment, its own
+    network namespace with the network off, a first Landlock layer (write: beneath the
+    tenants' folder and its workers' temp-dir parent, which INIT names as its root and
+    temp dir), its workers' uid, no capabilities, the system call filter.  "" or why
+    its workers must start otherwise."""
+    from .confine import prepare
+    report = prepare(init, shared=True)
+    conf = init.confine or {}
+    if not report.get("privileges", "").startswith("uid "):
+        return f"refused: its privileges were not dropped ({report.get('privileges')})"
+    if not os.access(conf["root"], os.X_OK):
+        # A fresh worker would get the folder covered (mounts.py); one forked from here
+        # could not reach its root.
+        return f"refused: uid {os.getuid()} cannot pass through the tenants' folder"
+    return ""
 
 
 def _leftovers(before: set[str]) -> str:
@@ -235,7 +265,8 @@ def _spare_child(chan: socket.socket, r: int, intermediate: int, zygote_pid: int
         os._exit(0)
     theirs.close()
     chan.detach()
-    close_all_but((inbox.fileno(),))
+    from .confine import ready_layer
+    close_all_but((inbox.fileno(), *ready_layer()))     # (a confined one: its ruleset)
     null = os.open(os.devnull, os.O_RDONLY)      # stdin: nothing the import left there
     os.dup2(null, 0)
     os.close(null)

@@ -20,8 +20,8 @@ from ...core.policy import path_within as _within
 
 
 def hand_over_root(init: P.Init, run_as: tuple[int, int], library: str, tool: str) -> P.Init:
-    """Before a confined worker starts: its root becomes ``run_as``'s and its temp
-    dir is made; returns the INIT that says both.  A root that must not be handed
+    """Before a confined worker starts: its root becomes ``run_as``'s; returns the INIT
+    that says so.  A root that must not be handed
     over refuses the call (403); OSError when handing over fails."""
     confine = init.confine or {}
     root = confine["root"]
@@ -32,14 +32,15 @@ def hand_over_root(init: P.Init, run_as: tuple[int, int], library: str, tool: st
                               f"confined tool must not be able to write. Use a workspace of its "
                               f"own.")
     hand_over(root, *run_as)
-    # The temp dir is the host's to make and to remove: no path a worker names is ever deleted.
-    return init._replace(confine={**confine, "run_as": run_as}, tmpdir=private_tmpdir(run_as))
+    # The temp dir is the host's to make (templates.py, when it knows where) and to
+    # remove: no path a worker names is ever deleted.
+    return init._replace(confine={**confine, "run_as": run_as})
 
 
-def private_tmpdir(run_as: Optional[tuple[int, int]] = None) -> str:
-    """The worker's TMPDIR, created now (as the host's user) and owned by ``run_as``
-    when the worker is about to drop to it."""
-    tmp = tempfile.mkdtemp(prefix="lcp-sandbox-")
+def private_tmpdir(run_as: Optional[tuple[int, int]] = None, parent: Optional[str] = None) -> str:
+    """The worker's TMPDIR, created now (as the host's user) in ``parent`` (default: the
+    system's) and owned by ``run_as`` when the worker is about to drop to it."""
+    tmp = tempfile.mkdtemp(prefix="lcp-sandbox-", dir=parent)
     if os.geteuid() == 0:
         try:
             os.chown(tmp, *run_as_ids(DEFAULT_RUN_AS if run_as is None else run_as))

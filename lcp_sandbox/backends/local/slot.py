@@ -111,7 +111,7 @@ class Slot:
     peak_rss: int = 0
     peak_uss: int = 0
     start: str = ""                        # how its worker started: "template" | "fresh (why)"
-    template: Optional[tuple[Any, ...]] = None     # the key of the template it came from
+    template: Any = None                   # the template it came from (templates.py's)
     # crash-loop bookkeeping
     fresh_deaths: int = 0
     deaths: collections.deque[float] = field(default_factory=collections.deque)
@@ -149,9 +149,9 @@ class Slot:
         self.last_used = now
 
     # ------------------------------------------------------------ its worker
-    def attach(self, proc: "WorkerProcess", start: str,
-               template: Optional[tuple[Any, ...]] = None) -> None:
-        """``proc`` serves it now; ``start`` says how it started ("template", "fresh (why)")."""
+    def attach(self, proc: "WorkerProcess", start: str, template: Any = None) -> None:
+        """``proc`` serves it now; ``start`` says how it started ("template", "base (why)",
+        "fresh (why)")."""
         self.proc, self.start, self.template = proc, start, template
         self.starts += 1
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import atexit
 import functools
 import logging
-import shutil
 import threading
 import time
 import weakref
@@ -69,10 +68,13 @@ class Supervisor(CallEnds, Reports, Closing):
                  idle_timeout_s: Optional[float] = None, confine: bool = False,
                  on_event: Optional[Callable[[dict], None]] = None,
                  crash_policy: Optional[CrashPolicy] = None, watch_interval_s: float = 0.05,
-                 run_as: tuple[int, int] = DEFAULT_RUN_AS) -> None:
+                 run_as: tuple[int, int] = DEFAULT_RUN_AS,
+                 tenants_root: Optional[str] = None) -> None:
         """``confine`` is the default for bindings that do not say (see worker/confine/);
         ``run_as`` is the (uid, gid) a confined worker of a root host runs as (per
-        library: ``"sandbox": {"run_as": ...}``); ``on_event`` gets a dict per
+        library: ``"sandbox": {"run_as": ...}``); ``tenants_root``, the folder holding
+        every tenant's root: confined workers of roots beneath it start from shared
+        confined templates (templates.py, confined.py); ``on_event`` gets a dict per
         lifecycle event (start, stop, evict, idle, crash, violation, timeout,
         interrupt, memory, quarantine), also logged on ``lcp_sandbox.events``."""
         self.crash_policy = crash_policy or CrashPolicy()
@@ -87,7 +89,7 @@ class Supervisor(CallEnds, Reports, Closing):
         self._zygote: Optional[Zygote] = None
         self._pump: Optional[OutputPump] = None
         self._closed = False
-        self.templates = Templates(idle_timeout_s)
+        self.templates = Templates(idle_timeout_s, tenants_root)
         self.open_files = raise_open_files_limit()
         self._watchdog = Watchdog(self._retire, idle_timeout_s, watch_interval_s,
                                   lambda now: self.templates.tick(now, self._zygote))
@@ -237,23 +239,19 @@ class Supervisor(CallEnds, Reports, Closing):
                tool: str) -> WorkerProcess:
         name = slot.library.name
         self._room(slot, deadline, tool)
-        tmpdir = None
         try:
             zyg, pump = self._zyg()
             try:
                 if self.protections_off:
                     init = init._replace(disabled=sorted(self.protections_off))
-                if init.confine is not None:
+                if init.confine is not None:      # (its temp dir: templates.start makes it)
                     init = hand_over_root(init, slot.limits.run_as or self.run_as, name, tool)
-                    tmpdir = init.tmpdir
                 proc = self.templates.start(zyg, slot, init, pump, deadline)
             except (ZygoteGone, OSError) as exc:
                 raise Unavailable.not_run(name, tool, f"could not start a worker: {exc}" + (
                     out_of_descriptors(exc) or ""), "no_start") from None
         except BaseException:
             self.pool.release(slot.tenant)
-            if tmpdir:
-                shutil.rmtree(tmpdir, ignore_errors=True)
             raise
         proc.on_ready = functools.partial(self._ready, slot, init)
         proc.forked.add_done_callback(functools.partial(self._forked, slot))
@@ -321,4 +319,5 @@ class Supervisor(CallEnds, Reports, Closing):
                 self._detach(slot, slot.proc)
         if self._pump is not None:
             self._pump.close()
+        self.templates.close()
         _live_supervisors.discard(self)

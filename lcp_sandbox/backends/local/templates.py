@@ -9,22 +9,31 @@
                                socketpair, TEMPLATE to the zygote, its READY {"template":
                                verdict}; this worker waits for it (within its deadline)
         (an older version of the library's files: its template is retired first)
-        verdict "ok"     ─► WorkerProcess.start(template=pid); slot.attach(proc, "template", key)
+        verdict "ok"     ─► WorkerProcess.start(template=pid); slot.attach(proc, "template", tpl)
                             (the template gone meanwhile: slot.started_fresh(...) when forked)
         verdict refused  ─► fresh, with the reason; remembered until the file changes
+    confined (Supervisor(tenants_root=T), a root beneath T; confined.py decides):
+        the library's confined template, when made ─► "template"
+        else (its first worker, a library not trusted at import, code registered at
+        run time) the base of its key, when made ─► "base (why)"; else "fresh (why)"
+        what was missing is made after the call that needed it answered (Zygote.after);
+        a later worker of the library waits for its template while it is made
+        its temp dir is made in the template's temp-dir parent (removed with the
+        template once no worker of it lives, or at close())
     exited(pid)     a template died: forgotten (the next worker makes a new one)
-    released(key)   a worker of it ended;  tick(now) retires templates with no worker
+    released(tpl)   a worker of it ended;  tick(now) retires templates with no worker
                     for idle_timeout_s (least recently used first) and says when it is
                     next due; on_idle(at) is told when a template may be retired
 
-A template is made only for workers that are not confined: Landlock rules and a
-dropped uid can only narrow, so a template shared by tenants would either reach
-every tenant's workspace at import (weaker than a confined worker's import) or
-forbid its workers their own.  See worker/template.py for the template process.
+An unconfined template imports with its workers' environment and network.  A confined
+one first applies everything of its workers' confinement that does not depend on a
+tenant (a Landlock layer that writes beneath T), then imports: only what the host trusts
+at import (confined.py).  See worker/template.py for the template process.
 """
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 import time
 from concurrent.futures import Future
@@ -33,6 +42,8 @@ from typing import Any, Callable, Optional, cast
 from ... import protocol as P
 from ...core.limits import Limits
 from ...system.proc import tree_memory
+from . import confined
+from .handover import private_tmpdir
 from .output import OutputPump
 from .process import WorkerProcess
 from .slot import Slot
@@ -43,23 +54,31 @@ TemplateKey = tuple[Any, ...]
 
 
 class _Template:
-    __slots__ = ("key", "library", "pid", "state", "workers", "idle_since", "ready")
+    __slots__ = ("key", "library", "pid", "state", "workers", "idle_since", "ready", "begun",
+                 "init", "tmp_parent", "live")
 
-    def __init__(self, key: TemplateKey, library: str) -> None:
+    def __init__(self, key: TemplateKey, library: str, init: P.Init) -> None:
         self.key, self.library = key, library
         self.pid = 0
         self.state = "starting"
         self.workers = 0
         self.idle_since = time.monotonic()
         self.ready = threading.Event()
+        self.begun = False                       # _make() runs (or ran)
+        self.init = init                         # what it is made with (nothing of a tenant)
+        self.tmp_parent: Optional[str] = None    # confined: its workers' temp dirs are in it
+        self.live = True                         # still listed (else: gone, workers may live)
 
 
 class Templates:
-    def __init__(self, idle_timeout_s: Optional[float]) -> None:
+    def __init__(self, idle_timeout_s: Optional[float],
+                 tenants_root: Optional[str] = None) -> None:
         self.idle_timeout_s = idle_timeout_s
+        self.tenants_root = os.path.realpath(tenants_root) if tenants_root else None
         self._lock = threading.Lock()
         self._by_key: dict[TemplateKey, _Template] = {}
         self._seen: set[TemplateKey] = set()    # keys whose first worker has started
+        self._gone: set[_Template] = set()      # confined, no longer listed, workers live
         self.on_idle: Callable[[float], None] = lambda at: None   # tick(at) may retire one
 
     def _idle_from(self, tpl: _Template, since: float) -> None:
@@ -69,13 +88,12 @@ class Templates:
 
     @staticmethod
     def why_not(limits: Limits, init: P.Init) -> str:
-        """Why a worker of this library imports fresh ("" when a template may serve it)."""
+        """Why an unconfined worker of this library imports fresh ("" when a template may
+        serve it)."""
         if limits.template is False:
             return "templates off for this library"
         if not init.files:
             return "code registered at run time"
-        if init.confine is not None:
-            return "confined: its own Landlock and uid apply before its import"
         return ""
 
     @staticmethod
@@ -91,9 +109,11 @@ class Templates:
 
     def start(self, zygote: Zygote, slot: Slot, init: P.Init, pump: OutputPump,
               deadline: Optional[float]) -> WorkerProcess:
-        """Start ``slot``'s worker, from the library's template when one may serve it,
-        and attach it to the slot."""
-        name, bps = slot.library.name, slot.limits.log_bytes_per_s
+        """Start ``slot``'s worker, from the library's template when one may serve it
+        (confined: from a confined template or its base, see confined.py), and attach it
+        to the slot.  A confined worker's temp dir is made here."""
+        if init.confine is not None:
+            return self._start_confined(zygote, slot, init, pump, deadline)
         why = self.why_not(slot.limits, init)
         tpl = None
         if not why:
@@ -103,14 +123,99 @@ class Templates:
                     "" if tpl.state == "ok" else tpl.state
             except OSError as exc:
                 why = f"template not made: {exc}"
-        if why or tpl is None:
-            proc = WorkerProcess.start(zygote, init, pump, name, bps)
-            slot.attach(proc, f"fresh ({why})")
-            return proc
-        proc = WorkerProcess.start(zygote, init, pump, name, bps, template=tpl.pid)
-        slot.attach(proc, "template", tpl.key)
+        if why or tpl is None or not self._claim(tpl):
+            return self._attach(slot, WorkerProcess.start(zygote, init, pump, slot.library.name,
+                                                          slot.limits.log_bytes_per_s),
+                                f"fresh ({why or 'its template was gone'})", None)
+        return self._fork(zygote, slot, init, pump, tpl, "template")
+
+    def _start_confined(self, zygote: Zygote, slot: Slot, init: P.Init, pump: OutputPump,
+                        deadline: Optional[float]) -> WorkerProcess:
+        why = confined.why_fresh(self.tenants_root, slot.limits, init)
+        tpl, start = None, ""
+        if not why:
+            try:
+                tpl, start, why = self._confined(zygote, slot.limits, init, deadline)
+            except OSError as exc:
+                why = f"template not made: {exc}"
+        run_as = (init.confine or {})["run_as"]
+        init = init._replace(tmpdir=private_tmpdir(run_as, tpl.tmp_parent if tpl else None))
+        if tpl is not None:
+            return self._fork(zygote, slot, init, pump, tpl, start)
+        try:
+            proc = WorkerProcess.start(zygote, init, pump, slot.library.name,
+                                       slot.limits.log_bytes_per_s)
+        except BaseException:
+            shutil.rmtree(init.tmpdir or "", ignore_errors=True)
+            raise
+        return self._attach(slot, proc, f"fresh ({why})", None)
+
+    def _confined(self, zygote: Zygote, limits: Limits, init: P.Init,
+                  deadline: Optional[float]) -> tuple[Optional[_Template], str, str]:
+        """(the confined template to fork from and the start it makes, or None and why
+        not).  Its library's when the library may be imported there and the template
+        is made; else its base's, when made.  What is missing is made once the call
+        that needed it is answered (Zygote.after): never during that call."""
+        root = cast(str, self.tenants_root)
+        why = confined.untrusted(limits, init, root)
+        if not why:
+            tpl = self._shared(zygote, confined.key(init, root, True), init, True, deadline)
+            if tpl is not None and tpl.state == "ok" and self._claim(tpl):
+                return tpl, "template", ""
+            why = "first worker of the library: no template yet" if tpl is None else \
+                "its template was gone" if tpl.state == "ok" else tpl.state
+        base = self._shared(zygote, confined.key(init, root, False), init, False, None)
+        if base is not None and base.state == "ok" and self._claim(base):
+            return base, f"base ({why})", ""
+        return None, "", why + ("; no base yet" if base is None or base.state == "starting" else
+                                f"; base {base.state}")
+
+    def _shared(self, zygote: Zygote, key: TemplateKey, init: P.Init, library: bool,
+                deadline: Optional[float]) -> Optional[_Template]:
+        """The confined template of ``key``: None when it is new (made after this call);
+        while it is being made, waited for within ``deadline`` (a library's) or not (a
+        base: its worker goes on without)."""
         with self._lock:
-            tpl.workers += 1
+            tpl = self._by_key.get(key)
+            stale = [] if tpl is not None or not library else self._stale(key, init.library)
+            if tpl is None:
+                tpl = self._by_key[key] = _Template(
+                    key, key[0], confined.template_init(init, cast(str, self.tenants_root),
+                                                        library))
+                new = True
+            else:
+                new = False
+        self._retire(zygote, stale)
+        if new:
+            zygote.after(lambda: self._begin(zygote, tpl))
+            return None
+        if not library and not tpl.begun:
+            zygote.after(lambda: self._begin(zygote, tpl))     # (its zygote was replaced)
+        if library and not tpl.ready.is_set():
+            self._begin(zygote, tpl)                 # not made yet: now, and waited for
+            tpl.ready.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return tpl if tpl.ready.is_set() else None
+
+    def _claim(self, tpl: _Template) -> bool:
+        """One more worker forks from ``tpl`` (False: it is gone meanwhile)."""
+        with self._lock:
+            if tpl.live and tpl.state == "ok":
+                tpl.workers += 1
+                return True
+        return False
+
+    def _fork(self, zygote: Zygote, slot: Slot, init: P.Init, pump: OutputPump,
+              tpl: _Template, start: str) -> WorkerProcess:
+        """A worker forked from ``tpl`` (claimed): attached to the slot as ``start``."""
+        try:
+            proc = WorkerProcess.start(zygote, init, pump, slot.library.name,
+                                       slot.limits.log_bytes_per_s, template=tpl.pid)
+        except BaseException:
+            if init.tmpdir:
+                shutil.rmtree(init.tmpdir, ignore_errors=True)
+            self.released(tpl)
+            raise
+        self._attach(slot, proc, start, tpl)
 
         def served(fut: Future[int]) -> None:
             if fut.exception() is None and isinstance(fut, Forked) and not fut.templated:
@@ -118,12 +223,27 @@ class Templates:
         proc.forked.add_done_callback(served)
         return proc
 
+    @staticmethod
+    def _attach(slot: Slot, proc: WorkerProcess, start: str,
+                tpl: Optional[_Template]) -> WorkerProcess:
+        slot.attach(proc, start, tpl)
+        return proc
+
+    def _stale(self, key: TemplateKey, library: str) -> list[_Template]:
+        """(Holding the lock) the templates of an older version of the library's files,
+        taken off the list."""
+        stale = []
+        for other in list(self._by_key.values()):
+            if other.library == library and other.key[1] != key[1] and \
+                    [f[0] for f in other.key[1]] == [f[0] for f in key[1]]:
+                stale.append(self._by_key.pop(other.key))       # the file changed
+        return stale
+
     def _template(self, zygote: Zygote, init: P.Init,
                   deadline: Optional[float]) -> Optional[_Template]:
         """The library's template, waiting while it is made; None for the library's
         first worker."""
         key = self.key(init)
-        stale = []
         with self._lock:
             if key not in self._seen:
                 if len(self._seen) > 10000:
@@ -131,32 +251,36 @@ class Templates:
                 self._seen.add(key)
                 return None
             tpl = self._by_key.get(key)
+            stale = [] if tpl is not None else self._stale(key, init.library)
             if tpl is None:
-                for other in list(self._by_key.values()):
-                    if other.library == init.library and other.key[1] != key[1] and \
-                            [f[0] for f in other.key[1]] == [f[0] for f in key[1]]:
-                        stale.append(self._by_key.pop(other.key))       # the file changed
-                tpl = self._by_key[key] = _Template(key, init.library)
-                mine = True
-            else:
-                mine = False
-        for old in stale:
-            if old.pid:
-                zygote.kill(old.pid)
-        if mine:       # made by a thread: a caller whose deadline passes goes fresh, it lives on
-            threading.Thread(target=self._make, args=(zygote, tpl, init, time.monotonic() + 120.0),
-                             name="lcp-sandbox-template", daemon=True).start()
+                # Nothing of a tenant: no configuration (it may lend host objects), no
+                # handlers, no workspace.  The environment and sys.path are its workers'.
+                tpl = self._by_key[key] = _Template(key, init.library, init._replace(
+                    configs={}, handlers=0, confine=None, tmpdir=None))
+        self._retire(zygote, stale)
+        self._begin(zygote, tpl)     # made by a thread: a caller whose deadline passes goes fresh
         tpl.ready.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
         return tpl
 
-    def _make(self, zygote: Zygote, tpl: _Template, init: P.Init,
-              deadline: Optional[float]) -> None:
+    def _begin(self, zygote: Zygote, tpl: _Template) -> None:
+        """Make ``tpl`` now, unless that began already (or it was retired meanwhile)."""
+        with self._lock:
+            if tpl.begun or not tpl.live:
+                tpl.ready.set()
+                return
+            tpl.begun = True
+        threading.Thread(target=self._make, args=(zygote, tpl, time.monotonic() + 120.0),
+                         name="lcp-sandbox-template", daemon=True).start()
+
+    def _make(self, zygote: Zygote, tpl: _Template, deadline: Optional[float]) -> None:
         host_sock, its_sock = P.pair()
         conn = P.Connection(host_sock)
         try:
-            # Nothing of a tenant: no configuration (it may lend host objects), no handlers,
-            # no workspace.  The environment and sys.path are the library's workers' own.
-            conn.send(P.INIT, init._replace(configs={}, handlers=0, confine=None, tmpdir=None))
+            init = tpl.init
+            if init.confine is not None:         # its import's temp dir, its workers' parent
+                tpl.tmp_parent = confined.tmp_parent(tuple(init.confine["run_as"]))
+                init = init._replace(tmpdir=tpl.tmp_parent)
+            conn.send(P.INIT, init)
             fut = zygote.template(its_sock.fileno())
             its_sock.close()
             tpl.pid = fut.result(30.0)
@@ -176,36 +300,73 @@ class Templates:
             tpl.ready.set()
         if tpl.state == "ok":
             self._idle_from(tpl, tpl.idle_since)     # (its first worker may have gone fresh)
-        if tpl.state != "ok" and tpl.pid:
+            return
+        if tpl.pid:
             zygote.kill(tpl.pid)
-            if not tpl.state.startswith("refused: the import") and "thread" not in tpl.state \
-                    and "descriptor" not in tpl.state and "process" not in tpl.state \
-                    and "mapping" not in tpl.state:
-                self._forget(tpl)                     # not the library's doing: try again next time
-
+        if not any(w in tpl.state for w in ("the import", "thread", "descriptor", "process",
+                                            "mapping", "pass through", "privileges")):
+            self._forget(tpl)                        # not the library's doing: try again next time
+        else:
+            self._drop_parent(tpl)                   # (kept as the record: no worker uses it)
     def _forget(self, tpl: _Template) -> None:
         with self._lock:
             if self._by_key.get(tpl.key) is tpl:
                 del self._by_key[tpl.key]
+            tpl.live = False
+        self._drop_parent(tpl)
+
+    @staticmethod
+    def _drop_parent(tpl: _Template) -> None:
+        """Remove a confined template's temp-dir parent (no worker of it lives)."""
+        parent, tpl.tmp_parent = tpl.tmp_parent, None
+        if parent:
+            shutil.rmtree(parent, ignore_errors=True)
+
+    def _unlisted(self, tpls: list[_Template]) -> list[_Template]:
+        """(Holding the lock) ``tpls`` are off the list: those whose temp-dir parent can
+        go now (the others' goes with their last worker)."""
+        done = []
+        for tpl in tpls:
+            tpl.live = False
+            if tpl.workers:
+                self._gone.add(tpl)
+            else:
+                done.append(tpl)
+        return done
+
+    def _retire(self, zygote: Zygote, tpls: list[_Template]) -> None:
+        with self._lock:
+            done = self._unlisted(tpls)
+        for tpl in tpls:
+            if tpl.pid:
+                zygote.kill(tpl.pid)
+        for tpl in done:
+            self._drop_parent(tpl)
 
     def exited(self, pid: int) -> None:
         """A process ended: if it was a ready template, the next worker makes a new one."""
         with self._lock:
-            for tpl in list(self._by_key.values()):
-                if tpl.pid == pid and tpl.state == "ok":
-                    del self._by_key[tpl.key]
-                    tpl.state = "dead"
+            dead = [t for t in self._by_key.values() if t.pid == pid and t.state == "ok"]
+            for tpl in dead:
+                del self._by_key[tpl.key]
+                tpl.state = "dead"
+            done = self._unlisted(dead)
+        for tpl in done:
+            self._drop_parent(tpl)
 
-    def released(self, key: Optional[TemplateKey]) -> None:
-        """A worker started from the template of ``key`` ended."""
-        if key is None:
+    def released(self, tpl: Optional[_Template]) -> None:
+        """A worker started from ``tpl`` ended."""
+        if tpl is None:
             return
         with self._lock:
-            tpl = self._by_key.get(key)
-            if tpl is not None:
-                tpl.workers = max(0, tpl.workers - 1)
-                if not tpl.workers:
-                    self._idle_from(tpl, time.monotonic())
+            tpl.workers = max(0, tpl.workers - 1)
+            if tpl.workers:
+                return
+            if tpl.live:
+                self._idle_from(tpl, time.monotonic())
+                return
+            self._gone.discard(tpl)
+        self._drop_parent(tpl)
 
     def tick(self, now: float, zygote: Optional[Zygote]) -> Optional[float]:
         """Retire the templates no worker has used for idle_timeout_s (oldest first);
@@ -219,8 +380,7 @@ class Templates:
                           key=lambda t: t.idle_since)
             for tpl in idle:
                 del self._by_key[tpl.key]
-        for tpl in idle:
-            zygote.kill(tpl.pid)
+        self._retire(zygote, idle)
         return min((t.idle_since + idle_s for t in unused if t not in idle), default=None)
 
     def ready(self) -> int:
@@ -235,5 +395,14 @@ class Templates:
         for t in tpls:
             rss, uss = tree_memory(t.pid) if t.state == "ok" else (0, 0)
             out.append({"library": t.library, "pid": t.pid or None, "state": t.state,
-                        "workers": t.workers, "rss": rss, "uss": uss})
+                        "workers": t.workers, "rss": rss, "uss": uss,
+                        "confined": t.init.confine is not None})
         return out
+
+    def close(self) -> None:
+        """(The supervisor closed: every worker is gone) remove the temp-dir parents."""
+        with self._lock:
+            tpls = [*self._by_key.values(), *self._gone]
+            self._gone.clear()
+        for tpl in tpls:
+            self._drop_parent(tpl)

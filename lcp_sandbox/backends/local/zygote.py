@@ -16,7 +16,8 @@ kill and signal workers, learn how they ended.
               confined one forks: it never holds the host's environment)
     settle() ─ after that call: the reader thread forks the replacement a moment
               later (RESERVE_DELAY_S); waking the thread earlier would take the CPU
-              and the GIL from the cold start itself
+              and the GIL from the cold start itself.  after(fn): fn runs then too
+              (templates.py makes a template there, not during the call that needed it)
 
 Records are protocol/control.py's.
 """
@@ -97,6 +98,7 @@ class Zygote:
         self._reserved: list[Reserved] = []
         self._due = 0.0                        # when the reader forks one ahead (0: not owed)
         self.owed = False                      # a take() whose replacement settle() asks for
+        self._after: list[Callable[[], None]] = []     # after(): run with the replacement
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         self._ready = threading.Event()
@@ -129,6 +131,10 @@ class Zygote:
                 self._due = 0.0
                 while len(self._reserved) < RESERVED and self.alive and self._reserve():
                     pass
+                with self._send_lock:
+                    after, self._after = self._after, []
+                for fn in after:
+                    fn()
             if any(fd == self._wake_r for fd, _ in events):
                 try:
                     os.read(self._wake_r, 4096)
@@ -224,6 +230,13 @@ class Zygote:
             sock.close()                          # it died waiting (or the zygote did)
             os.close(log_r)
         return None
+
+    def after(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` (on the reader thread: it must not block) once the call being
+        served is answered: settle() is owed."""
+        with self._send_lock:
+            self._after.append(fn)
+        self.owed = True
 
     def settle(self) -> None:
         """Fork what take() used, a moment from now (no-op when nothing is owed)."""

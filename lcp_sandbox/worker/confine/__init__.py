@@ -19,6 +19,11 @@ this order (prepare(), below); each step needs what the later ones give up:
                           socket rules (needs no_new_privs; last, so the steps above
                           need none of their calls on the list)
 
+A confined template (worker/template.py) runs all of it but the limits with the tenants'
+folder as its root (prepare(shared=True)) and keeps its report in SHARED; a worker forked
+from it only stacks its own Landlock layer (_stack(): its root, its temp dir), with the
+ruleset its spare prepared while it waited (ready_layer()).
+
 Every step reports whether it took effect; nothing pretends.  The host
 shows the report in ``stats()["protections"]``.  Host side (host/handover.py),
 hand_over() gives the confinement root to the worker's uid before the worker
@@ -35,11 +40,12 @@ from __future__ import annotations
 
 import os
 import tempfile
+from typing import Any
 
 from ... import protocol as P
 from ...core.policy import ENGINE_DIR, SWITCHED_OFF, SYSTEM_READ_PATHS, python_paths
 from ..rlimits import apply_in_worker
-from .landlock import DEVICES, apply_landlock
+from .landlock import DEVICES, add_rules, apply_landlock, enforce, open_ruleset
 from .mounts import make_reachable
 from .network import isolate_network
 from .privileges import drop_privileges
@@ -70,9 +76,48 @@ def environment_of(init: P.Init) -> dict:
     return {**(init.env or {}), **own}
 
 
-def prepare(init: P.Init) -> dict:
+#: In a confined template (worker/template.py): what it applied for every worker it forks
+#: (its report, and "covered": make_reachable()'s).  A worker forked from it finds it here
+#: and only stacks its own Landlock layer.
+SHARED: dict[str, Any] = {}
+
+
+#: In a spare of a confined template: its own Landlock ruleset, read rules added while it
+#: waits (ready_layer()), ((fd, ABI), the read set); INIT adds its root and temp dir.
+_LAYER: list[tuple[tuple[int, int], list[str]]] = []
+
+
+def ready_layer() -> tuple[int, ...]:
+    """(A spare of a confined template, while it waits for its descriptors) open this
+    process's own ruleset and add the read rules its layer will have (the template's
+    read set, with its own /proc/self): its INIT then only adds its root and temp dir.
+    Returns the descriptor to keep open (none when there is nothing to prepare)."""
+    conf = SHARED.get("confine")
+    if not isinstance(conf, dict) or str(SHARED.get("filesystem")).startswith(SWITCHED_OFF):
+        return ()
+    got = open_ruleset()
+    if isinstance(got, str):
+        return ()
+    ro = _read_only(conf)
+    add_rules(*got, (), ro, DEVICES)
+    _LAYER[:] = [(got, ro)]
+    return (got[0],)
+
+
+def _read_only(conf: dict, shared: bool = False) -> list[str]:
+    """What a confined worker reads.  A template's layer reads all of /proc instead of
+    /proc/self: a rule holds an inode, and each worker's /proc/self is its own (its own
+    layer narrows that to it)."""
+    system = [("/proc" if shared and p == "/proc/self" else p) for p in SYSTEM_READ_PATHS]
+    return [*conf.get("read_paths", ()), *python_paths(), *system, ENGINE_DIR]
+
+
+def prepare(init: P.Init, shared: bool = False) -> dict:
     """Environment, confinement and limits of this worker, before any tool code runs.
 
+    ``shared``: this is a confined template (worker/template.py), whose INIT names the
+    tenants' folder as its root and the temp-dir parent of its workers as its temp dir;
+    it applies everything but the process limits, and keeps its report in SHARED.
     Returns what is in force, for the host's stats()."""
     lim = init.limits
     conf = init.confine
@@ -82,30 +127,20 @@ def prepare(init: P.Init) -> dict:
     report: dict = {"env": "host environment" if conf is None else
                     "clean (allowlist" + (" + library env)" if extra else ")")}
     disabled = set(init.disabled or ())        # lcp_sandbox.testing.protections_off()
+    if conf is not None and SHARED:
+        _stack(init, report, disabled)         # forked from a confined template
+        apply_in_worker(lim)
+        return report
     if lim.get("network", True):
         report["network"] = "host network"
     else:
         report["network"] = SWITCHED_OFF if "netns" in disabled else isolate_network()
     if conf is not None:
-        # The namespace above and Landlock's rule paths need the host's privileges
-        # (as root: CAP_SYS_ADMIN, opening anything); the privileges are dropped after
-        # them, seccomp last.  The temp dir was made by the host.
-        tmp = init.tmpdir
-        assert tmp is not None, "the host makes a confined worker's temp dir before it starts"
-        os.environ["TMPDIR"] = tempfile.tempdir = tmp
-        ro = [*conf.get("read_paths", ()), *python_paths(), *SYSTEM_READ_PATHS, ENGINE_DIR]
-        covered = make_reachable([conf["root"], tmp, *ro], conf.get("run_as"))
-        if "landlock" in disabled:
-            report["filesystem"] = SWITCHED_OFF
-        else:
-            report["filesystem"] = apply_landlock([conf["root"], tmp], ro, DEVICES)
-        if covered:
-            report["filesystem"] += "; " + covered
-        report["privileges"] = drop_privileges(conf.get("run_as"))
-        wanted = lim.get("syscalls") or {}
-        report["syscalls"], report["unix_sockets"] = restrict_syscalls(
-            lim.get("network", True), tuple(wanted.get("allow", ())),
-            bool(wanted.get("allow_dangerous")), allowlist="syscalls" not in disabled)
+        _confine(init, report, disabled, shared)
+        if shared:
+            SHARED.update(report)
+            SHARED["confine"] = {"read_paths": list(conf.get("read_paths", ()))}
+            return report
     else:
         report["filesystem"] = "unrestricted"
         report["privileges"] = f"the host's (uid {os.geteuid()}, not confined)"
@@ -113,3 +148,58 @@ def prepare(init: P.Init) -> dict:
         report["syscalls"] = "not confined"
     apply_in_worker(lim)
     return report
+
+
+def _confine(init: P.Init, report: dict, disabled: set, shared: bool) -> None:
+    """A fresh worker's (or a template's) confinement, in the package docstring's order."""
+    lim, conf = init.limits, init.confine or {}
+    # The namespace above and Landlock's rule paths need the host's privileges
+    # (as root: CAP_SYS_ADMIN, opening anything); the privileges are dropped after
+    # them, seccomp last.  The temp dir was made by the host.
+    tmp = init.tmpdir
+    assert tmp is not None, "the host makes a confined worker's temp dir before it starts"
+    os.environ["TMPDIR"] = tempfile.tempdir = tmp
+    ro = _read_only(conf, shared)
+    covered = make_reachable([conf["root"], tmp, *ro], conf.get("run_as"))
+    if "landlock" in disabled:
+        report["filesystem"] = SWITCHED_OFF
+    else:
+        report["filesystem"] = apply_landlock([conf["root"], tmp], ro, DEVICES)
+    if covered:
+        report["filesystem"] += "; " + covered
+    report["covered"] = covered
+    report["privileges"] = drop_privileges(conf.get("run_as"))
+    wanted = lim.get("syscalls") or {}
+    report["syscalls"], report["unix_sockets"] = restrict_syscalls(
+        lim.get("network", True), tuple(wanted.get("allow", ())),
+        bool(wanted.get("allow_dangerous")), allowlist="syscalls" not in disabled)
+
+
+def _stack(init: P.Init, report: dict, disabled: set) -> None:
+    """A worker forked from a confined template: the template's namespace, privileges
+    and system call filter are in force already (inherited, they only narrow); the
+    worker adds its own Landlock layer (its root, its temp dir, the same read set), so
+    what it reaches is what a fresh worker reaches, and its Landlock domain (signals,
+    abstract sockets) is its own, not its siblings'."""
+    conf = init.confine or {}
+    report.update({k: v for k, v in SHARED.items() if k not in ("env", "confine")})
+    tmp = init.tmpdir
+    assert tmp is not None, "the host makes a confined worker's temp dir before it starts"
+    os.environ["TMPDIR"] = tempfile.tempdir = tmp
+    ready, _LAYER[:] = _LAYER[:], []
+    ro = _read_only(conf)
+    try:
+        if "landlock" in disabled:
+            pass
+        elif ready and ready[0][1] == ro:       # its ruleset, read rules added while it waited
+            fd, abi = ready[0][0]
+            add_rules(fd, abi, [conf["root"], tmp], (), ())
+            report["filesystem"] = enforce(fd, abi)
+        else:
+            report["filesystem"] = apply_landlock([conf["root"], tmp], ro, DEVICES)
+    finally:
+        for (fd, _), _ in ready:
+            os.close(fd)
+    if "landlock" not in disabled:
+        if SHARED.get("covered"):
+            report["filesystem"] += "; " + SHARED["covered"]

@@ -55,35 +55,56 @@ def _handled_fs(abi: int) -> int:
 def apply_landlock(read_write: Iterable[str], read_only: Iterable[str],
                    devices: Iterable[str]) -> str:
     """Restrict this process (and its future children); returns a report string."""
+    got = open_ruleset()
+    if isinstance(got, str):
+        return got
+    fd, abi = got
+    try:
+        add_rules(fd, abi, read_write, read_only, devices)
+        return enforce(fd, abi)
+    finally:
+        os.close(fd)
+
+
+def open_ruleset() -> "tuple[int, int] | str":
+    """A new ruleset (its fd, the ABI) handling every right this kernel knows, or why not.
+    A spare of a confined template opens its own while it waits (confine.ready_layer())."""
     abi = landlock_abi()
     if abi < 1:
         return "unavailable (kernel without Landlock)"
     handled = _handled_fs(abi)
-    scoped = (SCOPE_ABSTRACT_UNIX | SCOPE_SIGNAL) if abi >= 6 else 0
     if abi >= 6:
-        attr = struct.pack("QQQ", handled, 0, scoped)
+        attr = struct.pack("QQQ", handled, 0, SCOPE_ABSTRACT_UNIX | SCOPE_SIGNAL)
     else:
         attr = struct.pack("Q", handled)
     buf = ctypes.create_string_buffer(attr, len(attr))
     fd = _libc.syscall(_SYS_create_ruleset, buf, ctypes.c_size_t(len(attr)), ctypes.c_uint32(0))
     if fd < 0:
         return f"unavailable (create_ruleset: {os.strerror(ctypes.get_errno())})"
+    return fd, abi
+
+
+def add_rules(fd: int, abi: int, read_write: Iterable[str], read_only: Iterable[str],
+              devices: Iterable[str]) -> None:
+    """Add the rules: all rights beneath ``read_write``, reading and executing beneath
+    ``read_only``, reading and writing the ``devices``."""
+    handled = _handled_fs(abi)
     ro = FS_EXECUTE | FS_READ_FILE | FS_READ_DIR
-    rw = handled
     dev = (FS_READ_FILE | FS_WRITE_FILE | (FS_IOCTL_DEV if abi >= 5 else 0)
            | (FS_TRUNCATE if abi >= 3 else 0))
-    try:
-        for paths, rights in ((read_write, rw), (read_only, ro), (devices, dev)):
-            for path in paths:
-                _add_path(fd, path, rights & handled)
-        rc = prctl(PR_SET_NO_NEW_PRIVS, 1)
-        if rc != 0:
-            return f"failed (no_new_privs: {os.strerror(-rc)})"
-        if _libc.syscall(_SYS_restrict_self, ctypes.c_int(fd), ctypes.c_uint32(0)) != 0:
-            return f"failed (restrict_self: {os.strerror(ctypes.get_errno())})"
-    finally:
-        os.close(fd)
-    return f"on (ABI {abi}{', signals and abstract sockets scoped' if scoped else ''})"
+    for paths, rights in ((read_write, handled), (read_only, ro), (devices, dev)):
+        for path in paths:
+            _add_path(fd, path, rights & handled)
+
+
+def enforce(fd: int, abi: int) -> str:
+    """Restrict this process to the ruleset ``fd`` (not closed here); the report."""
+    rc = prctl(PR_SET_NO_NEW_PRIVS, 1)
+    if rc != 0:
+        return f"failed (no_new_privs: {os.strerror(-rc)})"
+    if _libc.syscall(_SYS_restrict_self, ctypes.c_int(fd), ctypes.c_uint32(0)) != 0:
+        return f"failed (restrict_self: {os.strerror(ctypes.get_errno())})"
+    return f"on (ABI {abi}{', signals and abstract sockets scoped' if abi >= 6 else ''})"
 
 
 def _add_path(ruleset_fd: int, path: str, rights: int) -> None:

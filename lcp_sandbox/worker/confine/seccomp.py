@@ -14,9 +14,11 @@ The filter, from core/syscalls.py's data:
       allowed                                     ALLOW
       clone3                                      ENOSYS (glibc falls back to clone)
       clone        flags with any CLONE_NEW*      EPERM, else ALLOW
-      socket       family: AF_INET, AF_INET6, AF_NETLINK, and AF_UNIX with the network
-                   on; any other family (AF_VSOCK reaches the hypervisor from any
-                   namespace, AF_ALG the kernel's crypto, AF_PACKET...)              EACCES
+      socket       network on: AF_INET, AF_INET6, AF_NETLINK, AF_UNIX; network off:
+                   AF_NETLINK with NETLINK_ROUTE only (no loopback: workers of one
+                   confined template share its namespace); any other family
+                   (AF_VSOCK reaches the hypervisor from any namespace, AF_ALG the
+                   kernel's crypto, AF_PACKET...) or protocol                        EACCES
       socketpair   network off: datagram type EACCES (an AF_UNIX datagram socket can
                    sendto() any path even when paired); stream/seqpacket ALLOW
       prctl, personality, ioctl   the options/requests of core/syscalls.py, else EPERM
@@ -69,11 +71,17 @@ _SECCOMP_SET_MODE_FILTER, _SECCOMP_FILTER_FLAG_TSYNC, _SECCOMP_MODE_FILTER = 1, 
 _LD, _JA, _JEQ, _JGE, _JSET, _AND, _RET = 0x20, 0x05, 0x15, 0x35, 0x45, 0x54, 0x06
 _OFF_NR, _OFF_ARCH = 0, 4                                  # struct seccomp_data (little endian)
 _NS_FLAGS = 0x7E020000       # CLONE_NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET
-_SOCKET_FAMILIES_OFF = (socket.AF_INET, socket.AF_INET6, socket.AF_NETLINK)
+#: With the network on.  With it off, only AF_NETLINK's NETLINK_ROUTE: network-off workers
+#: of one confined template share its network namespace, where loopback (TCP, UDP) and
+#: NETLINK_USERSOCK (any process may send to any port) would connect tenants; so no
+#: network-off confined worker, fresh or not, has loopback or any other socket.
+_SOCKET_FAMILIES_ON = (socket.AF_INET, socket.AF_INET6, socket.AF_NETLINK, socket.AF_UNIX)
 ALLOW, EPERM = _RET_ALLOW, _RET_ERRNO | errno.EPERM
 _EACCES, _ENOSYS = _RET_ERRNO | errno.EACCES, _RET_ERRNO | errno.ENOSYS
 
-Row = tuple[int, int, int, int]                            # (code, jt, jf, k)
+Row = tuple[int, int, int, int]
+UNIX_BLOCKED = ("blocked (seccomp: no socket can be created but AF_NETLINK's NETLINK_ROUTE; "
+                "no loopback either)")                            # (code, jt, jf, k)
 
 
 class _SockFilter(ctypes.Structure):
@@ -100,9 +108,13 @@ def _one_of(arg: int, values: tuple, match: int, other: int) -> list[Row]:
 
 def _blocks(network: bool, lifted: frozenset) -> dict[str, list[Row]]:
     """The argument checks of the FILTERED calls (none for a lifted one)."""
-    fams = _SOCKET_FAMILIES_OFF + (() if not network else (socket.AF_UNIX,))
+    if network:
+        sock = _one_of(0, _SOCKET_FAMILIES_ON, ALLOW, _EACCES)
+    else:       # AF_NETLINK with NETLINK_ROUTE (0) only: see _SOCKET_FAMILIES_ON
+        sock = [(_LD, 0, 0, _arg(0)), (_JEQ, 0, 3, socket.AF_NETLINK), (_LD, 0, 0, _arg(2)),
+                (_JEQ, 0, 1, 0), (_RET, 0, 0, ALLOW), (_RET, 0, 0, _EACCES)]
     out = {
-        "socket": _one_of(0, fams, ALLOW, _EACCES),
+        "socket": sock,
         "clone": [(_LD, 0, 0, _arg(0)), (_JSET, 0, 1, _NS_FLAGS), (_RET, 0, 0, EPERM),
                   (_RET, 0, 0, ALLOW)],
         "prctl": _one_of(0, tuple(S.PRCTL_OPTIONS.values()), ALLOW, EPERM),
@@ -265,9 +277,11 @@ def restrict_syscalls(network: bool, allow: tuple = (), dangerous: bool = False,
             state = (f"allowlist ({n} calls, {machine}"
                      + (f"; the library's: {', '.join(extra + lifted)}" if allow else "") + ")")
     if not network:
-        try:
-            socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).close()
-            unix = "failed (the filter is installed but socket(AF_UNIX) still works)"
-        except PermissionError:
-            unix = "blocked (seccomp: only AF_INET, AF_INET6 and AF_NETLINK sockets can be created)"
+        unix = UNIX_BLOCKED
+        for family, name in ((socket.AF_UNIX, "AF_UNIX"), (socket.AF_INET, "AF_INET")):
+            try:
+                socket.socket(family, socket.SOCK_STREAM).close()
+                unix = f"failed (the filter is installed but socket({name}) still works)"
+            except PermissionError:
+                pass
     return state, unix

@@ -1,0 +1,244 @@
+"""CONFINED: what a new tenant's first call costs confined (Supervisor(confine=True,
+tenants_root=...), shared confined templates) against the same unconfined, same run.
+
+    rounds, the kinds in a fresh random order in each; each call timed alone (the
+    templates any call owes are made before the next one starts):
+        np        a new tenant of a numpy library whose template exists
+        plain     a new tenant of a plain library run before (its template exists)
+        new       a never-run plain library's first call (unconfined: the zygote's spare;
+                  confined: the base of its folder)
+      each open (unconfined) and confined; np also confined without tenants_root (fresh)
+    USS (own pages) of each kind's worker after its first call
+    density: ``tenants`` confined tenants x (numpy library + plain library), every call
+    answered, USS of the workers, nothing left after close() (processes, descriptors,
+    temp dirs)
+
+Run alone:  python -m benchmarks.confined [rounds] [tenants]
+"""
+from __future__ import annotations
+
+import gc
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from typing import Any
+
+import psutil
+
+from lcp_sandbox import SandboxedBinding, Supervisor
+from lcp_sandbox.system.proc import memory
+
+from .harness import ratio, summarize
+from .templates import NUMPY_LIB
+
+PLAIN_LIB = '''
+def tool_{name}(x: int = 1) -> dict:
+    """plain"""
+    return {{"success": True, "output": x}}
+'''
+KINDS = ("np_open", "np_confined", "np_fresh", "plain_open", "plain_confined", "new_open",
+         "new_confined")
+
+
+def _lib(folder: str, name: str, code: str) -> str:
+    os.makedirs(folder, exist_ok=True)
+    os.chmod(folder, 0o755)
+    with open(os.path.join(folder, f"{name}.py"), "w") as f:
+        f.write(code)
+    return folder
+
+
+def _settled(sups: list) -> None:
+    """Wait until no template of ``sups`` is being made (each call is timed alone)."""
+    deadline = time.monotonic() + 60
+    while any(t["state"] == "starting" for s in sups for t in s.pool_stats()["templates"]):
+        if time.monotonic() > deadline:
+            raise TimeoutError("a template was not made within 60 s")
+        time.sleep(0.005)
+    time.sleep(0.02)                   # (the reserve and spares forked after a call)
+
+
+class _Bench:
+    def __init__(self, tmp: str) -> None:
+        self.tmp, self.n = tmp, 0
+        self.tenants = os.path.join(tmp, "tenants")
+        os.makedirs(self.tenants)
+        os.chmod(self.tenants, 0o711)
+        self.np = _lib(os.path.join(tmp, "np"), "bench_np", NUMPY_LIB)
+        self.plain = _lib(os.path.join(tmp, "plain"), "bench_plain", PLAIN_LIB.format(name="plain"))
+        self.open = Supervisor()
+        self.conf = Supervisor(confine=True, tenants_root=self.tenants)
+        self.fresh = Supervisor(confine=True)
+
+    def first_call(self, sup: Supervisor, folder: str, tool: str, confine: bool) -> tuple:
+        """A new tenant's first call: (seconds, its worker's start, its USS)."""
+        self.n += 1
+        ws = os.path.join(self.tenants, f"t{self.n}")
+        os.makedirs(ws)
+        b = SandboxedBinding(tools_folders=[folder], supervisor=sup, tenant=f"t{self.n}",
+                             workspace=ws, workspace_root=ws, confine=confine)
+        b.list_tools()
+        gc.collect()
+        t0 = time.perf_counter()
+        res = b.execute_tool(tool, {})
+        elapsed = time.perf_counter() - t0
+        assert res["status_code"] == 200, res
+        st = b.stats()[0]
+        uss = memory(st["pid"])[1]
+        b.close()
+        return elapsed, st["start"], uss
+
+    def one(self, kind: str, r: Any) -> tuple:
+        what, how = kind.split("_")
+        sup = {"open": self.open, "confined": self.conf, "fresh": self.fresh}[how]
+        if what == "np":
+            folder, tool = self.np, "tool_np"
+        elif what == "plain":
+            folder, tool = self.plain, "tool_plain"
+        else:
+            name = f"bench_new_{how}_{r}"
+            folder = _lib(os.path.join(self.tmp, "new", how), name,     # (one folder: one base)
+                          PLAIN_LIB.format(name=name))
+            tool = f"tool_{name}"
+        return self.first_call(sup, folder, tool, how != "open")
+
+    def close(self) -> None:
+        for s in (self.open, self.conf, self.fresh):
+            s.close()
+
+
+def _expected(kind: str, start: str) -> bool:
+    if kind.startswith("new_"):
+        return start.startswith("base (") if kind == "new_confined" else start.startswith("fresh")
+    return start.startswith("fresh") if kind == "np_fresh" else start == "template"
+
+
+def measure(rounds: int = 20, seed: int = 1) -> dict:
+    tmp = tempfile.mkdtemp(prefix="lcp-bench-conf-")
+    os.chmod(tmp, 0o711)
+    bench = _Bench(tmp)
+    try:
+        sups = [bench.open, bench.conf, bench.fresh]
+        for w in ("w0", "w1"):               # templates and bases made, warm
+            for kind in ("np_open", "np_confined", "plain_open", "plain_confined", "new_confined"):
+                bench.one(kind, w)
+                _settled(sups)
+        rng = random.Random(seed)
+        times: dict = {k: [] for k in KINDS}
+        uss: dict = {k: [] for k in KINDS}
+        for r in range(rounds):
+            kinds = list(KINDS)
+            rng.shuffle(kinds)
+            for kind in kinds:
+                if kind == "np_fresh" and r % 4:
+                    continue                 # (100 ms each: a quarter of the rounds)
+                elapsed, start, own = bench.one(kind, r)
+                assert _expected(kind, start), (kind, start)
+                times[kind].append(elapsed)
+                uss[kind].append(own)
+                _settled(sups)
+        rows = {k: {**summarize(v, 1e-3), "samples_ms": [round(x * 1e3, 4) for x in v]}
+                for k, v in times.items() if v}
+        p50 = {k: v["p50"] for k, v in rows.items()}
+        return {"rows": rows, "uss_mb": {k: sorted(v)[len(v) // 2] / 1048576
+                                         for k, v in uss.items() if v},
+                "np_ratio": ratio(p50["np_confined"], p50["np_open"]),
+                "plain_ratio": ratio(p50["plain_confined"], p50["plain_open"]),
+                "new_ratio": ratio(p50["new_confined"], p50["new_open"]),
+                "fresh_over_template": ratio(p50.get("np_fresh"), p50["np_confined"])}
+    finally:
+        bench.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _ours() -> set:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def density(tenants: int = 200) -> dict:
+    """``tenants`` confined tenants x (numpy library + plain library): all answer; the
+    workers' USS; what is left after close()."""
+    tmp = tempfile.mkdtemp(prefix="lcp-bench-cdens-")
+    os.chmod(tmp, 0o711)
+    own_tmp = os.path.join(tmp, "tmp")           # the engine's temp dirs go here, counted after
+    os.mkdir(own_tmp, 0o711)
+    saved, tempfile.tempdir = tempfile.tempdir, own_tmp
+    before_fds, before_procs = len(os.listdir("/proc/self/fd")), _ours()
+    bench = _Bench(tmp)
+    try:
+        bench.fresh.close()
+        t0 = time.perf_counter()
+        answered, starts = 0, {}
+        bindings = []
+        for i in range(tenants):
+            ws = os.path.join(bench.tenants, f"d{i}")
+            os.makedirs(ws)
+            b = SandboxedBinding(tools_folders=[bench.np, bench.plain], supervisor=bench.conf,
+                                 tenant=f"d{i}", workspace=ws, workspace_root=ws)
+            bindings.append(b)
+            for tool in ("tool_np", "tool_plain"):
+                answered += b.execute_tool(tool, {})["status_code"] == 200
+        seconds = time.perf_counter() - t0
+        stats = bench.conf.stats()
+        for s in stats:
+            starts[s["start"]] = starts.get(s["start"], 0) + 1
+        workers = [s["pid"] for s in stats if s["pid"]]
+        uss = sum(memory(p)[1] for p in workers) / 1048576
+        tpl_uss = sum(t["uss"] for t in bench.conf.pool_stats()["templates"]) / 1048576
+        for b in bindings:
+            b.close()
+    finally:
+        bench.close()
+        tempfile.tempdir = saved
+        left_tmp = os.listdir(own_tmp)
+        shutil.rmtree(tmp, ignore_errors=True)
+    deadline = time.monotonic() + 10
+    while _ours() - before_procs and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return {"tenants": tenants, "workers": len(workers), "answered": answered,
+            "calls": 2 * tenants, "seconds": seconds, "starts": starts, "uss_mb": uss,
+            "per_worker_mb": uss / max(1, len(workers)), "templates_uss_mb": tpl_uss,
+            "left": {"processes": len(_ours() - before_procs),
+                     "descriptors": len(os.listdir("/proc/self/fd")) - before_fds,
+                     "temp_dirs": len(left_tmp)}}
+
+
+def render(res: dict) -> str:
+    out = ["CONFINED  a new tenant's first call (ms)           p50      p99   USS MB"]
+    labels = {"np_open": "numpy library, template, unconfined",
+              "np_confined": "numpy library, confined template",
+              "np_fresh": "numpy library, confined, fresh import",
+              "plain_open": "plain library run before, unconfined",
+              "plain_confined": "plain library run before, confined",
+              "new_open": "never-run plain library, unconfined",
+              "new_confined": "never-run plain library, confined (base)"}
+    rows = [(label, res["rows"][k], res["uss_mb"].get(k, 0)) for k, label in labels.items()
+            if k in res["rows"]]
+    out += [f"  {label:<44} {row['p50']:8.2f} {row['p99']:8.2f} {uss:8.2f}" for label, row, uss in rows]
+    ratios = ", ".join(f"{name} {res[key]:.2f}x" for name, key in
+                       (("numpy", "np_ratio"), ("plain", "plain_ratio"), ("never-run", "new_ratio")))
+    out.append(f"  confined / unconfined (p50): {ratios}")
+    d = res.get("density") or {}
+    parts = [f"{d.get('tenants')} confined tenants x 2 libraries",
+             f"{d.get('answered')} of {d.get('calls')} answered in {d.get('seconds', 0):.1f} s",
+             f"USS of the workers {d.get('uss_mb', 0):.0f} MB ({d.get('per_worker_mb', 0):.2f} each)",
+             f"templates {d.get('templates_uss_mb', 0):.1f} MB", f"left after close(): {d.get('left')}"]
+    if d:
+        out.append("  density: " + "; ".join(parts))
+    return "\n".join(out)
+
+
+def run(ctx: Any, prog: Any) -> None:
+    res = measure(max(4, ctx.cfg.cold_reps), ctx.cfg.seed)
+    res["density"] = density(ctx.cfg.confined_tenants)
+    ctx.result["confined"] = res
+    prog.step("confined", "done", 0)
+
+
+if __name__ == "__main__":
+    got = measure(int(sys.argv[1]) if len(sys.argv) > 1 else 20)
+    got["density"] = density(int(sys.argv[2]) if len(sys.argv) > 2 else 200)
+    print(render(got))

@@ -1,0 +1,111 @@
+"""Confined workers of each start kind, for the tests of confinement and of hostile workers.
+
+    fresh     Supervisor(confine=True), no tenants_root: forked from the zygote, confined
+              after the fork (as before confined templates)
+    base      Supervisor(confine=True, tenants_root=...), the library marked
+              "trusted_import": false: forked from the base (the tenant-independent
+              confinement applied, nothing imported), imports after its own layer
+    template  the same, trusted: forked from the library's confined template (imported)
+
+``Confined(kind, tenants_root).binding(folder, tenant, ...)`` makes a binding whose
+workers start that way: before the first binding of a (folder, configuration), a warm-up
+tenant loads every library of the folder and the templates that follow are waited for.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+from typing import Optional
+
+from lcp_sandbox import SandboxedBinding, Supervisor
+from lcp_sandbox import protocol as P
+from lcp_sandbox.binding.objects import HostObjects
+
+KINDS = ("fresh", "base", "template")
+
+
+def started_as(kind: str, start: str) -> bool:
+    """Whether a worker's stats()["start"] is of ``kind``."""
+    return start == "template" if kind == "template" else start.startswith(kind + " (")
+
+
+class Confined:
+    def __init__(self, kind: str, tenants_root: Path, **supervisor_kw) -> None:
+        self.kind, self.tenants_root = kind, Path(tenants_root)
+        self.tenants_root.mkdir(parents=True, exist_ok=True)
+        self.sup = Supervisor(confine=True, tenants_root=None if kind == "fresh" else
+                              str(tenants_root), **supervisor_kw)
+        self._warmed: set = set()
+        self.made: list = []
+
+    def configs(self, folder, host_tool_configs: Optional[dict]) -> Optional[dict]:
+        """``host_tool_configs`` with every library of ``folder`` untrusted at import (base)."""
+        if self.kind != "base":
+            return host_tool_configs
+        cfgs = {k: dict(v) for k, v in (host_tool_configs or {}).items()}
+        probe = SandboxedBinding(tools_folders=[str(folder)], supervisor=self.sup)
+        for lib in probe.catalog.libraries():
+            cfg = cfgs.setdefault(lib.name, {})
+            cfg["sandbox"] = {**cfg.get("sandbox", {}), "trusted_import": False}
+        return cfgs
+
+    def binding(self, folder, tenant: str, root: Optional[Path] = None,
+                host_tool_configs: Optional[dict] = None, **kw) -> SandboxedBinding:
+        """A binding of ``tenant`` with its root (default: tenants_root/tenant)."""
+        root = Path(root) if root is not None else self.tenants_root / tenant
+        root.mkdir(parents=True, exist_ok=True)
+        cfgs = self.configs(folder, host_tool_configs)
+        if self.kind != "fresh":
+            self.warm(folder, cfgs)
+        kw.setdefault("workspace", str(root))
+        b = SandboxedBinding(tools_folders=[str(folder)], supervisor=self.sup, tenant=tenant,
+                             workspace_root=str(root), host_tool_configs=cfgs, **kw)
+        self.made.append(b)
+        return b
+
+    def warm(self, folder, cfgs: Optional[dict]) -> None:
+        """Load every library of ``folder`` once (with ``cfgs``) in a throwaway tenant, so
+        that the templates its first workers owe are made; wait for them."""
+        mark = (str(folder), repr(sorted((cfgs or {}).items(), key=str)),
+                tuple(sorted(self.sup.protections_off)))     # (a key of its own, too)
+        if mark in self._warmed:
+            return
+        self._warmed.add(mark)
+        tenant = f"warm-{uuid.uuid4().hex[:8]}"
+        root = self.tenants_root / tenant
+        root.mkdir(parents=True, exist_ok=True)
+        w = SandboxedBinding(tools_folders=[str(folder)], supervisor=self.sup, tenant=tenant,
+                             workspace=str(root), workspace_root=str(root), host_tool_configs=cfgs)
+        for _ in range(2):                       # the second round: the base / the template
+            for lib in w.catalog.libraries():
+                try:
+                    self.sup.run(w._spec(lib, str(root)), P.Load(str(root), 0),
+                                 HostObjects(w._named(lib)), tool="warm-up")
+                except Exception:
+                    pass                         # (a configuration the test expects refused)
+                self.sup.stop(tenant, lib.key)
+                self.settled()
+
+    def settled(self, timeout: float = 60.0) -> None:
+        """Wait until no template is being made."""
+        deadline = time.monotonic() + timeout
+        while any(t["state"] == "starting" for t in self.sup.pool_stats()["templates"]):
+            assert time.monotonic() < deadline, self.sup.pool_stats()["templates"]
+            time.sleep(0.01)
+
+    def check(self, b: SandboxedBinding) -> None:
+        """Every worker of ``b`` started as this kind."""
+        for s in b.stats():          # (code registered at run time: never a library template)
+            if s["pid"] and "code registered at run time" not in s["start"]:
+                assert started_as(self.kind, s["start"]), (self.kind, s["start"])
+
+    def close(self) -> None:
+        """Close everything, having checked how every worker of its bindings started."""
+        try:
+            for b in self.made:
+                self.check(b)
+        finally:
+            for b in self.made:
+                b.close()
+            self.sup.close()

@@ -1,0 +1,228 @@
+"""Confined workers from shared templates (Supervisor(tenants_root=...)) hold what fresh
+confined workers hold, and two tenants of one template share no channel.
+
+Each test runs against the three start kinds of confined_kinds.py (fresh, base,
+template) where it applies.  Libraries under tests/channel_libs/.
+"""
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from confined_kinds import KINDS, Confined, started_as
+from conftest import HERE
+from lcp_sandbox import SandboxedBinding, Supervisor
+from lcp_sandbox.core.policy import ENGINE_DIR
+
+LIBS = HERE / "channel_libs"
+LIB = LIBS / "chanprobe"
+ROOT = os.geteuid() == 0
+NOBODY = "65534 65534 65534 65534"
+OFF = {"chanprobe": {"sandbox": {"network": False}}}
+
+
+@pytest.fixture(scope="module")
+def tenants(open_tmp_module):
+    return open_tmp_module
+
+
+def confined(kind: str, tenants: Path, **kw) -> Confined:
+    root = tenants / kind
+    root.mkdir(exist_ok=True)
+    root.chmod(0o711)
+    return Confined(kind, root, **kw)
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def kind(request, tenants):
+    c = confined(request.param, tenants)
+    yield c
+    c.close()
+
+
+def holds(c: Confined, tenant: str, network: bool) -> dict:
+    b = c.binding(LIBS, tenant, host_tool_configs=None if network else OFF)
+    sibling = c.tenants_root / "sibling"
+    sibling.mkdir(exist_ok=True)
+    (sibling / "secret.txt").write_text("s")
+    paths = {"own_root": [str(c.tenants_root / tenant), "write"],
+             "own_root_read": [str(c.tenants_root / tenant), "read"],
+             "sibling_read": [str(sibling / "secret.txt"), "read"],
+             "sibling_write": [str(sibling), "write"],
+             "tenants_folder": [str(c.tenants_root), "read"],
+             "library_read": [str(LIB / "chanprobe.py"), "read"],
+             "library_write": [str(LIB), "write"],
+             "engine_read": [os.path.join(ENGINE_DIR, "lcp_sandbox", "__init__.py"), "read"],
+             "engine_write": [os.path.join(ENGINE_DIR, "lcp_sandbox"), "write"],
+             "tmp_write": [tempfile.gettempdir(), "write"]}
+    r = b.execute_tool("tool_holds", {"paths": paths})
+    assert r["status_code"] == 200, r
+    c.check(b)
+    out = dict(r["output"])
+    out["host_netns"] = out.pop("netns") == os.readlink("/proc/self/ns/net")
+    out["protections"] = c.sup.stats(tenant=tenant)[0]["protections"]
+    tmpdir = out.pop("tmp_in_its_own_dir")
+    assert tmpdir and os.path.basename(tmpdir).startswith("lcp-sandbox-")
+    return out
+
+
+def test_a_templated_worker_holds_what_a_fresh_one_holds(tenants):
+    """Uid, capabilities, no_new_privs, seccomp filters, network namespace, environment,
+    what it may read and write: equal for the three start kinds, network on and off."""
+    got = {}
+    for k in KINDS:
+        c = confined(k, tenants)
+        try:
+            got[k] = {net: holds(c, f"a-{net}", net) for net in (True, False)}
+        finally:
+            c.close()
+    fresh = got["fresh"]
+    assert got["base"] == fresh and got["template"] == fresh
+    for net, h in fresh.items():
+        assert h["CapEff"] == h["CapPrm"] == h["CapInh"] == h["CapAmb"] == "0000000000000000"
+        assert h["NoNewPrivs"] == "1" and h["Seccomp"] == "2" and h["Seccomp_filters"] == "1"
+        if ROOT:
+            assert h["Uid"] == h["Gid"] == NOBODY and h["CapBnd"] == "0000000000000000"
+        assert h["own_root"] == h["own_root_read"] == "ok"
+        assert h["library_read"] == h["engine_read"] == "ok"
+        for denied in ("sibling_read", "sibling_write", "tenants_folder", "library_write",
+                       "engine_write", "tmp_write", "proc_1"):
+            assert h[denied] == "PermissionError", (net, denied, h[denied])
+        assert h["host_netns"] is net
+        assert h["inet"] == ("ok" if net else "PermissionError")
+
+
+def test_two_network_off_tenants_of_one_template_share_no_channel(kind):
+    a = kind.binding(LIBS, "a-off", host_tool_configs=OFF)
+    b = kind.binding(LIBS, "b-off", host_tool_configs=OFF)
+    pid_a = a.execute_tool("tool_listen", {"kind": "abstract"})
+    for t in (a, b):
+        for what in ("tcp", "udp", "abstract"):
+            assert t.execute_tool("tool_listen", {"kind": what})["output"] == {"error": "PermissionError"}
+        assert t.execute_tool("tool_reach", {"kind": "tcp", "addr": 1})["output"] == "PermissionError"
+        assert t.execute_tool("tool_reach", {"kind": "udp", "addr": 1})["output"] == "PermissionError"
+        assert t.execute_tool("tool_reach", {"kind": "usersock", "addr": 0})["output"] == \
+            "PermissionError"
+    kind.check(a), kind.check(b)
+    pa, pb = (kind.sup.stats(tenant=t)[0]["pid"] for t in ("a-off", "b-off"))
+    assert pid_a["output"] == {"error": "PermissionError"}
+    assert b.execute_tool("tool_reach", {"kind": "signal", "addr": 0, "pid": pa})["output"] == \
+        "PermissionError"
+    assert a.execute_tool("tool_reach", {"kind": "signal", "addr": 0, "pid": pa})["output"] == "ok"
+    if kind.kind != "fresh":           # one template's workers share its network namespace
+        ns = {os.readlink(f"/proc/{p}/ns/net") for p in (pa, pb)}
+        assert len(ns) == 1
+
+
+def test_siblings_reach_neither_abstract_sockets_nor_signals_of_each_other(kind):
+    """Network on: each worker's Landlock domain is its own (ABI 6+ scoping)."""
+    a, b = kind.binding(LIBS, "a-on"), kind.binding(LIBS, "b-on")
+    got = a.execute_tool("tool_listen", {"kind": "abstract"})["output"]
+    assert a.execute_tool("tool_reach", {"kind": "abstract", "addr": got["addr"]})["output"] == "ok"
+    assert b.execute_tool("tool_reach", {"kind": "abstract", "addr": got["addr"]})["output"] == \
+        "PermissionError"
+    assert b.execute_tool("tool_reach", {"kind": "signal", "addr": 0, "pid": got["pid"]})[
+        "output"] == "PermissionError"
+    tcp = a.execute_tool("tool_listen", {"kind": "tcp"})["output"]      # the probe can connect
+    assert b.execute_tool("tool_reach", {"kind": "tcp", "addr": tcp["addr"]})["output"] == "ok"
+    kind.check(a), kind.check(b)
+
+
+def test_who_imports(kind):
+    """A library template imports once, before its workers; a base's workers import
+    themselves, after their own confinement; a fresh worker imports itself."""
+    b = kind.binding(LIBS, "importer")
+    imported_by, pid = b.execute_tool("tool_imported_by", {})["output"]
+    assert (imported_by != pid) is (kind.kind == "template")
+
+
+def test_code_registered_at_run_time_never_gets_a_template(tenants):
+    c = confined("template", tenants)
+    try:
+        code = ("import os\nPID = os.getpid()\n"
+                "def tool_dyn() -> dict:\n    return {'success': True, 'output': [PID, os.getpid()]}\n")
+        starts = []
+        for t in ("d1", "d2", "d3"):
+            b = c.binding(LIBS, t)
+            assert b.register_tool_from_code("dyn", code)
+            imported, pid = b.execute_tool("tool_dyn", {})["output"]
+            assert imported == pid
+            starts.append(c.sup.stats(tenant=t)[-1]["start"])
+            c.settled()
+        assert all(s.startswith(("fresh (code registered", "base (code registered")) for s in starts)
+        assert "base (code registered at run time imports after its own confinement)" in starts
+        libs = {t["library"] for t in c.sup.pool_stats()["templates"]}
+        assert not any("dyn" in name for name in libs)
+    finally:
+        c.made.clear()                   # (their starts are checked above)
+        c.close()
+
+
+def test_files_beneath_tenants_root_are_never_imported_in_a_template(tenants):
+    c = confined("template", tenants)
+    try:
+        folder = c.tenants_root / "uploaded"
+        shutil.copytree(LIBS, folder, ignore=shutil.ignore_patterns("__pycache__"))
+        for t in ("u1", "u2", "u3"):
+            b = c.binding(folder, t)
+            assert b.execute_tool("tool_imported_by", {})["output"][0] == \
+                c.sup.stats(tenant=t)[0]["pid"]
+            c.settled()
+        assert c.sup.stats(tenant="u3")[0]["start"] == \
+            "base (its files lie beneath tenants_root (a tenant could have written them))"
+    finally:
+        c.made.clear()                   # (their starts are checked above)
+        c.close()
+
+
+def test_stats_say_why_a_confined_worker_started_fresh(tenants, open_tmp):
+    inside = tenants / "why"
+    inside.mkdir(exist_ok=True)
+    with Supervisor(confine=True) as sup:
+        b = SandboxedBinding(tools_folders=[LIBS], supervisor=sup, workspace=str(inside),
+                             workspace_root=str(inside))
+        assert b.execute_tool("tool_imported_by", {})["success"]
+        assert sup.stats()[0]["start"] == "fresh (confined, and the host declared no tenants_root)"
+    with Supervisor(confine=True, tenants_root=str(tenants)) as sup:
+        b = SandboxedBinding(tools_folders=[LIBS], supervisor=sup, workspace=str(open_tmp),
+                             workspace_root=str(open_tmp))
+        assert b.execute_tool("tool_imported_by", {})["success"]
+        assert sup.stats()[0]["start"] == "fresh (confined, its root is outside tenants_root)"
+        off = SandboxedBinding(tools_folders=[LIBS], supervisor=sup, workspace=str(inside),
+                               workspace_root=str(inside),
+                               host_tool_configs={"chanprobe": {"sandbox": {"template": False}}})
+        assert off.execute_tool("tool_imported_by", {})["success"]
+        assert sup.stats(tenant="default")[-1]["start"] == "fresh (templates off for this library)"
+
+
+@pytest.mark.skipif(not ROOT, reason="the host is not root: no uid to drop to")
+def test_per_tenant_run_as_gets_a_template_of_its_own(tenants):
+    c = confined("template", tenants)
+    try:
+        own = {"chanprobe": {"sandbox": {"run_as": [5151, 5252]}}}
+        a, b = c.binding(LIBS, "ua"), c.binding(LIBS, "ub", host_tool_configs=own)
+        ha = a.execute_tool("tool_holds", {"paths": {}})["output"]
+        hb = b.execute_tool("tool_holds", {"paths": {}})["output"]
+        assert ha["Uid"] == NOBODY and hb["Uid"] == "5151 5151 5151 5151"
+        c.check(a), c.check(b)
+        mine = [t for t in c.sup.pool_stats()["templates"] if t["library"] == "chanprobe"]
+        assert len(mine) == 2 and {t["state"] for t in mine} == {"ok"}
+    finally:
+        c.close()
+
+
+def test_nothing_is_left_after_close(tenants, new_processes, monkeypatch):
+    own_tmp = tenants / "own-tmp"             # (other processes of this machine use /tmp too)
+    own_tmp.mkdir()
+    own_tmp.chmod(0o711)
+    monkeypatch.setattr(tempfile, "tempdir", str(own_tmp))
+    c = confined("template", tenants)
+    for t in ("n1", "n2"):
+        assert c.binding(LIBS, t).execute_tool("tool_listen", {"kind": "tcp"})["success"]
+    assert started_as("template", c.sup.stats(tenant="n2")[0]["start"])
+    assert new_processes() and os.listdir(own_tmp)       # its temp-dir parents, its workers'
+    c.close()
+    assert os.listdir(own_tmp) == []
+    assert new_processes() == set()
