@@ -38,7 +38,11 @@ from typing import Any, Callable, Optional, cast
 from .. import protocol as P
 from ..core import normalize
 from ..protocol import LOAD_FAILED, OK, OUT_OF_MEMORY, RAISED, TIMED_OUT, error_value
-from .confine import prepare, set_environment
+
+if sys.platform.startswith("linux"):
+    from .confine import prepare, set_environment
+else:           # a spawned worker on macOS or Windows (worker/spawned.py): no Linux mechanism
+    from .portable import prepare, set_environment
 from .proxies import Channel, Proxy
 from .signature import accepts, positional
 
@@ -334,6 +338,7 @@ class Worker:
 
 
 REHEARSED: list[str] = []   # what this process's rehearsal ran (worker/rehearsal.py); READY says it
+ACTIVE: list[Worker] = []   # the worker of the session running (worker/spawned.py reads it)
 
 
 def prime(msg: P.Prime) -> None:
@@ -354,6 +359,7 @@ def session(conn: P.Connection) -> None:
     if REHEARSED:
         report["rehearsed"] = ", ".join(REHEARSED)
     worker = Worker(conn, init)
+    ACTIVE[:] = [worker]
     ch = worker.ch
 
     def on_soft_timeout(signum: int, frame: Any) -> None:
@@ -395,11 +401,11 @@ def serve_calls(conn: P.Connection, worker: Worker) -> None:
             spin(monotonic() + msg.spin_us * 1e-6)
 
 
-def serve(sock: socket.socket) -> None:
+def serve(sock: socket.socket, connection: type[P.Connection] = P.Connection) -> None:
     """Run the worker loop on a connected socket; never returns."""
     code = 0
     try:
-        session(P.Connection(sock))
+        session(connection(sock))
     except BaseException:
         code = 70
         try:
