@@ -43,7 +43,7 @@ import os
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol
 
 from ... import protocol as P
 from ...core.limits import Limits
@@ -67,6 +67,17 @@ class KillReason:
     code: Optional[int] = None     # the status its call ends with (507: over its memory limit)
 
 
+class Parent(Protocol):
+    """What a worker's parent does for the host: the zygote (zygote.py), or a spawned
+    worker's own handle (spawn.py's Child)."""
+    alive: bool
+
+    def kill(self, pid: int) -> None: ...
+    def signal(self, pid: int, sig: int) -> None: ...
+    def reaped(self, pid: int) -> bool: ...
+    def wait_exit(self, pid: int, timeout: float) -> Optional[int]: ...
+
+
 class WorkerGone(Exception):
     """The worker's connection ended (EOF) during a call."""
 
@@ -80,7 +91,7 @@ class WorkerProcess:
                  "kill_reason", "ready", "report", "on_ready", "interrupted", "_caps", "_caps_mb",
                  "_pid")
 
-    def __init__(self, forked: Future[int], zygote: Zygote, conn: P.Connection,
+    def __init__(self, forked: Future[int], zygote: Parent, conn: P.Connection,
                  tmpdir: Optional[str] = None) -> None:
         self.forked = forked                   # the zygote's answer: the pid
         self.zygote = zygote                   # its parent: reaps it, kills it, signals it
