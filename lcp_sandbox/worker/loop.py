@@ -348,14 +348,18 @@ def prime(msg: P.Prime) -> None:
     sys.path[:] = msg.sys_path
 
 
-def session(conn: P.Connection) -> None:
-    """[PRIME,] INIT, READY, then calls until SHUTDOWN or EOF; raises what broke it."""
+def session(conn: P.Connection, prepared: Optional[Callable[[], Any]] = None) -> None:
+    """[PRIME,] INIT, READY, then calls until SHUTDOWN or EOF; raises what broke it.
+    ``prepared`` runs once the worker is confined (a spawned worker's control thread:
+    started earlier, it would keep what prepare() drops, per thread)."""
     kind, payload = conn.recv_frame()
     if kind == P.PRIME:                      # forked ahead: set now what INIT will say again
         prime(cast(P.Prime, P.loads_from_host(kind, payload)))
         kind, payload = conn.recv_frame()
     init = cast(P.Init, P.loads_from_host(kind, payload))
     report = prepare(init)
+    if prepared is not None:
+        prepared()
     if REHEARSED:
         report["rehearsed"] = ", ".join(REHEARSED)
     worker = Worker(conn, init)
@@ -401,11 +405,12 @@ def serve_calls(conn: P.Connection, worker: Worker) -> None:
             spin(monotonic() + msg.spin_us * 1e-6)
 
 
-def serve(sock: socket.socket, connection: type[P.Connection] = P.Connection) -> None:
+def serve(sock: socket.socket, connection: type[P.Connection] = P.Connection,
+          prepared: Optional[Callable[[], Any]] = None) -> None:
     """Run the worker loop on a connected socket; never returns."""
     code = 0
     try:
-        session(connection(sock))
+        session(connection(sock), prepared)
     except BaseException:
         code = 70
         try:

@@ -14,6 +14,7 @@
                                                            still that call? the loop's soft-timeout
                                                            handler (ToolTimeout in the tool)
       control pipe EOF (the host is gone, even killed) ─►  the worker's process tree killed, exit
+      (and at any end of the worker loop: its tree ends with it, end_tree())
 
 The soft interrupt is seen between bytecodes only: a tool blocked in C (time.sleep,
 a read) sees it when it returns to Python, so the host's hard kill after grace_s
@@ -23,6 +24,8 @@ worker/confine/'s prepare()); elsewhere worker/portable.py's.
 from __future__ import annotations
 
 import _thread
+import atexit
+import functools
 import io
 import os
 import signal
@@ -59,9 +62,12 @@ def main(arg: str) -> None:
         os.set_inheritable(fd, False)
         sock = socket.socket(fileno=fd)
     signal.signal(signal.SIGINT, on_interrupt)
-    threading.Thread(target=_control, args=(control,), name="lcp-sandbox-control",
-                     daemon=True).start()
-    loop.serve(sock, P.PortableConnection)
+    atexit.register(end_tree)            # the first registered runs last, after the tools' own
+    # The control thread starts once the worker is confined: capabilities and Landlock
+    # are per thread, so a thread started before prepare() would keep what it drops.
+    loop.serve(sock, P.PortableConnection, functools.partial(
+        threading.Thread(target=_control, args=(control,), name="lcp-sandbox-control",
+                         daemon=True).start))
 
 
 def _read(fd: int, n: int) -> bytes:
@@ -101,7 +107,15 @@ def on_interrupt(signum: int, frame: Any) -> None:
 
 
 def end_tree() -> None:
-    """The host is gone: kill what the tools started, then this process."""
+    """This worker ends (the host is gone, or it was told to stop, or its library failed to
+    load): what its tools started ends with it, as the zygote ends a forked worker's tree.
+    Its descendants (psutil), then its process group, itself included (POSIX); on Windows
+    its Job Object does the rest when the host closes it."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
     try:
         import psutil
         for child in psutil.Process().children(recursive=True):

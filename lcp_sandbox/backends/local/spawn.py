@@ -112,9 +112,11 @@ class Child:
         self.conn = P.PortableConnection(host_sock)
         assert self.popen.stdin is not None and self.popen.stdout is not None
         self._control = self.popen.stdin.fileno()
-        for target, name in ((self._pump, "output"), (self._wait, "waiter")):
-            threading.Thread(target=target, name=f"lcp-sandbox-{name}-{self.pid}",
-                             daemon=True).start()
+        self._output = threading.Thread(target=self._pump, name=f"lcp-sandbox-output-{self.pid}",
+                                        daemon=True)
+        self._output.start()
+        threading.Thread(target=self._wait, name=f"lcp-sandbox-waiter-{self.pid}",
+                         daemon=True).start()
 
     # ------------------------------------------------------------ what a parent does
     def signal(self, pid: int, sig: int) -> None:
@@ -172,6 +174,7 @@ class Child:
                 except OSError:
                     pass
         status = self.popen.wait()
+        self._output.join(1.0)           # what it printed last is logged before its end is told
         with self._lock:
             self.status = status
         self._close_control()
