@@ -282,3 +282,13 @@ def test_a_dead_spare_is_never_handed_out(sup, libs, tmp_path):
         assert r["success"] and r["output"]["pid"] != dead.pid
     finally:
         binding.close()
+
+
+def test_memory_is_read_with_psutil_where_there_is_no_proc(monkeypatch):
+    from lcp_sandbox.system import proc
+    with_proc = proc.tree_usage(os.getpid())
+    monkeypatch.setattr(proc, "_HAS_PROC", False)
+    monkeypatch.setattr(proc, "_HAS_CHILDREN_FILES", False)
+    rss, uss, processes = proc.tree_usage(os.getpid())
+    assert processes == with_proc[2] and 0 < uss <= rss
+    assert abs(rss - with_proc[0]) < 0.5 * with_proc[0]
