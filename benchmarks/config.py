@@ -34,6 +34,9 @@ class BenchConfig:
     ray_calls: int = 300                  # ray: warm calls per path and round
     ray_rounds: int = 8                   # ray: warm rounds (the paths interleaved)
     ray_cold_reps: int = 10               # ray: first calls of a new library on the other node
+    mcp_calls: int = 200                  # mcp: warm tools/call per path and round
+    mcp_rounds: int = 6                   # mcp: warm rounds (the four paths interleaved)
+    mcp_sessions: int = 60                # mcp: sessions opened one after another (+ a first call)
     cpus: Optional[tuple] = None          # (host CPU, worker CPU); default: the first two allowed
     skip: tuple = ()                      # any of SKIPPABLE
     seed: int = 1
@@ -46,14 +49,14 @@ class BenchConfig:
                     routing_workers=40, routing_calls=1200, routing_rounds=4, routing_window_s=0.5,
                     density_tenants=50, density_idle_tenants=25, density_idle_s=1.0, density_calls=400,
                     density_rounds=2, density_window_s=0.3,
-                    ray_calls=150, ray_rounds=4, ray_cold_reps=6)
+                    ray_calls=150, ray_rounds=4, ray_cold_reps=6,
+                    mcp_calls=80, mcp_rounds=3, mcp_sessions=20)
         base.update(kw)
         return cls(**base)
 
 
 SKIPPABLE = ("floor", "pickle", "inprocess", "ppe", "subprocess", "spawn", "spawn_path", "breakdown", "routing",
-             "density",
-             "throughput", "memory", "discovery", "templates", "syscalls", "ray")
+             "density", "throughput", "memory", "discovery", "templates", "syscalls", "mcp", "ray")
 
 TARGETS = {
     "warm_p50": 1.05, "warm_p99": 1.25, "warm_p50_inprocess": 1.0, "cold_vs_spawn": 0.06, "parallel": 1.9,
@@ -64,6 +67,7 @@ TARGETS = {
     "cold_p50_ms": 1.5, "cold_p99_ms": 4.0, "uss_plain_mb": 2.0,
     "template_p50_ms": 5.0, "fresh_over_template": 30.0, "uss_template_mb": 4.0,
     "syscalls_warm_p50": 1.03,
+    "mcp_warm_sdk": 1.2, "mcp_warm_plain": 1.2, "metrics_share": 0.02,
     # the spawn start path (Supervisor(start_method="spawn"), what macOS and Windows run)
     "spawn_path_cold_vs_spawn": 0.25, "spawn_path_warm_vs_zygote": 1.2,
 }

@@ -1,8 +1,11 @@
-"""DISCOVERY: N generated tool files, the first time (a new binding, a new parse cache)
-and again with nothing changed; LCPBinding for comparison."""
+"""DISCOVERY: N generated tool files, the first time (a new binding, files the process has
+not parsed: their mtimes are moved before each repetition), again with nothing changed, and
+a new tenant's binding of files another binding already parsed (the parse cache is the
+process's); LCPBinding for comparison."""
 from __future__ import annotations
 
 import gc
+import os
 import time
 from typing import Any, Callable
 
@@ -77,11 +80,26 @@ def run(ctx: Any, prog: Any) -> None:
         (folder / f"gen_lib_{i:04d}.py").write_text(GENERATED.format(i=i))
     out = ctx.result["discovery"] = {"files": n, "tools": 0}
     refresh = lambda b: b.discover_tools(force_refresh=True)          # noqa: E731
+    files = sorted(folder.iterdir())
+    stamp = [time.time_ns()]
+
+    def unparsed(step: bool = True) -> None:
+        """New mtimes: the next binding parses every file again (progress between reps)."""
+        stamp[0] += 1_000_000_000
+        for f in files:
+            os.utime(f, ns=(stamp[0], stamp[0]))
+        if step:
+            prog.step("discovery", f"{n} files")
+
+    unparsed(step=False)
     first, again, b = _timed(lambda: SandboxedBinding(tools_folders=[str(folder)], workspace=ctx.ws,
                                                       supervisor=ctx.sup, tenant="bench-discovery"),
-                             refresh, 3, reps, lambda: prog.step("discovery", f"{n} files"))
+                             refresh, 3, reps, unparsed)
+    tenant, _, _ = _timed(lambda: SandboxedBinding(tools_folders=[str(folder)], workspace=ctx.ws,
+                                                   supervisor=ctx.sup, tenant="bench-discovery-2"),
+                          refresh, 0, reps)
     out["tools"] = len(b.discovered_tools)
-    out["sandbox"] = {"first": secs(first), "again": secs(again)}
+    out["sandbox"] = {"first": secs(first), "again": secs(again), "new_tenant": secs(tenant)}
     if ctx.lcp_cls is not None:
         first, again, _ = _timed(lambda: ctx.lcp_cls(tools_folders=[str(folder)]), refresh, 1, reps,
                                  lambda: prog.step("discovery", "LCPBinding"))

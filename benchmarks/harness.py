@@ -73,6 +73,27 @@ def share(total: int, rounds: int, r: int) -> int:
     return (r + 1) * total // rounds - r * total // rounds
 
 
+def interleaved(batches: dict, rounds: int, rng: Any, step: Callable[[int], None],
+                collect: bool = False) -> tuple[dict, dict]:
+    """Run ``batches`` (key: a function returning one batch's samples) ``rounds`` times,
+    in a fresh random order each round (``collect``: the garbage collected before each
+    batch); ``step(round)`` after each round.  Every sample by key, and each batch's
+    median by key and round (for paired_ratio)."""
+    samples: dict = {k: [] for k in batches}
+    per_round: dict = {k: {} for k in batches}
+    for r in range(max(1, rounds)):
+        order = list(batches)
+        rng.shuffle(order)
+        for key in order:
+            if collect:
+                gc.collect()
+            xs = batches[key]()
+            samples[key] += xs
+            per_round[key][r] = sorted(xs)[len(xs) // 2]
+        step(r)
+    return samples, per_round
+
+
 def timer_overhead_ns(n: int = 20000) -> float:
     """Median cost of the timed region's own bracketing (two perf_counter_ns calls)."""
     xs = []

@@ -20,7 +20,7 @@ from typing import Any
 
 from lcp_sandbox import SandboxedBinding
 
-from .harness import paired_ratio, pin_thread, ratio, summarize
+from .harness import interleaved, paired_ratio, pin_thread, ratio, summarize
 
 ECHO_ARG = {"tool": "tool_noop", "params": {}, "workspace": "/srv/workspaces/bench"}
 
@@ -94,18 +94,10 @@ def run(ctx: Any, prog: Any) -> None:
                  "local": lambda: ctx.binding.execute_tool("tool_noop", {})}
         for fn in paths.values():
             _batch(fn, 20)                             # warm-up
-        samples: dict = {k: [] for k in paths}
-        per_round: dict = {k: {} for k in paths}
         rounds = max(1, cfg.ray_rounds)
-        for r in range(rounds):
-            order = list(paths)
-            ctx.rng.shuffle(order)
-            for key in order:
-                gc.collect()
-                xs = _batch(paths[key], cfg.ray_calls)
-                samples[key] += xs
-                per_round[key][r] = sorted(xs)[len(xs) // 2]
-            prog.step("ray", f"warm round {r + 1}/{rounds}")
+        samples, per_round = interleaved(
+            {k: (lambda fn=fn: _batch(fn, cfg.ray_calls)) for k, fn in paths.items()}, rounds,
+            ctx.rng, lambda r: prog.step("ray", f"warm round {r + 1}/{rounds}"), collect=True)
         labels = {"ray": "RaySupervisor warm call (other node)", "actor": "bare Ray actor method (same node)",
                   "local": "local Supervisor warm call"}
         warm = {}

@@ -98,6 +98,27 @@ def density_lines(d: dict) -> list:
             f"descriptors, {left.get('tmpdirs')} temporary directories", ""]
 
 
+def _mcp_lines(m: dict) -> list:
+    """MCP: warm tools/call through serve-mcp and a bare SDK server; sessions a second."""
+    lines = ["MCP  warm tools/call on 127.0.0.1, milliseconds, paths interleaved in rounds"]
+    hdr = ["client", "serve-mcp p50", "bare SDK p50", "ratio (paired)", "serve-mcp p99"]
+    rows = []
+    for client, label in (("sdk", "the SDK's client"), ("plain", "plain HTTP, kept alive")):
+        ours, bare = m["warm_ms"][f"ours_{client}"], m["warm_ms"][f"bare_{client}"]
+        rows.append([label, fmt(ours["p50"]), fmt(bare["p50"]),
+                     f"{x(ours.get('x_bare_p50'))} ({x(ours.get('x_bare_p50_paired'))})",
+                     fmt(ours["p99"])])
+    lines += table(hdr, rows, "lrrrr")
+    s = m["sessions_per_s"]
+    lines.append(f"  sessions through serve-mcp (initialize + a first tools/call + DELETE, one after "
+                 f"another): {s['per_s']:.1f} a second")
+    met = m.get("metrics") or {}
+    if met.get("share_of_warm_call") is not None:
+        lines.append(f"  metrics on a warm engine call: {met['per_call_us'] * 1e3:.0f} ns = "
+                     f"{met['share_of_warm_call']:.1%} of its p50")
+    return lines
+
+
 def render_table(result: dict) -> str:
     """The readable report: warm, routing, cold, throughput, memory, discovery, targets."""
     m = result.get("meta", {})
@@ -240,6 +261,9 @@ def render_table(result: dict) -> str:
                 rows.append([label, fmt(d[key]["first"]["p50"] * 1e3), fmt(d[key]["first"]["max"] * 1e3),
                              fmt(d[key]["again"]["p50"] * 1e3), fmt(d[key]["again"]["max"] * 1e3)])
         lines += table(hdr, rows, "lrrrr")
+        if "new_tenant" in d["sandbox"]:
+            lines.append(f"  a new tenant's binding of files already parsed: p50 "
+                         f"{fmt(d['sandbox']['new_tenant']['p50'] * 1e3)} ms")
         if "user_folder" in d:
             lines.append(f"  {d['user_folder']['folder']}: first discovery p50 "
                          f"{fmt(d['user_folder']['first']['p50'] * 1e3)} ms")
@@ -280,6 +304,8 @@ def render_table(result: dict) -> str:
     if result.get("syscalls"):
         from .syscalls import render as render_syscalls
         lines += ["", render_syscalls(result["syscalls"])]
+    if result.get("mcp"):
+        lines += ["", *_mcp_lines(result["mcp"])]
     return "\n".join(lines)
 
 

@@ -8,6 +8,7 @@
       throughput  throughput.py  memory      memory.py      discovery discovery.py
       templates   templates.py (template vs fresh import vs plain cold start, USS per kind)
       syscalls    syscalls.py (confined worker, system call allowlist on vs off: cold, warm)
+      mcp         mcp_section.py (serve-mcp beside a bare MCP SDK server; the mcp extra)
       ray         ray_section.py (the ray extra; --skip ray)
       targets     targets.py     report      report.py
 """
@@ -29,8 +30,8 @@ from typing import Any, Callable, Optional
 
 from lcp_sandbox import SandboxedBinding, Supervisor
 
-from . import (breakdown, cold, density, discovery, memory, ray_section, routing, syscalls, targets, templates,
-               throughput, warm)
+from . import (breakdown, cold, density, discovery, mcp_section, memory, ray_section, routing, syscalls,
+               targets, templates, throughput, warm)
 from .config import TARGETS, BenchConfig
 from .harness import LIBS, Progress, cpu_busy_jiffies, pin_thread, stop_resource_tracker_if_new, timer_overhead_ns
 from .report import render_table, write_json, write_plot
@@ -168,6 +169,8 @@ class Context:
             n += max(1, cfg.ray_rounds) + max(1, cfg.ray_cold_reps)
         if "syscalls" not in cfg.skip:
             n += 1
+        if "mcp" not in cfg.skip:
+            n += max(1, cfg.mcp_rounds) + 1
         return n
 
     def section(self, name: str, fn: Callable[[], None], catch: bool = False) -> None:
@@ -207,6 +210,7 @@ class Context:
                 self.section("discovery", lambda: discovery.run(self, prog))
                 self.section("templates", lambda: templates.run(self, prog), catch=True)
                 self.section("syscalls", lambda: syscalls.run(self, prog), catch=True)
+                self.section("mcp", lambda: mcp_section.run(self, prog), catch=True)
                 self.section("ray", lambda: ray_section.run(self, prog), catch=True)
             finally:
                 prog.close()

@@ -102,6 +102,15 @@ def run(ctx: Any) -> None:
     add("syscalls_warm_p50", "confined warm call p50, system call allowlist on / off",
         sc.get("warm_ratio_paired") or sc.get("warm_ratio"), T["syscalls_warm_p50"], "<=",
         note="" if sc.get("warm_ratio") is None else f"pooled {x(sc['warm_ratio'])}")
+    mcp = (res.get("mcp") or {}).get("warm_ms", {})
+    for client, label in (("sdk", "the SDK's client"), ("plain", "a kept-alive plain HTTP client")):
+        row = mcp.get(f"ours_{client}", {})
+        add(f"mcp_warm_{client}", f"warm tools/call p50 through serve-mcp / a bare SDK server, {label}",
+            row.get("x_bare_p50_paired") or row.get("x_bare_p50"), T[f"mcp_warm_{client}"], "<=",
+            note="" if row.get("x_bare_p50") is None else f"pooled {x(row['x_bare_p50'])}")
+    share = ((res.get("mcp") or {}).get("metrics") or {}).get("share_of_warm_call")
+    add("metrics_share", "metrics kept on a warm engine call (one Metrics.call / the warm p50)", share,
+        T["metrics_share"], "<=")
     par = parallel(ctx)
     add("parallel", f"2 libraries x 2 threads / 1 x 1 (tool_cpu {ctx.cfg.cpu_ms:g} ms)", par.pop("value"),
         T["parallel"], ">=", note=par.pop("note"), **par)

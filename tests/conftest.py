@@ -60,15 +60,31 @@ def gone(pid: int) -> bool:
         return True
 
 
-def wait_gone(pid: int, timeout: float = 20.0) -> bool:
-    """Whether the process is gone (or a zombie) within ``timeout``; polls /proc."""
+def poll(cond, timeout: float = 30.0) -> bool:
+    """Wait for ``cond()`` (polled) within a generous timeout; whether it came true."""
     import time
     deadline = time.monotonic() + timeout
-    while not gone(pid):
+    while not cond():
         if time.monotonic() > deadline:
             return False
-        time.sleep(0.05)
+        time.sleep(0.02)
     return True
+
+
+def wait_gone(pid: int, timeout: float = 20.0) -> bool:
+    """Whether the process is gone (or a zombie) within ``timeout``; polls /proc."""
+    return poll(lambda: gone(pid), timeout)
+
+
+def stop_server(proc, grace_s: float = 30.0) -> None:
+    """SIGTERM a server process, SIGKILL it if it is still there after ``grace_s``."""
+    import subprocess
+    proc.terminate()
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 @pytest.fixture

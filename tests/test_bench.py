@@ -19,12 +19,13 @@ TINY = dict(calls=40, rounds=2, subprocess_calls=2, cold_reps=2, zygote_reps=1, 
             throughput_rounds=1, mem_calls=200, discovery_files=30, discovery_reps=1,
             routing_workers=8, routing_calls=40, routing_rounds=2, routing_window_s=0.05,
             density_tenants=3, density_idle_tenants=1, density_idle_s=0.1, density_calls=40, density_rounds=1,
-            density_window_s=0.05, skip=("ray",))
+            density_window_s=0.05, mcp_calls=10, mcp_rounds=1, mcp_sessions=3, skip=("ray",))
 
 TARGET_NAMES = {"warm_p50", "warm_p99", "warm_p50_inprocess", "cold_vs_spawn", "parallel", "uss_first", "uss_after",
                 "discovery_first", "discovery_again", "density_uss", "density_warm_p50", "density_host_idle_cpu",
                 "density_pool_idle_runs", "density_stats_ms", "cold_p50", "cold_p99", "uss_plain", "template_p50",
-                "fresh_over_template", "uss_template", "syscalls_warm_p50"}
+                "fresh_over_template", "uss_template", "syscalls_warm_p50", "mcp_warm_sdk", "mcp_warm_plain",
+                "metrics_share"}
 
 
 def _has_matplotlib() -> bool:
@@ -120,6 +121,15 @@ def test_bench_end_to_end(tmp_path, new_processes):
         assert _number(sc["rows"][k]["p50"]), k
     assert _number(sc["warm_ratio"]) and _number(sc["cold_ratio"])
     assert "SYSCALLS" in out.getvalue()
+
+    # mcp: serve-mcp beside a bare SDK server, both clients; sessions a second; metrics' cost
+    mcp = data["mcp"]
+    assert "mcp" not in data["skipped"]
+    for k in ("ours_sdk", "bare_sdk", "ours_plain", "bare_plain"):
+        assert _number(mcp["warm_ms"][k]["p50"]), k
+    assert _number(mcp["warm_ms"]["ours_plain"]["x_bare_p50"]) and mcp["sessions_per_s"]["per_s"] > 0
+    assert _number(mcp["metrics"]["share_of_warm_call"])
+    assert "MCP  warm tools/call" in out.getvalue()
 
     # cold: phases from the stamps, ratios to spawn
     cold = data["cold"]

@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import wait_gone
+from conftest import stop_server, wait_gone
 
 pytest.importorskip("mcp")
 
@@ -240,12 +240,7 @@ def http_server():
                 time.sleep(0.05)
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_server(proc, 5)
 
 
 def test_http_server(supervisor, tmp_path, http_server):

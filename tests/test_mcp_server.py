@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import wait_gone
+from conftest import stop_server, wait_gone
 
 pytest.importorskip("mcp")
 
@@ -87,12 +87,7 @@ def server(libs, tmp_path_factory):
         url = re.search(r"serving (http://\S+)", line).group(1)
         yield HttpServer(url, base / "sessions", libs, proc, lines)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_server(proc)
     assert proc.returncode == 0, "".join(lines[-50:])
 
 

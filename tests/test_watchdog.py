@@ -9,20 +9,10 @@ import pytest
 from lcp_sandbox import SandboxedBinding, Supervisor
 import lcp_sandbox.backends.local.slot as slot_module
 from lcp_sandbox.backends.local import watchdog
-from conftest import HERE, LIBS
+from conftest import HERE, LIBS, poll
 
 TENANT_LIBS = HERE / "tenant_libs"
 LIB_TOOLS = ("tool_lib_a_pid", "tool_lib_b_pid", "tool_lib_c_pid")
-
-
-def poll(cond, timeout=30.0):
-    """Wait for ``cond()`` (polled) within a generous timeout; whether it came true."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def start_idle(sup, tenants, tmp_path, **kw):

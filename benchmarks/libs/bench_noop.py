@@ -24,11 +24,8 @@ def init_tools_library(config=None) -> None:
 
 
 def tool_noop() -> dict:
-    """Does nothing and returns a tiny result.
-
-    Returns:
-        dict: {"ok": True}
-    """
+    """Does nothing and returns a tiny result, {"ok": True} (no parameters: its schema is
+    empty, so an MCP client may call it with no arguments)."""
     return {"ok": True}
 
 

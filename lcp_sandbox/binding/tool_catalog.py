@@ -34,7 +34,7 @@ class ToolCatalog:
         self.session_flags: dict = {}
         self._default_tools = default_tools       # lollms_client's default tools folder, if any
         self._on_discover = on_discover           # what the binding derived from routes is stale
-        self.cache = discovery.FileCache()
+        self.cache = discovery.SHARED              # parsed once per process, not per tenant
         self.mounted: list[discovery.Library] = []
         self.dynamic: dict[str, tuple[discovery.Library, ParsedFile]] = {}
         self.routes: dict[str, discovery.Route] = {}

@@ -61,7 +61,14 @@ def office_library_admitted(stem: str, session_flags: Optional[dict[str, Any]]) 
 class FileCache:
     """Parsed files keyed by path; an entry is reused while (mtime_ns, size) match.
     Also the libraries of a folder, reused while the folder and its sub-folders
-    keep their mtimes (adding, removing or renaming a file changes them)."""
+    keep their mtimes (adding, removing or renaming a file changes them).
+
+    One cache serves every binding of the process (``SHARED``): a host that makes a
+    binding per tenant (an MCP session, a chat) parses each file once, not once per
+    tenant.  Its entries are never changed, only replaced (specs are copied out of
+    them), and a dict's get and set are atomic, so threads may share it."""
+
+    MAX_ENTRIES = 50_000                # a host discovering more files starts again
 
     def __init__(self) -> None:
         self._entries: dict[str, tuple[int, int, ParsedFile]] = {}
@@ -74,6 +81,8 @@ class FileCache:
             return hit[2]
         dirs: list[str] = []
         libs = list(_scan_folder(base, dirs))
+        if len(self._folders) >= self.MAX_ENTRIES:
+            self._folders.clear()
         self._folders[base] = (dirs, _mtimes(dirs), libs)
         return libs
 
@@ -92,8 +101,14 @@ class FileCache:
             log.error("cannot read tool file %s: %s", path, exc)
             return None
         parsed = parse_source(text, path=key)
+        if len(self._entries) >= self.MAX_ENTRIES:
+            self._entries.clear()
         self._entries[key] = (st.st_mtime_ns, st.st_size, parsed)
         return parsed
+
+
+#: The parse cache of every binding of this process.
+SHARED = FileCache()
 
 
 @dataclass(frozen=True)

@@ -39,15 +39,17 @@ class SandboxEvent(Exception):
 
 
 class _Said(SandboxEvent):
-    """An outcome told in one text, with its class's status code."""
+    """An outcome told in one text, with its class's status code; ``reason`` names a
+    refusal for the metrics (busy, pool_full, quarantine, closed, no_start)."""
     status_code = TOOL_FAILED
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, reason: str = "") -> None:
         super().__init__(failure(text, self.status_code))
+        self.reason = reason
 
     @classmethod
-    def not_run(cls, library: str, tool: str, why: str) -> "_Said":
-        return cls(f"[{library}] tool '{tool}' not run: {why}")
+    def not_run(cls, library: str, tool: str, why: str, reason: str = "") -> "_Said":
+        return cls(f"[{library}] tool '{tool}' not run: {why}", reason)
 
 
 class Unavailable(_Said):

@@ -57,7 +57,49 @@ def add_parser(sub: Any, parents: list) -> None:
                    help="http: another Host header to accept (repeatable)")
     p.add_argument("--allowed-origin", action="append", default=[], metavar="ORIGIN",
                    help="http: an Origin to accept, e.g. http://localhost:6274 (repeatable)")
+    _add_load_options(p)
     p.set_defaults(fn=cmd_serve_mcp)
+
+
+def _add_load_options(p: argparse.ArgumentParser) -> None:
+    """What keeps one client from taking the server (every session costs processes)."""
+    from .mcp_limits import default_max_sessions
+    g = p.add_argument_group("load (http)")
+    g.add_argument("--max-sessions", type=_positive_int, default=default_max_sessions(),
+                   metavar="N", help="live sessions at most; past it a new session gets 503 "
+                   "with Retry-After and nothing is started (default here: %(default)s, one per "
+                   "32 MiB of this machine's memory)")
+    g.add_argument("--session-idle-timeout", type=_positive_float, default=1800.0, metavar="S",
+                   help="a session idle this long ends and its workers stop (default: 1800)")
+    g.add_argument("--max-workers", type=_positive_int, default=None, metavar="N",
+                   help="worker processes at most, all sessions together (default: no cap)")
+    g.add_argument("--max-workers-per-session", type=_positive_int, default=None, metavar="N",
+                   help="worker processes at most per session (default: no cap)")
+    g.add_argument("--max-calls-per-session", type=_positive_int, default=8, metavar="N",
+                   help="tool calls of one session running at once; more wait their turn, "
+                   "other sessions are not slowed (default: 8)")
+    g.add_argument("--rate-limit", type=_positive_float, default=None, metavar="R",
+                   help="tools/call per second per session (a burst of 2 s worth); over it: "
+                   "HTTP 429 with Retry-After (stdio: a JSON-RPC error with data.retryAfter)")
+    g.add_argument("--max-connections", type=_positive_int, default=1024, metavar="N",
+                   help="HTTP connections at once; more get 503 at once (default: 1024)")
+    g.add_argument("--metrics", action="store_true",
+                   help="serve GET /metrics (Prometheus text; behind the bearer token when one "
+                   "is set)")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be 1 or more")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be more than 0")
+    return value
 
 
 class _Usage(Exception):
@@ -129,7 +171,11 @@ def _serve(args: argparse.Namespace) -> int:
         folders=[os.path.realpath(f) for f in args.folders], host_tool_configs=configs,
         workspace=args.workspace, workspace_root=os.path.realpath(args.workspace_root),
         confine=args.confine, timeout_s=args.timeout or None, memory_mb=args.memory_mb,
-        auto_confirm=args.auto_confirm)
+        auto_confirm=args.auto_confirm, max_sessions=args.max_sessions,
+        session_idle_timeout_s=args.session_idle_timeout, max_workers=args.max_workers,
+        max_workers_per_session=args.max_workers_per_session,
+        max_calls_per_session=args.max_calls_per_session, rate_limit=args.rate_limit,
+        metrics=args.metrics, max_connections=args.max_connections)
     if args.transport == "stdio":
         return mcp_transports.serve_stdio(options)
     return mcp_transports.serve_http(options, args.host, args.port, token, tuple(args.allowed_host),

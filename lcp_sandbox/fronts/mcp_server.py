@@ -26,8 +26,7 @@ import copy
 import logging
 import os
 import re
-import threading
-from collections.abc import Mapping
+import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -36,19 +35,23 @@ import anyio.lowlevel
 import mcp_types as types
 from mcp.server.lowlevel import NotificationOptions, Server
 from mcp.shared.exceptions import MCPError
+from opentelemetry import trace
 
 from ..backends.local import Supervisor
 from ..core.version import __version__
 from . import mcp_mapping as M
 from .lollms import SandboxedBinding
+from .mcp_calls import ToolCall, current_call
+from .mcp_limits import TokenBucket, default_max_sessions, retry_after
 
 log = logging.getLogger("lcp_sandbox.mcp")
 
-ELICIT_TIMEOUT_S = 600.0         # a question nobody answers is a rejection after this long
 CALL_THREADS = 128               # tool calls waiting in threads at once, all sessions together
+RATE_LIMITED = -32029           # JSON-RPC error of a tools/call over the rate (stdio)
+RATE_BURST_S = 2.0               # a session's rate limit lets this many seconds' calls burst
+_tracer = trace.get_tracer("lcp_sandbox")
 _SESSION_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 _STATE_KEY = "lcp_sandbox.session"
-_current = threading.local()     # .call: the _Call whose execute_tool runs on this thread
 
 NO_ELICITATION = ("The MCP client cannot confirm actions (it did not declare the elicitation "
                   "capability), so the action was rejected.")
@@ -67,6 +70,15 @@ class ServeOptions:
     timeout_s: Optional[float] = 60.0
     memory_mb: Optional[float] = None
     auto_confirm: Optional[str] = None       # the answer when the client cannot be asked
+    # What keeps one client from taking the server (README "MCP server"; mcp_limits.py)
+    max_sessions: int = field(default_factory=default_max_sessions)
+    session_idle_timeout_s: float = 1800.0
+    max_workers: Optional[int] = None                 # the supervisor's pool
+    max_workers_per_session: Optional[int] = None
+    max_calls_per_session: int = 8                    # more wait their turn
+    rate_limit: Optional[float] = None                # tools/call per second per session
+    metrics: bool = False                             # GET /metrics (http)
+    max_connections: int = 1024                       # http connections at once (more: 503)
 
 
 # ---------------------------------------------------------------- sessions
@@ -97,12 +109,17 @@ def _snapshot(folders: list) -> dict:
 class _Session:
     """One MCP session: its binding (tenant, workers, workspace) and what it saw on disk."""
 
-    def __init__(self, binding: SandboxedBinding, folders: list, workspace: str) -> None:
+    def __init__(self, binding: SandboxedBinding, folders: list, workspace: str,
+                 options: ServeOptions) -> None:
         self.binding = binding
         self.folders = folders
         self.workspace = workspace
         self.files = _snapshot(folders)
         self.refresh_lock: Optional[anyio.Lock] = None      # made on the event loop
+        self.calls: Optional[anyio.Semaphore] = None         # likewise
+        self.max_calls = max(1, options.max_calls_per_session)
+        rate = options.rate_limit
+        self.bucket = TokenBucket(rate, max(1.0, rate * RATE_BURST_S)) if rate else None
         self.closed = False
         self._specs: Any = None
         self._by_name: dict = {}
@@ -130,141 +147,13 @@ class _Session:
         message = f"{where}: {error.message}" if where else error.message
         return M.INVALID_INPUT.format(message=message)
 
+    def throttled(self) -> Optional[float]:
+        """Take a token for one tools/call: None, or the seconds until one is there."""
+        return None if self.bucket is None else self.bucket.take(time.monotonic())
+
     def close(self) -> None:
         self.closed = True
         self.binding.close()
-
-
-class ToolContext:
-    """The ``tool_context`` a tool gets from the MCP server (lent to the worker as a
-    proxy): ``emit_progress(text, meta=None)`` becomes ``notifications/progress``
-    when the client asked for progress; it returns False once the call is cancelled."""
-
-    def __init__(self, call: "_Call", workspace: str) -> None:
-        self._call = call
-        self.workspace_path = self.workspace_root = workspace
-        self.client = self.discussion = self.personality = self.callback = None
-
-    def emit_progress(self, text: Any, meta: Optional[dict] = None) -> bool:
-        return self._call.progress(text, meta)
-
-    def emit_tool_event(self, *args: Any, **kwargs: Any) -> bool:
-        return True
-
-
-class _Call:
-    """One tools/call: the thread it runs on, its cancellation, its way back to the loop."""
-
-    def __init__(self, session: _Session, ctx: Any) -> None:
-        self.session, self.ctx = session, ctx
-        self.token = anyio.lowlevel.current_token()
-        self.cancel_event = anyio.Event()                  # for the loop side
-        self.cancelled, self.done = threading.Event(), threading.Event()
-        self.lock = threading.Lock()
-        self.thread: Optional[int] = None
-        meta = ctx.params.get("_meta") if isinstance(ctx.params, Mapping) else None
-        token = meta.get("progressToken") if isinstance(meta, Mapping) else None
-        if not isinstance(token, (str, int)) or isinstance(token, bool):
-            token = None
-        self.progress_token = token
-        self.progress_count = 0
-        caps = ctx.session.client_capabilities
-        asks = caps.elicitation if caps is not None else None
-        self.can_elicit = (asks is not None and ctx.session.can_send_request
-                           and (asks.form is not None or asks.url is None))
-        self.context = ToolContext(self, session.workspace)
-
-    # -------------------------------------------- on the call's thread
-    def run(self, name: str, arguments: dict) -> dict:
-        with self.lock:
-            self.thread = threading.get_ident()
-        _current.call = self
-        try:
-            if self.cancelled.is_set():
-                return {"output": "cancelled before it started", "success": False,
-                        "status_code": 499}
-            return self.session.binding.execute_tool(name, arguments, tool_context=self.context)
-        finally:
-            _current.call = None
-            with self.lock:
-                self.done.set()
-
-    def progress(self, text: Any, meta: Optional[dict]) -> bool:
-        if self.cancelled.is_set():
-            return False
-        if self.progress_token is None:
-            return True
-        self.progress_count += 1
-        progress, total = float(self.progress_count), None
-        if isinstance(meta, dict):
-            p, t = meta.get("progress"), meta.get("total")
-            if isinstance(p, (int, float)) and not isinstance(p, bool):
-                progress = float(p)
-            if isinstance(t, (int, float)) and not isinstance(t, bool):
-                total = float(t)
-        try:
-            anyio.from_thread.run(self.ctx.session.report_progress, progress, total,
-                                  str(text)[:4000], token=self.token)
-        except Exception as exc:                           # the request or the loop is gone
-            log.debug("progress not sent: %s", exc)
-        return not self.cancelled.is_set()
-
-    def elicit(self, message: str, schema: dict) -> tuple[str, Optional[dict]]:
-        """Ask the client; ``(action, content)``, or ``(what went wrong, None)``."""
-        if self.cancelled.is_set():
-            return "the tool call was cancelled", None
-        try:
-            return anyio.from_thread.run(self._elicit, message, schema, token=self.token)
-        except Exception as exc:
-            return f"{type(exc).__name__}: {exc}", None
-
-    async def _elicit(self, message: str, schema: dict) -> tuple[str, Optional[dict]]:
-        outcome: tuple = ("the tool call was cancelled", None)
-        async with anyio.create_task_group() as tg:
-            async def ask() -> None:
-                nonlocal outcome
-                try:
-                    with anyio.fail_after(ELICIT_TIMEOUT_S):
-                        r = await self.ctx.session.elicit_form(
-                            message, schema, related_request_id=self.ctx.request_id)
-                    outcome = (r.action, r.content)
-                except TimeoutError:
-                    outcome = (f"no answer within {ELICIT_TIMEOUT_S:g} s", None)
-                except MCPError as exc:
-                    outcome = (f"the client answered with an error: {exc.message}", None)
-                except Exception as exc:
-                    outcome = (f"{type(exc).__name__}: {exc}", None)
-                tg.cancel_scope.cancel()
-            tg.start_soon(ask)
-            await self.cancel_event.wait()                 # the tools/call was cancelled meanwhile
-            tg.cancel_scope.cancel()
-        return outcome
-
-    # -------------------------------------------- on the event loop
-    def cancel(self) -> None:
-        """The client cancelled: interrupt the tool (now, or as soon as it reached its worker)."""
-        self.cancelled.set()
-        self.cancel_event.set()
-        if not self._interrupt():
-            threading.Thread(target=self._keep_interrupting, name="lcp-mcp-cancel",
-                             daemon=True).start()
-
-    def _interrupt(self) -> bool:
-        with self.lock:
-            if self.done.is_set():
-                return True
-            return self.thread is not None and self.session.binding.interrupt(self.thread)
-
-    def _keep_interrupting(self) -> None:
-        """The call was queued for its worker, or the worker was starting: try again."""
-        idle = 0
-        while not self.done.wait(0.05) and not self.session.closed:
-            if self.thread is None:
-                idle += 1
-                if idle >= 100:              # its job never started (dropped with its task)
-                    return
-            elif self._interrupt():
-                return
 
 
 def _connection_of(ctx: Any) -> Any:
@@ -293,6 +182,8 @@ class McpFront:
         self.options = options
         self.supervisor = supervisor
         self.stdio_session: Optional[_Session] = None
+        self.sessions: dict[str, _Session] = {}            # HTTP sessions by MCP session id
+        self.refusals: dict[str, int] = {}                 # the front's: session cap, rate
         self._create_lock: Optional[anyio.Lock] = None
         self._limiter: Optional[anyio.CapacityLimiter] = None
         self.server = _Server("lcp-sandbox", version=__version__,
@@ -314,7 +205,7 @@ class McpFront:
         binding.set_confirm_handler(self._confirm)
         binding.set_user_interaction_handler(self._ask)
         log.info("session %s: workspace %s", tenant, workspace)
-        return _Session(binding, list(o.folders), workspace)
+        return _Session(binding, list(o.folders), workspace, o)
 
     async def _session(self, ctx: Any) -> _Session:
         if self.stdio_session is not None:
@@ -335,13 +226,30 @@ class McpFront:
                     session = await anyio.to_thread.run_sync(self.make_session, workspace,
                                                              f"mcp-{sid}", workspace)
                     conn.state[_STATE_KEY] = session
-                    conn.exit_stack.push_async_callback(self.end_session, session)
+                    self.sessions[sid] = session
+                    conn.exit_stack.push_async_callback(self.end_session, session, sid)
         return session
 
-    async def end_session(self, session: _Session) -> None:
+    async def end_session(self, session: _Session, sid: Optional[str] = None) -> None:
         """Stop the session's workers (its running calls were cancelled, so interrupted)."""
         log.info("session %s ended", session.binding.tenant)
+        self.sessions.pop(sid or "", None)
         await anyio.to_thread.run_sync(session.close, abandon_on_cancel=True)
+
+    # -------------------------------------------- load: refusals and numbers
+    def refused(self, reason: str) -> None:
+        """Count a request the front refused (``session_cap``, ``rate``)."""
+        self.refusals[reason] = self.refusals.get(reason, 0) + 1
+
+    def metrics(self) -> dict[str, Any]:
+        """The engine's numbers (Supervisor.metrics()) and the front's: live sessions, and
+        refusals by reason (the front's added to the engine's)."""
+        snap = self.supervisor.metrics()
+        refusals = dict(snap.get("refusals", {}))
+        for reason, n in self.refusals.items():
+            refusals[reason] = refusals.get(reason, 0) + n
+        live = len(self.sessions) + (self.stdio_session is not None)
+        return {**snap, "refusals": refusals, "sessions": live}
 
     async def _refresh(self, session: _Session, ctx: Any) -> None:
         """Library files changed on disk: restart their workers, list again, tell the client."""
@@ -380,28 +288,43 @@ class McpFront:
     async def _call_tool(self, ctx: Any,
                          params: types.CallToolRequestParams) -> types.CallToolResult:
         session = await self._session(ctx)
+        if session is self.stdio_session:        # (over HTTP the guard answered 429 before)
+            wait = session.throttled()
+            if wait is not None:
+                self.refused("rate")
+                raise MCPError(RATE_LIMITED, f"Rate limit of {self.options.rate_limit:g} tool "
+                               f"calls a second: retry after {wait:.2f} s",
+                               data={"retryAfter": float(retry_after(wait))})
         await self._refresh(session, ctx)
         arguments = params.arguments or {}
         problem = session.check(params.name, arguments)
         if problem is not None:
             return types.CallToolResult(content=[types.TextContent(type="text", text=problem)],
                                         is_error=True)
-        call = _Call(session, ctx)
-        self._limiter = self._limiter or anyio.CapacityLimiter(CALL_THREADS)
-        try:
-            result = await anyio.to_thread.run_sync(call.run, params.name, arguments,
-                                                    abandon_on_cancel=True, limiter=self._limiter)
-        except anyio.get_cancelled_exc_class():
-            call.cancel()
-            raise
+        session.calls = session.calls or anyio.Semaphore(session.max_calls)
+        async with session.calls:               # this session's calls beyond the cap wait here
+            with _tracer.start_as_current_span(f"lcp_sandbox {params.name}") as span:
+                result = await self._run(session, ctx, params.name, arguments)
+                if span.is_recording():
+                    _describe(span, session, params.name, result)
         content, structured, is_error = M.call_result(result)
         return types.CallToolResult.model_validate(
             {"content": content, "structuredContent": structured, "isError": is_error})
 
+    async def _run(self, session: _Session, ctx: Any, name: str, arguments: dict) -> dict:
+        call = ToolCall(session, ctx)
+        self._limiter = self._limiter or anyio.CapacityLimiter(CALL_THREADS)
+        try:
+            return await anyio.to_thread.run_sync(call.run, name, arguments,
+                                                  abandon_on_cancel=True, limiter=self._limiter)
+        except anyio.get_cancelled_exc_class():
+            call.cancel()
+            raise
+
     # -------------------------------------------- the binding's handlers (on a call's thread)
     def _confirm(self, *args: Any, **kwargs: Any) -> tuple[str, str]:
         source, label, argv = M.confirm_request(args, kwargs)
-        call = getattr(_current, "call", None)
+        call = current_call()
         if call is None:
             return "reject", "No MCP tool call is running to ask the user through."
         if not call.can_elicit:
@@ -412,8 +335,20 @@ class McpFront:
         return M.confirm_decision(action, content)
 
     def _ask(self, *args: Any, **kwargs: Any) -> Optional[str]:
-        call = getattr(_current, "call", None)
+        call = current_call()
         form = M.ask_form(M.ask_request(args, kwargs))
         if call is None or not call.can_elicit or form is None:
             return None
         return M.ask_answer(*call.elicit(*form))
+
+
+def _describe(span: Any, session: _Session, tool: str, result: dict) -> None:
+    """The attributes of a recorded tool-call span (only when a tracing SDK records)."""
+    route = session.binding.catalog.routes.get(tool)
+    library = route.library.name if route is not None else ""
+    start = next((row.get("start") for row in session.binding.stats()
+                  if row.get("library") == library), None)
+    span.set_attributes({"lcp.library": library, "lcp.tool": tool,
+                         "lcp.tenant": session.binding.tenant,
+                         "lcp.status": int(result.get("status_code") or 0),
+                         "lcp.worker_start": str(start or "")})

@@ -3,12 +3,18 @@
     stdio:  stdio_server() ══► McpFront.server.run()          one session, made before serving
     http:   uvicorn ─► Starlette /mcp ─► _Guard ─► StreamableHTTPSessionManager ─► McpFront.server
             _Guard: Host (421) and Origin (403) against the allowlists, then the bearer
-            token (401), before the session manager sees the request (no session, no worker).
+            token (401), before the session manager sees the request (no session, no worker);
+            a session's tools/call over --rate-limit: 429 + Retry-After (the body is read
+            here, then handed on); the manager's 503 for a session over --max-sessions
+            gets a Retry-After on its way out
+            /metrics (--metrics): the same guard, then McpFront.metrics() as Prometheus text
+            uvicorn: at most --max-connections at once (more: 503), a listen backlog to match
 """
 from __future__ import annotations
 
 import hmac
 import ipaddress
+import json
 import os
 import signal
 import socket
@@ -22,9 +28,14 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
 
 from ..backends.local import Supervisor
+from .mcp_limits import retry_after
 from .mcp_server import McpFront, ServeOptions
 
 MCP_PATH = "/mcp"
+METRICS_PATH = "/metrics"
+SESSION_HEADER = b"mcp-session-id"
+MAX_PEEK = 4 * 1024 * 1024          # the SDK's own cap on a request body
+SESSION_CAP_RETRY_S = 5.0           # Retry-After of a new session refused at the cap
 _LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
 
 
@@ -89,13 +100,16 @@ def _bearer_ok(header: Optional[str], token: bytes) -> bool:
 
 class _Guard:
     """Every HTTP request passes here first: a foreign Host (421) or Origin (403), or a
-    missing or wrong bearer token (401), is refused before any session exists."""
+    missing or wrong bearer token (401), is refused before any session exists; with a
+    front, a session's tools/call over its rate gets 429, and a new session refused at
+    the session cap gets its 503 with a Retry-After."""
 
     def __init__(self, app: Callable, security: TransportSecuritySettings,
-                 token: Optional[str]) -> None:
+                 token: Optional[str], front: Optional[McpFront] = None) -> None:
         self.app = app
         self.check = TransportSecurityMiddleware(security)
         self.token = token.encode() if token else None
+        self.front = front
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         from starlette.requests import Request
@@ -112,7 +126,70 @@ class _Guard:
         if refused is not None:
             await refused(scope, receive, send)
             return
-        await self.app(scope, receive, send)
+        if self.front is None:
+            return await self.app(scope, receive, send)
+        sid = request.headers.get("mcp-session-id")
+        session = self.front.sessions.get(sid) if sid else None
+        if session is not None and session.bucket is not None and scope["method"] == "POST":
+            body, receive = await _peek(receive)
+            wait = session.throttled() if b'"tools/call"' in body and _is_call(body) else None
+            if wait is not None:
+                self.front.refused("rate")
+                await _rate_limited(wait, self.front.options.rate_limit)(scope, receive, send)
+                return
+        await self.app(scope, receive, send if sid else self._cap_aware(send))
+
+    def _cap_aware(self, send: Callable) -> Callable:
+        """``send`` for a request without a session: a 503 (the session cap) gets a
+        Retry-After, and is counted."""
+        async def sending(message: dict) -> None:
+            if message["type"] == "http.response.start" and message["status"] == 503:
+                assert self.front is not None
+                self.front.refused("session_cap")
+                headers = [*message.get("headers", ()),
+                           (b"retry-after", retry_after(SESSION_CAP_RETRY_S).encode())]
+                message = {**message, "headers": headers}
+            await send(message)
+        return sending
+
+
+async def _peek(receive: Callable) -> tuple[bytes, Callable]:
+    """The request's body (up to MAX_PEEK bytes), and a ``receive`` that gives it again."""
+    chunks, size, more, extra = [], 0, True, None
+    while more and size <= MAX_PEEK:
+        message = await receive()
+        if message["type"] != "http.request":
+            extra = message
+            break
+        chunks.append(message.get("body", b""))
+        size += len(chunks[-1])
+        more = message.get("more_body", False)
+    body = b"".join(chunks)
+    replay = [{"type": "http.request", "body": body, "more_body": more}]
+    if extra is not None:
+        replay.append(extra)
+
+    async def again() -> dict:
+        return replay.pop(0) if replay else await receive()
+    return body, again
+
+
+def _is_call(body: bytes) -> bool:
+    try:
+        msg = json.loads(body)
+    except ValueError:
+        return False
+    msgs = msg if isinstance(msg, list) else [msg]
+    return any(isinstance(m, dict) and m.get("method") == "tools/call" for m in msgs)
+
+
+def _rate_limited(wait: float, rate: Optional[float]) -> Any:
+    from starlette.responses import JSONResponse
+    after = retry_after(wait)
+    error = {"code": -32029, "message": f"Rate limit of {rate:g} tool calls a second: retry "
+                                         f"after {after} s", "data": {"retryAfter": float(after)}}
+    return JSONResponse({"jsonrpc": "2.0", "id": None, "error": error}, status_code=429,
+                        headers={"Retry-After": after})
 
 
 def http_app(front: McpFront, security: TransportSecuritySettings, token: Optional[str] = None,
@@ -120,7 +197,10 @@ def http_app(front: McpFront, security: TransportSecuritySettings, token: Option
     """The Starlette app: Streamable HTTP at /mcp behind the guard."""
     from starlette.applications import Starlette
     from starlette.routing import Route
-    manager = StreamableHTTPSessionManager(app=front.server, security_settings=security)
+    o = front.options
+    manager = StreamableHTTPSessionManager(app=front.server, security_settings=security,
+                                           session_idle_timeout=o.session_idle_timeout_s,
+                                           max_sessions=o.max_sessions)
 
     @asynccontextmanager
     async def lifespan(app: Any) -> Any:
@@ -129,8 +209,24 @@ def http_app(front: McpFront, security: TransportSecuritySettings, token: Option
                 on_ready()
             yield
 
-    guard = _Guard(manager.handle_request, security, token)
-    return Starlette(routes=[Route(MCP_PATH, endpoint=guard)], lifespan=lifespan)
+    routes = [Route(MCP_PATH, endpoint=_Guard(manager.handle_request, security, token, front))]
+    if o.metrics:
+        routes.append(Route(METRICS_PATH, endpoint=_Guard(_metrics_app(front), security, token)))
+    return Starlette(routes=routes, lifespan=lifespan)
+
+
+def _metrics_app(front: McpFront) -> Callable:
+    from starlette.responses import Response
+
+    from .mcp_metrics import CONTENT_TYPE, exposition
+    render = exposition(front.metrics)
+
+    async def app(scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["method"] not in ("GET", "HEAD"):
+            await Response("GET /metrics", status_code=405)(scope, receive, send)
+            return
+        await Response(render(), media_type=CONTENT_TYPE)(scope, receive, send)
+    return app
 
 
 def serve_http(options: ServeOptions, host: str, port: int, token: Optional[str] = None,
@@ -138,14 +234,18 @@ def serve_http(options: ServeOptions, host: str, port: int, token: Optional[str]
     """Serve Streamable HTTP until SIGINT / SIGTERM.  The ready line on stderr names the URL."""
     import uvicorn
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP named: asyncio turns Nagle off (TCP_NODELAY) only on sockets whose proto
+    # says TCP, and accepted sockets inherit it.  With proto 0, an SSE body written after
+    # its headers waited for the client's delayed ACK: 40 ms on every kept-alive call.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host.strip("[]"), port))
-    sock.listen(128)
+    sock.listen(max(128, options.max_connections))
     port = sock.getsockname()[1]
     url = f"http://{_netloc(host.strip('[]'), port)}{MCP_PATH}"
     os.makedirs(options.workspace_root, exist_ok=True)
-    supervisor = Supervisor(confine=options.confine)
+    supervisor = Supervisor(confine=options.confine, max_workers=options.max_workers,
+                            max_workers_per_tenant=options.max_workers_per_session)
     front = McpFront(options, supervisor)
     security = transport_security(host.strip("[]"), port, tuple(allowed_hosts),
                                   tuple(allowed_origins))
@@ -155,8 +255,11 @@ def serve_http(options: ServeOptions, host: str, port: int, token: Optional[str]
               f"{options.workspace_root})", file=sys.stderr, flush=True)
 
     app = http_app(front, security, token, on_ready=ready)
+    # Past max_connections, uvicorn answers 503 at once: a flood gets answers, never a
+    # dropped connection, and the sessions the server has keep being served.
     config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on", ws="none",
-                            timeout_graceful_shutdown=5)
+                            timeout_graceful_shutdown=5, limit_concurrency=options.max_connections,
+                            backlog=max(128, options.max_connections), timeout_keep_alive=30)
     if threading.current_thread() is threading.main_thread():
         # uvicorn shuts down gracefully on SIGINT / SIGTERM, then raises the signal again
         # under the handlers it found: let that land here, so the supervisor closes too.

@@ -12,12 +12,18 @@
                               PayloadError ─► nothing was sent, worker kept, 500
                               anything else ─► killed, buried (the stream may be out of step)
 
-``CallEnds`` is the Supervisor's (a mixin): it reads ``_closed`` and calls
-``_bury`` and ``_event``, which the Supervisor defines.
+    a worker's end:  _retire() (idle, evicted, stopped: asked to exit), _bury() (dead or
+                     killed: reaped, counted towards quarantine), both _detach() it from
+                     its slot (its room in the pool, its template, its temp dir)
+
+``CallEnds`` is the Supervisor's (a mixin): it reads ``_closed``, the pool, the
+templates, the watchdog, the crash policy and the counters, and calls ``_event``,
+which the Supervisor defines.
 """
 from __future__ import annotations
 
 import logging
+import shutil
 from typing import Any, NoReturn, Optional
 
 from ... import protocol as P
@@ -32,8 +38,12 @@ from ...core.outcomes import (
     WorkerDied,
 )
 from ...protocol import Outcome, invalid_answer, is_error, rebuild_error
+from ..metrics import Metrics
+from .pool import Pool
 from .process import DeadlinePassed, KillReason, WorkerGone, WorkerProcess
-from .slot import Slot
+from .slot import CrashPolicy, Slot
+from .templates import Templates
+from .watchdog import Watchdog
 
 log = logging.getLogger("lcp_sandbox")
 
@@ -42,12 +52,47 @@ class CallEnds:
     """The Supervisor's decisions at the end of a call that did not simply succeed."""
 
     _closed: bool
-
-    def _bury(self, slot: Slot, proc: WorkerProcess, served_a_call: bool) -> str:
-        raise NotImplementedError
+    pool: Pool
+    templates: Templates
+    crash_policy: CrashPolicy
+    counters: Metrics
+    _watchdog: Watchdog
 
     def _event(self, kind: str, slot: Slot, **details: Any) -> None:
         raise NotImplementedError
+
+    def _detach(self, slot: Slot, proc: WorkerProcess) -> None:
+        """``proc`` no longer serves ``slot``: give its room back to the pool."""
+        if slot.detach(proc):
+            self.pool.release(slot.tenant)
+            self.templates.released(slot.template)
+            if proc.tmpdir:
+                shutil.rmtree(proc.tmpdir, ignore_errors=True)
+
+    def _retire(self, slot: Slot, proc: WorkerProcess, kind: str, why: str) -> None:
+        """Stop an idle worker on purpose (eviction, idle timeout, host request)."""
+        proc.shut_down(why)
+        slot.ended(why)
+        self._detach(slot, proc)
+        self._watchdog.retiring(proc)
+        self.counters.ended(kind)
+        self._event(kind, slot, pid=proc.pid, reason=why)
+
+    def _bury(self, slot: Slot, proc: WorkerProcess, served_a_call: bool) -> str:
+        """The worker is gone or going: reap it, record how, free the slot."""
+        how = proc.reap()
+        reason = proc.kill_reason
+        slot.ended(how if reason is None else reason.why)
+        self.counters.ended("crash" if reason is None else reason.cause)
+        self._detach(slot, proc)
+        if reason is None or reason.counts:
+            self._event("crash", slot, pid=proc.pid, reason=how)
+            backoff = slot.record_death(self.crash_policy, fresh=not served_a_call)
+            if backoff is not None:
+                log.error("library %s (tenant %s) quarantined for %.0f s after repeated worker "
+                          "deaths", slot.library.name, slot.tenant, backoff)
+                self._event("quarantine", slot, seconds=backoff)
+        return how
 
     def _failed(self, slot: Slot, proc: WorkerProcess, tool: str, timeout: Optional[float],
                 exc: BaseException) -> NoReturn:
@@ -75,7 +120,7 @@ class CallEnds:
                                      f"({exc}); the worker was kept.") from None
         # Whatever went wrong here, the stream may be out of step: never reuse it.
         proc.kill(KillReason(f"stopped after an error in the host ({type(exc).__name__})",
-                             counts=False))
+                             counts=False, cause="host error"))
         self._bury(slot, proc, served_a_call=True)
         if not isinstance(exc, Exception):
             raise exc
@@ -118,7 +163,7 @@ class CallEnds:
     def _violation(self, slot: Slot, proc: WorkerProcess, tool: Optional[str], what: str) -> None:
         """The worker broke the protocol: kill its tree, never believe it (and, during
         a call, end the call)."""
-        proc.kill(KillReason(f"broke the protocol ({what})", counts=True))
+        proc.kill(KillReason(f"broke the protocol ({what})", counts=True, cause="violation"))
         self._bury(slot, proc, served_a_call=proc.calls > 0)
         self._event("violation", slot, pid=proc.known_pid, tool=tool, reason=what)
         if tool is not None:

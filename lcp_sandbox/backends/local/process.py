@@ -65,6 +65,7 @@ class KillReason:
     why: str                       # in words: "killed after its 30 s timeout"...
     counts: bool = True            # a death the crash policy counts (a violation does)
     code: Optional[int] = None     # the status its call ends with (507: over its memory limit)
+    cause: str = "killed"          # for the metrics: timeout, memory, violation, load failed...
 
 
 class Parent(Protocol):
@@ -89,11 +90,13 @@ class DeadlinePassed(Exception):
 class WorkerProcess:
     __slots__ = ("forked", "zygote", "conn", "started", "tmpdir", "calls", "exit_status",
                  "kill_reason", "ready", "report", "on_ready", "interrupted", "_caps", "_caps_mb",
-                 "_pid")
+                 "_pid", "start_kind")
 
     def __init__(self, forked: Future[int], zygote: Parent, conn: P.Connection,
-                 tmpdir: Optional[str] = None) -> None:
+                 tmpdir: Optional[str] = None, start_kind: str = "fresh") -> None:
         self.forked = forked                   # the zygote's answer: the pid
+        self.start_kind = start_kind           # how it started, for the metrics: fresh,
+                                               # forked ahead, template
         self.zygote = zygote                   # its parent: reaps it, kills it, signals it
         self.conn = conn
         self.started = time.monotonic()
@@ -132,7 +135,7 @@ class WorkerProcess:
                     raise
             else:
                 pump.add(log_r, library, log_bytes_per_s)
-                return cls(forked, zygote, conn, init.tmpdir)
+                return cls(forked, zygote, conn, init.tmpdir, "forked ahead")
         host_sock, worker_sock = P.pair()
         log_r, log_w = os.pipe()
         conn = P.Connection(host_sock)
@@ -150,7 +153,7 @@ class WorkerProcess:
             worker_sock.close()
             os.close(log_w)
         pump.add(log_r, library, log_bytes_per_s)
-        return cls(forked, zygote, conn, init.tmpdir)
+        return cls(forked, zygote, conn, init.tmpdir, "template" if template else "fresh")
 
     @property
     def pid(self) -> int:
@@ -180,7 +183,7 @@ class WorkerProcess:
 
     def exiting(self, why: str) -> None:
         """It ends on its own (its library failed to load): ``why`` is the record."""
-        self.kill_reason = KillReason(why, counts=False)
+        self.kill_reason = KillReason(why, counts=False, cause="load failed")
 
     def exited(self, status: int) -> None:
         """The zygote reaped it: its Popen-style return code."""
@@ -306,7 +309,8 @@ class WorkerProcess:
         while kind != P.RESULT:
             if not kind:                          # the deadline passed
                 if soft_sent:
-                    self.kill(KillReason(f"killed after its {timeout:g} s timeout", counts=False))
+                    self.kill(KillReason(f"killed after its {timeout:g} s timeout", counts=False,
+                                         cause="timeout"))
                     raise DeadlinePassed
                 soft_sent = True
                 self.zygote.signal(self.pid, P.SOFT_TIMEOUT_SIGNAL)

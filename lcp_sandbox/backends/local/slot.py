@@ -258,7 +258,7 @@ class Slot:
             raise Unavailable.not_run(
                 self.library.name, tool, f"the library is quarantined after its workers died "
                 f"repeatedly ({self.last_exit}); it will be retried in "
-                f"{self.quarantined_until - now:.0f} s.")
+                f"{self.quarantined_until - now:.0f} s.", "quarantine")
 
     def served(self) -> None:
         """A worker answered a call: the crash loop, if any, is over."""

@@ -220,7 +220,7 @@ class Spawner:
         confined = init.confine is not None
         why = refusal(confined, slot.limits.network, slot.limits.confine)
         if why:
-            raise Unavailable.not_run(slot.library.name, tool, why)
+            raise Unavailable.not_run(slot.library.name, tool, why, "no_start")
         child = self._take(confined) or self._spawn(confined)
         conn = child.conn
         try:
@@ -234,7 +234,7 @@ class Spawner:
         child.stream = Stream(slot.library.name, slot.limits.log_bytes_per_s)
         if child.job is not None:
             child.job.limit_memory(slot.limits.memory_mb)
-        proc = WorkerProcess(_known(child.pid), child, conn, init.tmpdir)
+        proc = WorkerProcess(_known(child.pid), child, conn, init.tmpdir, "spawn")
         child.proc = proc
         slot.attach(proc, "spawn")
         return proc

@@ -34,10 +34,11 @@ from typing import Any, Callable, Optional, Union
 
 from ... import protocol as P
 from ...core.limits import confine_setting
-from ...core.outcomes import Unavailable
+from ...core.outcomes import SandboxEvent, Unavailable
 from ...core.policy import DEFAULT_RUN_AS, not_in_force, run_as_ids
-from ...protocol import OK, invalid_answer
+from ...protocol import OK, Call, invalid_answer
 from ..base import Closing, Lent, WorkerSpec, emit
+from ..metrics import Metrics
 from .descriptors import out_of_descriptors, raise_open_files_limit
 from .endings import CallEnds
 from .handover import hand_over_root
@@ -45,6 +46,7 @@ from .output import OutputPump
 from .platforms import start_method as start_method_of
 from .pool import Pool
 from .process import WorkerProcess
+from .reports import Reports
 from .slot import CrashPolicy, Slot, evict_one
 from .spawn import Spawner
 from .starts import Starts
@@ -63,7 +65,7 @@ def _close_all() -> None:
         sup.close()
 
 
-class Supervisor(CallEnds, Starts, Closing):
+class Supervisor(CallEnds, Reports, Starts, Closing):
     """Owns the zygote, the worker slots and the threads that watch them (a Backend)."""
 
     def __init__(self, max_workers: Optional[int] = None,
@@ -100,6 +102,7 @@ class Supervisor(CallEnds, Starts, Closing):
         self.templates.on_idle = self._watchdog.tick_at
         self._warned: set[str] = set()
         self.protections_off: frozenset[str] = frozenset()   # tests only: lcp_sandbox.testing
+        self.counters = Metrics()                 # metrics(): kept as events happen
         _live_supervisors.add(self)
 
     def _event(self, kind: str, slot: Slot, **details: Any) -> None:
@@ -107,55 +110,69 @@ class Supervisor(CallEnds, Starts, Closing):
                              **details})
 
     # ------------------------------------------------------------ calling
-    def run(self, spec: WorkerSpec, msg: tuple, objects: Lent, *, tool: str,
+    def run(self, spec: WorkerSpec, msg: tuple, objects: Lent, *, tool: str,  # noqa: C901
             timeout_s: Optional[float] = None) -> Any:
         """Send ``msg`` (a protocol.Call, Prompt, ModCall or Load) to the worker of
         ``spec`` and return the value of its RESULT; SandboxEvent when the sandbox
-        ended the call.
+        ended the call.  A Call is counted in ``metrics()`` (its status, its duration).
 
         Waiting for the worker (its queue, or room in the pool) counts against the
-        call's timeout from the moment the call was made."""
+        call's timeout from the moment the call was made.  (One frame on purpose: it is
+        the warm path; a helper call costs more than its body.)"""
+        start = time.monotonic()
         timeout = spec.limits.timeout_s if timeout_s is None else timeout_s
-        queue_deadline = time.monotonic() + timeout if timeout else None
         slot = self._slots.get(spec.key) or self._slot(spec)
         if slot.limits is not spec.limits:       # (the binding keeps its specs: seldom)
             slot.configure(spec.limits)
-        if not slot.lock.acquire(timeout=timeout if timeout else None):
-            raise Unavailable.not_run(spec.library.name, tool, f"its worker stayed busy with "
-                                      f"earlier calls for the whole {timeout:g} s timeout.")
         try:
-            proc = slot.proc
-            now = time.monotonic()
-            # The common case, back to back calls to a live worker, skips every check below.
-            if (proc is None or proc.exit_status is not None or now - slot.last_used > 0.001
-                    or slot.quarantined_until > now or self._closed):
-                proc = self._worker_for(slot, spec, tool, queue_deadline, now)
-            slot.begin_call()
-            if slot.limits.memory_mb:           # (the watchdog samples it while it runs)
-                self._watchdog.call_started(slot)
+            if not slot.lock.acquire(timeout=timeout if timeout else None):
+                raise Unavailable.not_run(spec.library.name, tool, f"its worker stayed busy "
+                                          f"with earlier calls for the whole {timeout:g} s "
+                                          f"timeout.", "busy")
             try:
-                result = proc.exchange(msg, objects, slot.limits, timeout, slot.spin)
-            except BaseException as exc:
-                self._failed(slot, proc, tool, timeout, exc)      # (raises the call's outcome)
-            proc.calls += 1
-            slot.served()
-            value, outcome, _ = result
-            if outcome == OK:
-                why = invalid_answer(msg, value)
-                if why:
+                proc = slot.proc
+                now = time.monotonic()
+                # The common case, back to back calls to a live worker, skips every check.
+                if (proc is None or proc.exit_status is not None or now - slot.last_used > 0.001
+                        or slot.quarantined_until > now or self._closed):
+                    proc = self._worker_for(slot, spec, tool, start + timeout if timeout
+                                            else None, now)
+                slot.begin_call()
+                if slot.limits.memory_mb:           # (the watchdog samples it while it runs)
+                    self._watchdog.call_started(slot)
+                try:
+                    result = proc.exchange(msg, objects, slot.limits, timeout, slot.spin)
+                except BaseException as exc:
+                    self._failed(slot, proc, tool, timeout, exc)  # (raises the call's outcome)
+                proc.calls += 1
+                slot.served()
+                value, outcome, _ = result
+                if outcome != OK:
+                    value = self._outcome(slot, proc, msg, result, tool, timeout)
+                elif why := invalid_answer(msg, value):
                     self._violation(slot, proc, tool, why)
-                return value
-            return self._outcome(slot, proc, msg, result, tool, timeout)
-        finally:
-            slot.end_call(time.monotonic())
-            if slot.proc is not None and self.pool.limited and self.pool.should_yield(spec.tenant):
-                self._retire(slot, slot.proc, "evict",
-                             "stopped to give its room to a waiting tenant")
-            self._watchdog.call_ended(slot)     # (holding the lock: see Watchdog._idle)
-            slot.lock.release()
-            zyg = self._zygote
-            if zyg is not None and zyg.owed:    # a worker forked ahead served: replace it now
-                zyg.settle()
+            finally:
+                slot.end_call(time.monotonic())
+                if (slot.proc is not None and self.pool.limited
+                        and self.pool.should_yield(spec.tenant)):
+                    self._retire(slot, slot.proc, "evict",
+                                 "stopped to give its room to a waiting tenant")
+                self._watchdog.call_ended(slot)     # (holding the lock: see Watchdog._idle)
+                slot.lock.release()
+                zyg = self._zygote
+                if zyg is not None and zyg.owed:    # a worker forked ahead served: replace it
+                    zyg.settle()
+        except SandboxEvent as ev:
+            if isinstance(ev, Unavailable) and ev.reason:
+                self.counters.refused(ev.reason)
+            if type(msg) is Call:
+                self.counters.call(spec.library.name, tool, ev.result.get("status_code", 500),
+                                   time.monotonic() - start)
+            raise
+        if type(msg) is Call:
+            self.counters.call(spec.library.name, tool, value.get("status_code", 200),
+                               time.monotonic() - start)
+        return value
 
     def _slot(self, spec: WorkerSpec) -> Slot:
         with self._lock:
@@ -166,7 +183,8 @@ class Supervisor(CallEnds, Starts, Closing):
                     queue_deadline: Optional[float], now: float) -> WorkerProcess:
         """The slot's worker, alive and idle, started if need be (503: closed, quarantined)."""
         if self._closed:
-            raise Unavailable.not_run(slot.library.name, tool, "the sandbox supervisor is closed.")
+            raise Unavailable.not_run(slot.library.name, tool, "the sandbox supervisor is closed.",
+                                      "closed")
         slot.refuse_if_quarantined(tool, now)
         proc = slot.proc
         # Did it die (or speak out of turn) while idle?  The zygote says so within a moment; a
@@ -202,7 +220,8 @@ class Supervisor(CallEnds, Starts, Closing):
         except TimeoutError:
             raise Unavailable.not_run(slot.library.name, tool, f"no worker became free in time "
                                       f"(pool of {pool.max_workers} workers, "
-                                      f"{pool.max_per_tenant} per tenant, all busy).") from None
+                                      f"{pool.max_per_tenant} per tenant, all busy).",
+                                      "pool_full") from None
 
     def _spawn(self, slot: Slot, init: P.Init, deadline: Optional[float],
                tool: str) -> WorkerProcess:
@@ -219,7 +238,7 @@ class Supervisor(CallEnds, Starts, Closing):
                 proc = self._launch(slot, init, deadline, tool)
             except (ZygoteGone, OSError) as exc:
                 raise Unavailable.not_run(name, tool, f"could not start a worker: {exc}" + (
-                    out_of_descriptors(exc) or "")) from None
+                    out_of_descriptors(exc) or ""), "no_start") from None
         except BaseException:
             self.pool.release(slot.tenant)
             if tmpdir:
@@ -237,6 +256,7 @@ class Supervisor(CallEnds, Starts, Closing):
     def _ready(self, slot: Slot, init: P.Init, proc: WorkerProcess) -> None:
         """The worker's READY: what protections are in force; one clear warning per
         kind when a requested protection is not."""
+        self.counters.started(proc.start_kind)
         self._event("start", slot, pid=proc.pid, protections=proc.protections)
         for kind, state in not_in_force(proc.report, init.confine is not None, slot.limits.network):
             if kind not in self._warned:
@@ -244,37 +264,6 @@ class Supervisor(CallEnds, Starts, Closing):
                 log.warning("%s confinement requested for %s (tenant %s) is not in force: %s. "
                             "The worker runs without it; stats() shows what is active.",
                             kind, slot.library.name, slot.tenant, state)
-
-    def _detach(self, slot: Slot, proc: WorkerProcess) -> None:
-        """``proc`` no longer serves ``slot``: give its room back to the pool."""
-        if slot.detach(proc):
-            self.pool.release(slot.tenant)
-            self.templates.released(slot.template)
-            if proc.tmpdir:
-                shutil.rmtree(proc.tmpdir, ignore_errors=True)
-
-    def _retire(self, slot: Slot, proc: WorkerProcess, kind: str, why: str) -> None:
-        """Stop an idle worker on purpose (eviction, idle timeout, host request)."""
-        proc.shut_down(why)
-        slot.ended(why)
-        self._detach(slot, proc)
-        self._watchdog.retiring(proc)
-        self._event(kind, slot, pid=proc.pid, reason=why)
-
-    def _bury(self, slot: Slot, proc: WorkerProcess, served_a_call: bool) -> str:
-        """The worker is gone or going: reap it, record how, free the slot."""
-        how = proc.reap()
-        reason = proc.kill_reason
-        slot.ended(how if reason is None else reason.why)
-        self._detach(slot, proc)
-        if reason is None or reason.counts:
-            self._event("crash", slot, pid=proc.pid, reason=how)
-            backoff = slot.record_death(self.crash_policy, fresh=not served_a_call)
-            if backoff is not None:
-                log.error("library %s (tenant %s) quarantined for %.0f s after repeated worker "
-                          "deaths", slot.library.name, slot.tenant, backoff)
-                self._event("quarantine", slot, seconds=backoff)
-        return how
 
     # ------------------------------------------------------------ lifecycle
     def stop(self, tenant: str, library_key: str) -> bool:
@@ -297,22 +286,6 @@ class Supervisor(CallEnds, Starts, Closing):
         was asking it; the worker is kept; the call fails with 499)."""
         return any(s.interrupt() for s in list(self._slots.values())
                    if s.tenant == tenant and s.caller == thread_id)
-
-    def stats(self, tenant: Optional[str] = None) -> list[dict[str, Any]]:
-        """One dict per worker slot (only ``tenant``'s when given); see Slot.stats."""
-        now = time.monotonic()
-        return [slot.stats(now) for slot in list(self._slots.values())
-                if tenant is None or slot.tenant == tenant]
-
-    def pool_stats(self) -> dict[str, Any]:
-        """The pool as a whole and per tenant: live workers, calls waiting for room; the
-        library templates (not counted in max_workers); the host's open-files limit."""
-        calls: dict[str, int] = {}
-        for slot in list(self._slots.values()):
-            calls[slot.tenant] = calls.get(slot.tenant, 0) + slot.calls
-        return {**self.pool.stats(calls), "open_files": self.open_files,
-                "start_method": self.start_method, "templates": self.templates.stats()
-                if self.start_method == "zygote" else "fork-only"}
 
     def close(self) -> None:
         """Stop every worker and the zygote; idempotent."""

@@ -223,6 +223,11 @@ class Templates:
             zygote.kill(tpl.pid)
         return min((t.idle_since + idle_s for t in unused if t not in idle), default=None)
 
+    def ready(self) -> int:
+        """How many templates are ready to fork workers (no /proc read)."""
+        with self._lock:
+            return sum(1 for t in self._by_key.values() if t.state == "ok")
+
     def stats(self) -> list[dict[str, Any]]:
         with self._lock:
             tpls = list(self._by_key.values())

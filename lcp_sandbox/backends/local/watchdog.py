@@ -193,7 +193,7 @@ class Watchdog:
         if limit and uss > limit * 1048576:
             proc.kill(KillReason(f"went over its memory limit of {limit:g} MB (observed "
                                  f"{uss / 1048576:.0f} MB of its own memory in its process tree)",
-                                 counts=False, code=OUT_OF_MEMORY))
+                                 counts=False, code=OUT_OF_MEMORY, cause="memory"))
         return processes
 
     def _idle(self, slot: Slot, now: float) -> None:

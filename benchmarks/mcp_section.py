@@ -1,0 +1,212 @@
+"""MCP: a warm tools/call through ``serve-mcp`` beside a bare MCP SDK server, same run.
+
+    servers  serve-mcp over the run's bench libraries (Streamable HTTP, 127.0.0.1);
+             a bare SDK server (mcp.server.mcpserver.MCPServer) exposing a function of the
+             same name, tool_noop, returning the same {"ok": True}
+    warm     rounds x paths in random order, each a batch of calls on one session:
+               sdk    the SDK's own client (ClientSession over streamable_http_client)
+               plain  a plain kept-alive HTTP client (httpx2, as requests sessions, curl
+                      and most HTTP stacks keep connections alive)
+             on both servers
+    sessions initialize + notifications/initialized + a first tools/call + DELETE, one
+             session after another: sessions a second through serve-mcp
+    metrics  one Metrics.call() (what the engine counts for every call) in a tight loop,
+             against the run's warm engine call (the WARM section's sandbox p50)
+
+Public surface only: the command line, HTTP, the SDK's client, backends.metrics.Metrics.
+"""
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from .harness import interleaved, paired_ratio, ratio, summarize
+
+BARE = '''
+import sys
+from mcp.server.mcpserver import MCPServer
+app = MCPServer("bare")
+
+@app.tool()
+def tool_noop() -> dict:
+    return {"ok": True}
+
+app.run("streamable-http", port=int(sys.argv[1]))
+'''
+ACCEPT = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "bench", "version": "1"}}}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start(argv: list, ready: Callable[[str], bool], timeout: float = 60.0) -> tuple:
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines: list = []
+    up = threading.Event()
+
+    def pump() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.append(line)
+            if ready(line):
+                up.set()
+        up.set()
+    threading.Thread(target=pump, daemon=True).start()
+    if not up.wait(timeout) or proc.poll() is not None:
+        proc.kill()
+        raise RuntimeError("server did not start: " + "".join(lines[-20:]))
+    return proc, lines
+
+
+def _plain_session(c: Any, url: str) -> dict:
+    r = c.post(url, headers=ACCEPT, json=INIT)
+    h = {**ACCEPT, "mcp-session-id": r.headers["mcp-session-id"]}
+    c.post(url, headers=h, json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+    return h
+
+
+def _plain_batch(c: Any, url: str, h: dict, n: int) -> list:
+    out, clock = [], time.perf_counter_ns
+    body = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+            "params": {"name": "tool_noop", "arguments": {}}}
+    for _ in range(n):
+        t0 = clock()
+        r = c.post(url, headers=h, json=body)
+        r.read()
+        out.append(clock() - t0)
+        if r.status_code != 200 or '"isError":false' not in r.text:
+            raise RuntimeError(f"tools/call answered {r.status_code}: {r.text[:200]}")
+    return out
+
+
+def _sdk_batch(url: str, n: int) -> list:
+    """``n`` timed calls by the SDK's own client, on a session opened for the batch (its
+    opening and a few untimed warm-up calls are left out: the worker is warm)."""
+    import anyio
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    async def batch() -> list:
+        out, clock = [], time.perf_counter_ns
+        async with streamable_http_client(url) as streams:
+            async with ClientSession(streams[0], streams[1]) as session:
+                await session.initialize()
+                for _ in range(5):
+                    await session.call_tool("tool_noop", {})
+                for _ in range(n):
+                    t0 = clock()
+                    r = await session.call_tool("tool_noop", {})
+                    out.append(clock() - t0)
+                    if r.is_error:
+                        raise RuntimeError(f"tools/call failed: {r}")
+        return out
+    return list(anyio.run(batch))
+
+
+def run(ctx: Any, prog: Any) -> None:
+    try:
+        import httpx2
+    except ImportError:
+        ctx.skipped["mcp"] = "the mcp extra is not installed (pip install 'lcp-sandbox[mcp]')"
+        return
+    cfg = ctx.cfg
+    tmp = Path(tempfile.mkdtemp(prefix="bench-mcp-", dir=ctx.tmp))
+    procs: list = []
+    clients: list = []
+    try:
+        ours = _serve_ours(ctx, tmp)
+        procs.append(ours[0])
+        bare = _serve_bare()
+        procs.append(bare[0])
+        urls = {"ours": ours[1], "bare": bare[1]}
+        plain = httpx2.Client(timeout=30)
+        clients.append(plain)
+        heads = {k: _plain_session(plain, u) for k, u in urls.items()}
+        paths: dict[str, Callable[[int], list]] = {}
+        for k, u in urls.items():
+            paths[f"{k}_plain"] = (lambda n, u=u, h=heads[k]: _plain_batch(plain, u, h, n))
+            paths[f"{k}_sdk"] = (lambda n, u=u: _sdk_batch(u, n))
+        for fn in paths.values():
+            fn(20)                                            # warm-up
+        rounds = max(1, cfg.mcp_rounds)
+        samples, per_round = interleaved(
+            {k: (lambda fn=fn: fn(cfg.mcp_calls)) for k, fn in paths.items()}, rounds, ctx.rng,
+            lambda r: prog.step("mcp", f"warm round {r + 1}/{rounds}"))
+        warm = {k: summarize(xs, 1e6) for k, xs in samples.items()}       # milliseconds
+        for client in ("plain", "sdk"):
+            row = warm[f"ours_{client}"]
+            row["x_bare_p50"] = ratio(row.get("p50"), warm[f"bare_{client}"].get("p50"))
+            row["x_bare_p50_paired"] = paired_ratio(per_round[f"ours_{client}"],
+                                                    per_round[f"bare_{client}"])
+        sessions = _sessions_per_s(plain, urls["ours"], cfg.mcp_sessions)
+        prog.step("mcp", "sessions")
+        ctx.result["mcp"] = {"warm_ms": warm, "sessions_per_s": sessions,
+                             "metrics": _metrics_cost(ctx)}
+    finally:
+        for c in clients:
+            try:
+                c.close()
+            except Exception:                                # noqa: BLE001
+                pass
+        for p in procs:
+            p.terminate()
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def _serve_ours(ctx: Any, tmp: Path) -> tuple:
+    proc, lines = _start([sys.executable, "-m", "lcp_sandbox.fronts.cli", "serve-mcp",
+                          str(ctx.libs), "--transport", "http", "--port", "0",
+                          "--workspace-root", str(tmp / "ws")],
+                         lambda line: "serving http" in line)
+    url = next(m.group(1) for line in lines if (m := re.search(r"serving (http://\S+)", line)))
+    return proc, url
+
+
+def _serve_bare() -> tuple:
+    port = _free_port()
+    proc, _ = _start([sys.executable, "-c", BARE, str(port)],
+                     lambda line: "Uvicorn running" in line or "startup complete" in line)
+    return proc, f"http://127.0.0.1:{port}/mcp"
+
+
+def _sessions_per_s(c: Any, url: str, n: int) -> dict:
+    body = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+            "params": {"name": "tool_noop", "arguments": {}}}
+    t0 = time.perf_counter()
+    for _ in range(n):
+        h = _plain_session(c, url)
+        r = c.post(url, headers=h, json=body)
+        if r.status_code != 200:
+            raise RuntimeError(f"first tools/call answered {r.status_code}")
+        c.delete(url, headers=h)
+    elapsed = time.perf_counter() - t0
+    return {"sessions": n, "seconds": elapsed, "per_s": n / elapsed}
+
+
+def _metrics_cost(ctx: Any, n: int = 200_000) -> dict:
+    from lcp_sandbox.backends.metrics import Metrics
+    m = Metrics()
+    call, clock = m.call, time.perf_counter_ns
+    t0 = clock()
+    for _ in range(n):
+        call("bench_noop", "tool_noop", 200, 0.00003)
+    per_call_us = (clock() - t0) / n / 1e3
+    warm = ctx.result.get("warm", {}).get(ctx.headline, {}).get("sandbox", {}).get("p50")
+    return {"per_call_us": per_call_us, "warm_p50_us": warm,
+            "share_of_warm_call": (per_call_us / warm) if warm else None}

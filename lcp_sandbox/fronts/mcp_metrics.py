@@ -1,0 +1,70 @@
+"""``GET /metrics``: the engine's numbers in Prometheus' text format.
+
+    scrape ─► snapshot() (Supervisor.metrics() + the front's sessions and refusals)
+           ─► families (prometheus_client's metric families) ─► text exposition format
+
+The numbers are kept as events happen (backends/metrics.py, the watchdog's memory
+samples), so a scrape reads counters: it never walks /proc, however many workers
+live.  prometheus_client renders the text (escaping, the histogram's series).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+PREFIX = "lcp_sandbox"
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+def _families(snap: dict[str, Any]) -> Iterator[Any]:
+    calls = CounterMetricFamily(f"{PREFIX}_tool_calls", "Tool calls by library, tool and status",
+                                labels=["library", "tool", "status"])
+    for row in snap.get("calls", ()):
+        calls.add_metric([row["library"], row["tool"], str(row["status"])], row["count"])
+    yield calls
+    hist = snap.get("call_duration_s") or {"buckets": [], "sum": 0.0}
+    duration = HistogramMetricFamily(f"{PREFIX}_tool_call_duration_seconds",
+                                     "Tool call duration, seconds, as the caller waited")
+    duration.add_metric([], [(_le(le), n) for le, n in hist["buckets"]], hist["sum"])
+    yield duration
+    yield from _labelled(CounterMetricFamily, "worker_starts", "Worker starts by kind", "kind",
+                         snap.get("worker_starts", {}))
+    yield from _labelled(CounterMetricFamily, "worker_deaths", "Worker ends by cause", "cause",
+                         snap.get("worker_ends", {}))
+    yield from _labelled(CounterMetricFamily, "refusals", "Requests refused by reason", "reason",
+                         snap.get("refusals", {}))
+    yield from _labelled(GaugeMetricFamily, "workers", "Live workers by state", "state",
+                         snap.get("workers", {}))
+    sessions = GaugeMetricFamily(f"{PREFIX}_sessions", "Live MCP sessions")
+    sessions.add_metric([], snap.get("sessions", 0))
+    yield sessions
+
+
+def _labelled(family: Callable[..., Any], name: str, text: str, label: str,
+              values: dict[str, int]) -> Iterator[Any]:
+    out = family(f"{PREFIX}_{name}", text, labels=[label])
+    for key, n in sorted(values.items()):
+        out.add_metric([key], n)
+    yield out
+
+
+def _le(bound: float) -> str:
+    return "+Inf" if bound == float("inf") else repr(bound)
+
+
+class _Snapshot(Collector):
+    def __init__(self, snapshot: Callable[[], dict[str, Any]]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Any]:
+        return _families(self._snapshot())
+
+
+def exposition(snapshot: Callable[[], dict[str, Any]]) -> Callable[[], bytes]:
+    """A function that renders ``snapshot()`` in the text format at each call."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Snapshot(snapshot))
+    return lambda: generate_latest(registry)
