@@ -163,6 +163,9 @@ def build_paths(ctx: Any) -> list:
         SandboxCold("sandbox_heavy", "sandbox (zygote fork) heavy import", ctx.sup, libs, ctx.ws,
                     "tool_heavy_stamp", {}),
     ]
+    if ctx.sup_spawn is not None:
+        paths.append(SandboxCold("sandbox_spawn", "sandbox (spawn path) tool_stamp", ctx.sup_spawn, libs,
+                                 ctx.ws, "tool_stamp", {}))
     if "spawn" in cfg.skip:
         ctx.skipped["cold:spawn"] = "skipped by request"
     else:

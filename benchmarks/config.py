@@ -56,8 +56,8 @@ class BenchConfig:
         return cls(**base)
 
 
-SKIPPABLE = ("floor", "pickle", "inprocess", "ppe", "subprocess", "spawn", "breakdown", "routing", "density",
-             "throughput", "memory", "discovery", "templates", "syscalls", "confined", "mcp", "ray")
+SKIPPABLE = ("floor", "pickle", "inprocess", "ppe", "subprocess", "spawn", "spawn_path", "breakdown", "routing",
+             "density", "throughput", "memory", "discovery", "templates", "syscalls", "confined", "mcp", "ray")
 
 TARGETS = {
     "warm_p50": 1.05, "warm_p99": 1.25, "warm_p50_inprocess": 1.0, "cold_vs_spawn": 0.06, "parallel": 1.9,
@@ -71,6 +71,8 @@ TARGETS = {
     "mcp_warm_sdk": 1.2, "mcp_warm_plain": 1.2, "metrics_share": 0.02, "density_metrics_ms": 5.0,
     "confined_np_p50_ms": 5.0, "confined_np_ratio": 1.5, "uss_confined_np_mb": 4.0,
     "confined_plain_ratio": 1.5, "confined_density_uss_mb": 1536.0,
+    # the spawn start path (Supervisor(start_method="spawn"), what macOS and Windows run)
+    "spawn_path_cold_vs_spawn": 0.25, "spawn_path_warm_vs_zygote": 1.2,
 }
 
 # The sandbox's 2 x 2 scaling may exceed the machine's ceiling measured in the same rounds

@@ -102,6 +102,16 @@ class Context:
         self.cleanup.append(self.sup.close)
         self.binding = SandboxedBinding(tools_folders=[str(self.libs)], workspace=self.ws,
                                         supervisor=self.sup, tenant="bench-warm")
+        # The spawn start path (what macOS and Windows run), forced here: its own supervisor.
+        self.sup_spawn = self.binding_spawn = None
+        if "spawn_path" in cfg.skip:
+            self.skipped["spawn_path"] = "skipped by request"
+        else:
+            self.sup_spawn = Supervisor(start_method="spawn")
+            self.sup_spawn.start()
+            self.cleanup.append(self.sup_spawn.close)
+            self.binding_spawn = SandboxedBinding(tools_folders=[str(self.libs)], workspace=self.ws,
+                                                  supervisor=self.sup_spawn, tenant="bench-warm")
         if cfg.folder:
             self.user = self._user_setup()
         self.overhead_ns = timer_overhead_ns()

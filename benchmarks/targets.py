@@ -101,6 +101,14 @@ def run(ctx: Any) -> None:
     add("cold_vs_spawn", "cold first call p50 / spawn p50",
         ratio(cold.get("sandbox", {}).get("p50"), cold.get("spawn", {}).get("p50")), T["cold_vs_spawn"], "<=")
     plain = cold.get("sandbox", {})
+    if "sandbox_spawn" in cold or "sandbox_spawn" in warm:
+        add("spawn_path_cold_vs_spawn", "spawn path: cold first call p50 / bare multiprocessing spawn p50",
+            ratio(cold.get("sandbox_spawn", {}).get("p50"), cold.get("spawn", {}).get("p50")),
+            T["spawn_path_cold_vs_spawn"], "<=")
+        sp = warm.get("sandbox_spawn", {})
+        add("spawn_path_warm_vs_zygote", f"spawn path: warm call p50 / zygote path warm call p50 ({pl})",
+            ratio(sp.get("p50"), sb.get("p50")), T["spawn_path_warm_vs_zygote"], "<=",
+            note=f"paired by round: {x(ratio(sp.get('x_floor_p50_paired'), sb.get('x_floor_p50_paired')))}")
     add("cold_p50", "cold first call of a never-run plain library, p50", plain.get("p50"), T["cold_p50_ms"], "<=", "ms")
     add("cold_p99", "cold first call of a never-run plain library, p99", plain.get("p99"), T["cold_p99_ms"], "<=", "ms",
         "" if plain.get("n", 0) >= 100 else f"p99 of {plain.get('n', 0)} starts")

@@ -202,8 +202,9 @@ class PicklePath(_SocketChild):
 class SandboxPath(WarmPath):
     kind = "sandbox"
 
-    def __init__(self, key: str, binding: Any, tool: str, params: dict, library: str) -> None:
-        self.key, self.label = key, f"sandbox {tool}"
+    def __init__(self, key: str, binding: Any, tool: str, params: dict, library: str,
+                 label: str = "") -> None:
+        self.key, self.label = key, label or f"sandbox {tool}"
         self.b, self.tool, self.params, self.library = binding, tool, params, library
         r = binding.execute_tool(tool, dict(params))
         if r.get("status_code") != 200:
@@ -320,6 +321,9 @@ def build_paths(ctx: Any) -> list:
 
     sb = SandboxPath("sandbox", ctx.binding, "tool_noop", {}, "bench_noop")
     paths.append(sb)
+    if ctx.binding_spawn is not None:
+        add(lambda: SandboxPath("sandbox_spawn", ctx.binding_spawn, "tool_noop", {}, "bench_noop",
+                                "sandbox (spawn path) tool_noop"), "spawn_path", "sandbox_spawn")
     req, reply = message_sizes(sb.first_result, "tool_noop", {}, ctx.ws)
     ctx.result["meta"]["message_bytes"] = {"request": req, "reply": reply}
     add(lambda: FloorPath(req, reply), "floor", "floor")

@@ -13,6 +13,16 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
 
+# The forced spawn run (.ci/run): LCP_SANDBOX_START_METHOD=spawn makes every Supervisor()
+# start its workers as fresh interpreters.  A test of a fork-only feature says so.
+SPAWN = os.environ.get("LCP_SANDBOX_START_METHOD") == "spawn"
+
+
+def fork_only(feature: str):
+    """Skip under the forced spawn run: the test is about ``feature``, fork-only."""
+    return pytest.mark.skipif(SPAWN, reason=f"fork-only (zygote path): {feature}")
+
+
 # Processes of the session's Ray cluster (see ray_cluster): they and what they start are
 # Ray's, not leftovers of a test, and they start and stop processes on their own schedule.
 _RAY_ROOTS: set = set()

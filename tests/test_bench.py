@@ -27,7 +27,8 @@ TARGET_NAMES = {"warm_p50", "warm_p99", "warm_p50_inprocess", "cold_vs_spawn", "
                 "density_pool_idle_runs", "density_stats_ms", "cold_p50", "cold_p99", "uss_plain", "template_p50",
                 "fresh_over_template", "uss_template", "syscalls_warm_p50", "confined_np_p50",
                 "confined_np_ratio", "uss_confined_np", "confined_plain_ratio", "confined_density_uss",
-                "mcp_warm_sdk", "mcp_warm_plain", "metrics_share", "density_metrics_ms"}
+                "mcp_warm_sdk", "mcp_warm_plain", "metrics_share", "density_metrics_ms",
+                "spawn_path_cold_vs_spawn", "spawn_path_warm_vs_zygote"}
 
 
 def _has_matplotlib() -> bool:
@@ -173,6 +174,7 @@ def test_bench_end_to_end(tmp_path, new_processes):
     for heading in ("WARM", "ROUTING", "DENSITY", "COLD", "THROUGHPUT", "MEMORY", "DISCOVERY", "TARGETS"):
         assert heading in table
     assert "pickle RPC (no engine)" in table
+    assert "sandbox (spawn path) tool_noop" in table and "sandbox (spawn path) tool_stamp" in table
     assert result["targets"] == data["targets"]
 
     if not _has_matplotlib():

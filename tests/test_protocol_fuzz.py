@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 
 from lcp_sandbox import CrashPolicy, SandboxedBinding, Supervisor
 from lcp_sandbox import protocol as P
-from lcp_sandbox.backends.local import supervisor as supervisor_module
+from lcp_sandbox.backends.local import starts as starts_module
+from lcp_sandbox.protocol.framing import Connection
 
 MARKER = Path(os.environ.get("TMPDIR", "/tmp")) / f"lcp-fuzz-marker-{uuid.uuid4().hex}"
 
@@ -138,7 +139,7 @@ class FakeZygote:
         return fut
 
     def _serve(self, pid: int, sock: socket.socket, log: int) -> None:
-        conn = P.Connection(sock)
+        conn = Connection(sock)                                   # (a worker's end, blocking)
         try:
             conn.recv_frame()                                     # INIT
             if SCRIPTS and SCRIPTS[0] == "no ready":
@@ -198,10 +199,15 @@ class FakeZygote:
 @pytest.fixture(scope="module")
 def fake_binding(tmp_path_factory):
     mp = pytest.MonkeyPatch()
-    mp.setattr(supervisor_module, "Zygote", FakeZygote)
+    mp.setattr(starts_module, "Zygote", FakeZygote)
+    if os.environ.get("LCP_SANDBOX_START_METHOD") == "spawn":
+        # The forced spawn run: the host reads the fuzzed frames as it reads a spawned
+        # worker's, with the portable connection (the fake stands in for the zygote).
+        mp.setattr(P, "Connection", P.PortableConnection)
     libs = tmp_path_factory.mktemp("fuzzlibs")
     (libs / "fuzz.py").write_text("def tool_fuzz() -> dict:\n    '''Fuzzed.'''\n    return {}\n")
-    sup = Supervisor(crash_policy=CrashPolicy(fresh_deaths=10**9, deaths=10**9))   # no quarantine
+    sup = Supervisor(crash_policy=CrashPolicy(fresh_deaths=10**9, deaths=10**9),   # no quarantine
+                     start_method="zygote")
     b = SandboxedBinding(tools_folders=[libs], supervisor=sup, workspace=str(libs), timeout_s=5,
                          host_tool_configs={"fuzz": {"sandbox": {"grace_s": 0.2}}})
     yield b

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Protocol, TypeVar, runtime_checkable
+from typing import Any, Callable, Optional, Protocol, TypeVar, Union, runtime_checkable
 
 from .. import protocol as P
 from ..core.discovery import Library
@@ -73,7 +73,7 @@ class Backend(Protocol):
     ``SandboxEvent`` carrying the LCP result to return.  Waiting for the
     worker counts against ``timeout_s`` (default: ``spec.limits.timeout_s``)."""
 
-    confine: bool          # the confinement of bindings that do not choose
+    confine: Union[bool, str]   # the confinement of bindings that do not choose ("best-effort")
 
     def start(self) -> None:
         """Get ready now rather than at the first call."""

@@ -92,8 +92,9 @@ class SandboxedBinding(LcpSurface):
         A ``Supervisor`` shared with other bindings.  Default: one of the
         binding's own, closed by ``close()``.
     confine
-        Confine the workers (clean environment, Landlock, see the README).
-        Default: the supervisor's ``confine``.
+        Confine the workers (clean environment, Landlock, see the README): True,
+        False, or "best-effort" (where the system lacks a mechanism, run without
+        it rather than refuse with 503).  Default: the supervisor's ``confine``.
     workspace_root
         A call whose workspace is not inside this folder is refused with 403;
         confined workers are confined to it.
@@ -131,7 +132,7 @@ class SandboxedBinding(LcpSurface):
                  user_interaction_handler: Optional[Callable] = None,
                  workspace: Optional[PathLike] = None, tenant: str = "default",
                  timeout_s: Optional[float] = 60.0, memory_mb: Optional[float] = None,
-                 supervisor: Optional[Backend] = None, confine: Optional[bool] = None,
+                 supervisor: Optional[Backend] = None, confine: Optional[Union[bool, str]] = None,
                  workspace_root: Optional[PathLike] = None, **kwargs: Any) -> None:
         self.binding_name = "sandboxed"
         self.host_tool_configs: dict = host_tool_configs if host_tool_configs is not None else {}
@@ -147,7 +148,7 @@ class SandboxedBinding(LcpSurface):
         self._own_supervisor = supervisor is None
         self.supervisor = supervisor or Supervisor()
         self.limits = Limits(timeout_s=timeout_s, memory_mb=memory_mb,
-                             confine=self.supervisor.confine if confine is None else bool(confine))
+                             confine=self.supervisor.confine if confine is None else confine)
         self._lib_limits: dict[str, Limits] = {}
         self._specs: dict[tuple, WorkerSpec] = {}      # (library key, root) -> its worker's spec
         self.catalog = ToolCatalog(folders, files, self.host_tool_configs, kwargs,

@@ -7,11 +7,24 @@ process limits and worker/confine/ the confinement.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from .outcomes import CallFailed
 from .policy import run_as_ids
 from .syscalls import check_setting
+
+#: ``confine="best-effort"``: confine with what the system has, where ``True`` refuses to run
+#: a worker without every mechanism (backends/local/platforms.py).
+BEST_EFFORT = "best-effort"
+
+
+def confine_setting(value: Any) -> Union[bool, str]:
+    """A ``confine`` setting checked: True, False or "best-effort"."""
+    if value == BEST_EFFORT:
+        return BEST_EFFORT
+    if value in (True, False, None, 0, 1):
+        return bool(value)
+    raise ValueError(f"confine={value!r}: it is True, False or \"best-effort\"")
 
 
 @dataclass
@@ -26,7 +39,7 @@ class Limits:
     max_result_mb: float = 64
     log_bytes_per_s: int = 256 * 1024       # tool stdout/stderr forwarded to logging
     # confinement (worker/confine/); None: the binding's / supervisor's setting
-    confine: Optional[bool] = None
+    confine: Optional[Union[bool, str]] = None    # True, False or "best-effort"
     network: bool = True                    # False: own network namespace, loopback only
     env: Optional[dict[str, Any]] = None    # extra environment variables for the worker
     read_paths: tuple[str, ...] = ()        # extra read-only paths for a confined worker
@@ -43,6 +56,8 @@ class Limits:
                                             # (core/syscalls.py; checked here)
 
     def __post_init__(self) -> None:
+        if self.confine is not None:
+            self.confine = confine_setting(self.confine)
         if self.run_as is not None:
             self.run_as = run_as_ids(self.run_as)
         if self.syscalls is not None:

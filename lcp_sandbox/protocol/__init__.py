@@ -2,7 +2,8 @@
 
 The one package both sides share, and the only one that knows bytes:
 ``messages`` (kinds, message types, caps), ``codec`` (the two codecs and the
-checks of what a worker sends), ``framing`` (frames on a socket), ``values``
+checks of what a worker sends), ``framing`` (frames on a socket; ``portable``:
+the same frames with only what every OS has, for spawned workers), ``values``
 (how plain values and exceptions travel) and ``control`` (the zygote's own
 records).  Everything but ``control`` is re-exported here: ``P.Call``,
 ``P.Connection``...
@@ -43,4 +44,6 @@ sending (see :class:`Encoder`).  Exceptions cross as (type name, args).
 from .codec import *  # noqa: F401,F403
 from .framing import *  # noqa: F401,F403
 from .messages import *  # noqa: F401,F403
+from .portable import PortableConnection as PortableConnection
+from .portable import portable_pair as portable_pair
 from .values import *  # noqa: F401,F403

@@ -12,6 +12,7 @@ from .messages import HEADER as _HDR
 from .messages import PayloadError, ProtocolViolation
 
 _BIG = 1 << 16
+_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)     # (not on Windows: see portable.py)
 
 
 class Connection:
@@ -24,6 +25,9 @@ class Connection:
 
     __slots__ = ("sock", "fd", "_buf", "_big", "_poll", "_rcvtimeo", "_spun", "decoder", "broken",
                  "_held")
+    #: Flags of a read or send that must not wait (protocol/portable.py: 0 on a
+    #: socket kept non-blocking, where MSG_DONTWAIT does not exist or is not used).
+    _NOWAIT = _DONTWAIT
 
     def __init__(self, sock: socket.socket) -> None:
         sock.setblocking(True)
@@ -63,7 +67,7 @@ class Connection:
         if n < _BIG:
             data = held + _HDR.pack(n, kind) + body
             try:          # the common case: one non-blocking send takes the whole frame
-                sent = self.sock.send(data, socket.MSG_DONTWAIT)
+                sent = self.sock.send(data, self._NOWAIT)
             except BlockingIOError:
                 sent = 0
             if sent < len(data):
@@ -81,7 +85,7 @@ class Connection:
         n = len(data)
         while sent < n:
             try:
-                sent += self.sock.send(view[sent:], socket.MSG_DONTWAIT)
+                sent += self.sock.send(view[sent:], self._NOWAIT)
                 continue
             except BlockingIOError:
                 pass
@@ -150,15 +154,18 @@ class Connection:
         view = memoryview(out)
         n = len(out)
         while have < n:
-            if deadline is not None:
-                self._wait(deadline)
-            got = self.sock.recv_into(view[have:], min(n - have, 1 << 24))
+            got = self._recv_into(view[have:], min(n - have, 1 << 24), deadline)
             if not got:
                 raise EOFError("peer closed the connection")
             have += got
             big[2] = have
         self._big = None
         return kind, out
+
+    def _recv_into(self, buf: memoryview, nbytes: int, deadline: Optional[float]) -> int:
+        if deadline is not None:
+            self._wait(deadline)
+        return self.sock.recv_into(buf, nbytes)
 
     def _recv(self, deadline: Optional[float]) -> bytes:
         # A timeout is a socket option (SO_RCVTIMEO), not a poll() before each
@@ -205,7 +212,7 @@ class Connection:
         non-blocking read per turn: when the bytes come, no second syscall)."""
         if self._buf or self._big is not None or self._spun is not None:
             return True
-        recv, clock, flags = self.sock.recv, time.monotonic, socket.MSG_DONTWAIT
+        recv, clock, flags = self.sock.recv, time.monotonic, self._NOWAIT
         while True:
             try:
                 self._spun = recv(_BIG, flags)
@@ -229,7 +236,7 @@ class Connection:
         if self._buf or self._big is not None or self._spun:
             return True
         try:
-            return bool(self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+            return bool(self.sock.recv(1, socket.MSG_PEEK | self._NOWAIT))
         except OSError:
             return False
 

@@ -7,7 +7,9 @@ from enum import IntEnum
 from typing import Any, NamedTuple, Optional
 
 # ---------------------------------------------------------------- constants
-SOFT_TIMEOUT_SIGNAL = signal.SIGUSR1      # the worker turns it into ToolTimeout inside the tool
+# The worker turns it into ToolTimeout inside the tool (Windows has no SIGUSR1: a spawned
+# worker there raises its handler itself, see worker/spawned.py).
+SOFT_TIMEOUT_SIGNAL = getattr(signal, "SIGUSR1", signal.SIGTERM)
 HANDLER_CONFIRM = 1                       # handler bits: which host handlers are set
 HANDLER_UI = 2
 # Parameters the host injects (never LLM-facing, never in a schema).

@@ -1,4 +1,5 @@
-"""Process trees and exit statuses, read from /proc and wait(2): no side effects.
+"""Process trees and exit statuses, read from /proc and wait(2) (psutil where there is
+no /proc: macOS, Windows): no side effects.
 
 Shared by the host (the memory of a worker's tree, how a worker
 ended) and the zygote (which processes to kill with a worker, its status).
@@ -30,7 +31,7 @@ def status_from_wait(wait_status: int) -> int:
     return os.WEXITSTATUS(wait_status)
 
 
-_PAGE = os.sysconf("SC_PAGE_SIZE")
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def children(pid: int) -> list[int]:
@@ -65,12 +66,16 @@ def process_tree(pid: int) -> list[int]:
 
 
 _HAS_CHILDREN_FILES = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
+_HAS_PROC = os.path.exists(f"/proc/{os.getpid()}/statm")
 
 
 def memory(pid: int) -> tuple[int, int]:
     """(RSS, USS) of one process in bytes: USS counts only its private pages (what a
     fork shares copy-on-write with its parent or siblings is not its own); from
-    /proc/<pid>/smaps_rollup, or (RSS, RSS) from statm when that cannot be read."""
+    /proc/<pid>/smaps_rollup, or (RSS, RSS) from statm when that cannot be read; where
+    there is no /proc (macOS, Windows: the spawn path), from psutil."""
+    if not _HAS_PROC:
+        return _psutil_memory(pid)
     try:
         with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
             rss = uss = 0
@@ -88,6 +93,15 @@ def memory(pid: int) -> tuple[int, int]:
             rss = int(f.read().split()[1]) * _PAGE
         return rss, rss
     except (OSError, ValueError, IndexError):
+        return 0, 0
+
+
+def _psutil_memory(pid: int) -> tuple[int, int]:
+    import psutil
+    try:
+        info = psutil.Process(pid).memory_full_info()
+        return info.rss, getattr(info, "uss", info.rss)
+    except psutil.Error:
         return 0, 0
 
 

@@ -38,7 +38,11 @@ from typing import Any, Callable, Optional, cast
 from .. import protocol as P
 from ..core import normalize
 from ..protocol import LOAD_FAILED, OK, OUT_OF_MEMORY, RAISED, TIMED_OUT, error_value
-from .confine import prepare, set_environment
+
+if sys.platform.startswith("linux"):
+    from .confine import prepare, set_environment
+else:           # a spawned worker on macOS or Windows (worker/spawned.py): no Linux mechanism
+    from .portable import prepare, set_environment
 from .proxies import Channel, Proxy
 from .signature import accepts, positional
 
@@ -334,6 +338,7 @@ class Worker:
 
 
 REHEARSED: list[str] = []   # what this process's rehearsal ran (worker/rehearsal.py); READY says it
+ACTIVE: list[Worker] = []   # the worker of the session running (worker/spawned.py reads it)
 
 
 def prime(msg: P.Prime) -> None:
@@ -343,17 +348,22 @@ def prime(msg: P.Prime) -> None:
     sys.path[:] = msg.sys_path
 
 
-def session(conn: P.Connection) -> None:
-    """[PRIME,] INIT, READY, then calls until SHUTDOWN or EOF; raises what broke it."""
+def session(conn: P.Connection, prepared: Optional[Callable[[], Any]] = None) -> None:
+    """[PRIME,] INIT, READY, then calls until SHUTDOWN or EOF; raises what broke it.
+    ``prepared`` runs once the worker is confined (a spawned worker's control thread:
+    started earlier, it would keep what prepare() drops, per thread)."""
     kind, payload = conn.recv_frame()
     if kind == P.PRIME:                      # forked ahead: set now what INIT will say again
         prime(cast(P.Prime, P.loads_from_host(kind, payload)))
         kind, payload = conn.recv_frame()
     init = cast(P.Init, P.loads_from_host(kind, payload))
     report = prepare(init)
+    if prepared is not None:
+        prepared()
     if REHEARSED:
         report["rehearsed"] = ", ".join(REHEARSED)
     worker = Worker(conn, init)
+    ACTIVE[:] = [worker]
     ch = worker.ch
 
     def on_soft_timeout(signum: int, frame: Any) -> None:
@@ -395,11 +405,12 @@ def serve_calls(conn: P.Connection, worker: Worker) -> None:
             spin(monotonic() + msg.spin_us * 1e-6)
 
 
-def serve(sock: socket.socket) -> None:
+def serve(sock: socket.socket, connection: type[P.Connection] = P.Connection,
+          prepared: Optional[Callable[[], Any]] = None) -> None:
     """Run the worker loop on a connected socket; never returns."""
     code = 0
     try:
-        session(P.Connection(sock))
+        session(connection(sock), prepared)
     except BaseException:
         code = 70
         try:

@@ -6,6 +6,8 @@ most ``MAX_LINE`` characters) and logged on ``lcp_sandbox.tool.<library>``;
 each worker may log ``bytes_per_s`` per second, the rest is counted and
 reported in one line, so a tool printing in a loop cannot flood the host.
 Prints never touch the call pipe, so they cannot corrupt the protocol.
+(The spawn path, where there may be no epoll, reads each worker's pipe with a
+thread of its own and feeds the same ``Stream``: spawn.py.)
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ MAX_LINE = 4096
 _LIVE_REGISTER = selectors.DefaultSelector is getattr(selectors, "EpollSelector", None)
 
 
-class _Stream:
+class Stream:
     __slots__ = ("logger", "rate", "partial", "window", "used", "dropped")
 
     def __init__(self, library: str, rate: int) -> None:
@@ -78,7 +80,7 @@ class OutputPump:
                 return
             # Registered from here: an epoll set may change while the pump waits in it, so
             # a new worker's start does not wake the pump thread (a cold start is short of CPU).
-            self._sel.register(fd, selectors.EVENT_READ, _Stream(library, bytes_per_s))
+            self._sel.register(fd, selectors.EVENT_READ, Stream(library, bytes_per_s))
         if not _LIVE_REGISTER:
             self._wake()
 
@@ -104,7 +106,7 @@ class OutputPump:
                     continue
                 self._read(key.fd, key.data)
 
-    def _read(self, fd: int, stream: _Stream) -> bool:
+    def _read(self, fd: int, stream: Stream) -> bool:
         """Read one chunk; True if there may be more right now."""
         try:
             data = os.read(fd, 65536)

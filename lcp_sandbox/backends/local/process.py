@@ -43,7 +43,7 @@ import os
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol
 
 from ... import protocol as P
 from ...core.limits import Limits
@@ -68,6 +68,17 @@ class KillReason:
     cause: str = "killed"          # for the metrics: timeout, memory, violation, load failed...
 
 
+class Parent(Protocol):
+    """What a worker's parent does for the host: the zygote (zygote.py), or a spawned
+    worker's own handle (spawn.py's Child)."""
+    alive: bool
+
+    def kill(self, pid: int) -> None: ...
+    def signal(self, pid: int, sig: int) -> None: ...
+    def reaped(self, pid: int) -> bool: ...
+    def wait_exit(self, pid: int, timeout: float) -> Optional[int]: ...
+
+
 class WorkerGone(Exception):
     """The worker's connection ended (EOF) during a call."""
 
@@ -81,7 +92,7 @@ class WorkerProcess:
                  "kill_reason", "ready", "report", "on_ready", "interrupted", "_caps", "_caps_mb",
                  "_pid", "start_kind")
 
-    def __init__(self, forked: Future[int], zygote: Zygote, conn: P.Connection,
+    def __init__(self, forked: Future[int], zygote: Parent, conn: P.Connection,
                  tmpdir: Optional[str] = None, start_kind: str = "fresh") -> None:
         self.forked = forked                   # the zygote's answer: the pid
         self.start_kind = start_kind           # how it started, for the metrics: fresh,

@@ -30,6 +30,7 @@ class Reports:
     templates: Templates
     open_files: dict[str, Any]
     counters: Metrics
+    start_method: str
 
     def stats(self, tenant: Optional[str] = None) -> list[dict[str, Any]]:
         """One dict per worker slot (only ``tenant``'s when given); see Slot.stats."""
@@ -39,17 +40,19 @@ class Reports:
 
     def pool_stats(self) -> dict[str, Any]:
         """The pool as a whole and per tenant: live workers, calls waiting for room; the
-        library templates (not counted in max_workers); the host's open-files limit."""
+        library templates (not counted in max_workers; "fork-only" on the spawn path);
+        the host's open-files limit; the start method."""
         calls: dict[str, int] = {}
         for slot in list(self._slots.values()):
             calls[slot.tenant] = calls.get(slot.tenant, 0) + slot.calls
-        return {**self.pool.stats(calls), "templates": self.templates.stats(),
-                "open_files": self.open_files}
+        return {**self.pool.stats(calls), "templates": self.templates.stats()
+                if self.start_method == "zygote" else "fork-only",
+                "open_files": self.open_files, "start_method": self.start_method}
 
     def metrics(self) -> dict[str, Any]:
         """The engine's numbers for a host to export: ``calls`` (library, tool, status,
         count), ``call_duration_s`` (a histogram: cumulative buckets, sum, count),
-        ``worker_starts`` by kind (fresh, forked ahead, template), ``worker_ends`` by
+        ``worker_starts`` by kind (fresh, forked ahead, template, spawn), ``worker_ends`` by
         cause (crash, timeout, memory, violation, load failed, host error, idle, evict,
         stop), ``refusals`` by reason (busy, pool_full, quarantine, closed, no_start),
         ``workers`` by state (idle, busy) and ``worker_uss_bytes`` (the sum of the

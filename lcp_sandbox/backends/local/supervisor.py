@@ -29,9 +29,10 @@ import threading
 import time
 import weakref
 from concurrent.futures import Future
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 from ... import protocol as P
+from ...core.limits import confine_setting
 from ...core.outcomes import SandboxEvent, Unavailable
 from ...core.policy import DEFAULT_RUN_AS, not_in_force, run_as_ids
 from ...protocol import OK, Call, invalid_answer
@@ -41,10 +42,13 @@ from .descriptors import out_of_descriptors, raise_open_files_limit
 from .endings import CallEnds
 from .handover import hand_over_root
 from .output import OutputPump
+from .platforms import start_method as start_method_of
 from .pool import Pool
 from .process import WorkerProcess
 from .reports import Reports
 from .slot import CrashPolicy, Slot, evict_one
+from .spawn import Spawner
+from .starts import Starts
 from .templates import Templates
 from .watchdog import Watchdog
 from .zygote import Zygote, ZygoteGone
@@ -60,25 +64,28 @@ def _close_all() -> None:
         sup.close()
 
 
-class Supervisor(CallEnds, Reports, Closing):
+class Supervisor(CallEnds, Reports, Starts, Closing):
     """Owns the zygote, the worker slots and the threads that watch them (a Backend)."""
 
     def __init__(self, max_workers: Optional[int] = None,
                  max_workers_per_tenant: Optional[int] = None,
-                 idle_timeout_s: Optional[float] = None, confine: bool = False,
+                 idle_timeout_s: Optional[float] = None, confine: Union[bool, str] = False,
                  on_event: Optional[Callable[[dict], None]] = None,
                  crash_policy: Optional[CrashPolicy] = None, watch_interval_s: float = 0.05,
                  run_as: tuple[int, int] = DEFAULT_RUN_AS,
-                 tenants_root: Optional[str] = None) -> None:
-        """``confine`` is the default for bindings that do not say (see worker/confine/);
-        ``run_as`` is the (uid, gid) a confined worker of a root host runs as (per
-        library: ``"sandbox": {"run_as": ...}``); ``tenants_root``, the folder holding
-        every tenant's root: confined workers of roots beneath it start from shared
-        confined templates (templates.py, confined.py); ``on_event`` gets a dict per
-        lifecycle event (start, stop, evict, idle, crash, violation, timeout,
-        interrupt, memory, quarantine), also logged on ``lcp_sandbox.events``."""
+                 tenants_root: Optional[str] = None, start_method: Optional[str] = None) -> None:
+        """``confine`` is the default for bindings that do not say (see worker/confine/;
+        True, False or "best-effort"); ``run_as`` is the (uid, gid) a confined worker of a
+        root host runs as (per library: ``"sandbox": {"run_as": ...}``); ``tenants_root``,
+        the folder holding every tenant's root: confined workers of roots beneath it start
+        from shared confined templates (templates.py, confined.py); ``on_event`` gets a
+        dict per lifecycle event (start, stop, evict, idle, crash, violation, timeout,
+        interrupt, memory, quarantine), also logged on ``lcp_sandbox.events``;
+        ``start_method`` "zygote" or "spawn" (platforms.py; None: LCP_SANDBOX_START_METHOD,
+        else "zygote" on Linux, "spawn" elsewhere)."""
+        self.start_method = start_method_of(start_method)
         self.crash_policy = crash_policy or CrashPolicy()
-        self.confine = confine
+        self.confine = confine_setting(confine)
         self.run_as = run_as_ids(run_as)
         self.idle_timeout_s = idle_timeout_s
         self.on_event = on_event
@@ -86,13 +93,13 @@ class Supervisor(CallEnds, Reports, Closing):
         self._slots: dict[tuple[str, str, str], Slot] = {}
         self._by_pid: dict[int, Slot] = {}
         self._lock = threading.Lock()
-        self._zygote: Optional[Zygote] = None
+        self._zygote: Optional[Union[Zygote, Spawner]] = None     # (starts.py)
         self._pump: Optional[OutputPump] = None
         self._closed = False
         self.templates = Templates(idle_timeout_s, tenants_root)
         self.open_files = raise_open_files_limit()
         self._watchdog = Watchdog(self._retire, idle_timeout_s, watch_interval_s,
-                                  lambda now: self.templates.tick(now, self._zygote))
+                                  self._templates_due)
         self.templates.on_idle = self._watchdog.tick_at
         self._warned: set[str] = set()
         self.protections_off: frozenset[str] = frozenset()   # tests only: lcp_sandbox.testing
@@ -196,24 +203,6 @@ class Supervisor(CallEnds, Reports, Closing):
         return proc
 
     # ------------------------------------------------------------ workers
-    def _zyg(self) -> tuple[Zygote, OutputPump]:
-        """The zygote, started if need be, and the pump of its workers' output."""
-        with self._lock:
-            if self._closed:
-                raise Unavailable("The sandbox supervisor is closed.")
-            if self._zygote is None or not self._zygote.alive:
-                try:
-                    self._zygote = Zygote(on_exit=self._on_exit)
-                except ZygoteGone as exc:
-                    raise Unavailable(f"The sandbox could not start: {exc}") from None
-            self._pump = pump = self._pump or OutputPump()
-            self._watchdog.start()
-            return self._zygote, pump
-
-    def start(self) -> None:
-        """Start the zygote now and wait until it can fork (else the first call does)."""
-        self._zyg()
-
     def _on_exit(self, pid: int, status: int) -> None:
         slot = self._by_pid.pop(pid, None)
         if slot is not None and slot.proc is not None and slot.proc.pid == pid:
@@ -240,13 +229,12 @@ class Supervisor(CallEnds, Reports, Closing):
         name = slot.library.name
         self._room(slot, deadline, tool)
         try:
-            zyg, pump = self._zyg()
             try:
                 if self.protections_off:
                     init = init._replace(disabled=sorted(self.protections_off))
                 if init.confine is not None:      # (its temp dir: templates.start makes it)
                     init = hand_over_root(init, slot.limits.run_as or self.run_as, name, tool)
-                proc = self.templates.start(zyg, slot, init, pump, deadline)
+                proc = self._launch(slot, init, deadline, tool)
             except (ZygoteGone, OSError) as exc:
                 raise Unavailable.not_run(name, tool, f"could not start a worker: {exc}" + (
                     out_of_descriptors(exc) or ""), "no_start") from None

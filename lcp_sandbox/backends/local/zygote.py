@@ -34,23 +34,17 @@ import time
 from concurrent.futures import Future
 from typing import Callable, Optional
 
-from ...core.policy import ENGINE_DIR, allowed_environment, host_environment
+from ...core.policy import host_environment
 from ...protocol import control
 from ...protocol.control import EXITED, FORKED, READY, pack, unpack
 from ...protocol.framing import Connection, pair
 from ...protocol.messages import PRIME, Prime
+from .boot import boot_argv, boot_environment
 
 RESERVED = 1                # workers forked ahead, waiting for their INIT
 RESERVE_DELAY_S = 0.005     # after a take(): its replacement does not compete with the new worker
 
-# The zygote runs the host's own copy of the engine, loaded from its folder by path (not
-# whatever `lcp_sandbox` the environment would find first), and adds no folder to sys.path.
-_BOOT = ("import sys, os, importlib.util as u\n"
-         "d = sys.argv[2]\n"
-         "s = u.spec_from_file_location('lcp_sandbox', os.path.join(d, '__init__.py'), "
-         "submodule_search_locations=[d])\n"
-         "m = sys.modules['lcp_sandbox'] = u.module_from_spec(s); s.loader.exec_module(m)\n"
-         "from lcp_sandbox.worker.zygote import main; main(int(sys.argv[1]))")
+_ENTRY = "from lcp_sandbox.worker.zygote import main; main(int(sys.argv[1]))"   # (boot.py)
 
 
 class ZygoteGone(Exception):
@@ -75,16 +69,11 @@ class Zygote:
     def __init__(self, on_exit: Optional[Callable[[int, int], None]] = None) -> None:
         host_end, zyg_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         # The zygote (and so the memory every worker starts from) never holds the
-        # host's environment: workers get theirs in INIT, whole or filtered.
-        env = allowed_environment(dict(os.environ))
-        env.update({k: os.environ[k] for k in ("LD_LIBRARY_PATH", "PYTHONHOME") if k in os.environ})
-        # -I: neither the host's CWD nor PYTHONPATH nor user site-packages on sys.path.  The
-        # package's own folder is appended only when the installation does not provide it.
+        # host's environment: workers get theirs in INIT, whole or filtered.  It runs
+        # the host's own copy of the engine, and adds no folder to sys.path (boot.py).
         self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-c", _BOOT, str(zyg_end.fileno()),
-             os.path.join(ENGINE_DIR, "lcp_sandbox")],
-            pass_fds=(zyg_end.fileno(),), stdin=subprocess.DEVNULL, env=env,
-            start_new_session=True)
+            boot_argv(_ENTRY, str(zyg_end.fileno())), pass_fds=(zyg_end.fileno(),),
+            stdin=subprocess.DEVNULL, env=boot_environment(), start_new_session=True)
         zyg_end.close()
         self.pid = self.proc.pid
         self._ctl = host_end

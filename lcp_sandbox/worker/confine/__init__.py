@@ -44,37 +44,13 @@ from typing import Any
 
 from ... import protocol as P
 from ...core.policy import ENGINE_DIR, SWITCHED_OFF, SYSTEM_READ_PATHS, python_paths
+from ..portable import environment_of, set_environment  # noqa: F401  (also for loop, template)
 from ..rlimits import apply_in_worker
 from .landlock import DEVICES, add_rules, apply_landlock, enforce, open_ruleset
 from .mounts import make_reachable
 from .network import isolate_network
 from .privileges import drop_privileges
 from .seccomp import restrict_syscalls
-
-
-def set_environment(env: dict) -> None:
-    """Make the environment exactly ``env`` (bytes names and values, as INIT carries
-    them; str ones are encoded), touching only what differs: most of it is usually
-    the zygote's allowlisted environment already (putenv is not free in a process
-    that was just forked), and os.environb spares encoding every name and value."""
-    if env and type(next(iter(env))) is not bytes:
-        env = {os.fsencode(k): os.fsencode(v) for k, v in env.items()}
-    current = os.environb
-    for key in [k for k in current if k not in env]:
-        del current[key]
-    get = current.get
-    for key, value in env.items():
-        if get(key) != value:
-            current[key] = value
-
-
-def environment_of(init: P.Init) -> dict:
-    """The environment INIT gives the worker: the host's (filtered when confined) and
-    the library's own ``env`` over it."""
-    extra = init.limits.get("env") or {}
-    own = {os.fsencode(str(k)): os.fsencode(str(v)) for k, v in extra.items()}
-    return {**(init.env or {}), **own}
-
 
 #: In a confined template (worker/template.py): what it applied for every worker it forks
 #: (its report, and "covered": make_reachable()'s).  A worker forked from it finds it here

@@ -1,0 +1,309 @@
+"""The spawn start path: a fresh interpreter per worker, with only what every OS has.
+
+    Spawner (the Supervisor's in place of the zygote: start_method="spawn", the default
+    off Linux)
+      start(slot, init, deadline, tool)
+          confinement this system cannot give ─► 503 naming it (platforms.py), unless
+                                                 the host said confine="best-effort"
+          a spare of the same kind (spawned ahead: interpreter up, engine imported,
+          waiting for its INIT), else one spawned now; INIT held, to go out with the
+          first call in one send ─► WorkerProcess (its Child as parent), slot "spawn"
+          Two kinds, never mixed: unconfined spares start with the host's environment
+          (parity), confined ones with the allowlisted part only (boot.py), so a
+          confined worker's process never held the host's secrets.
+      settle()  after the call a spare served: its replacement is spawned a moment
+                later, by the spawner's thread (it would take the new worker's CPU)
+      close()   every child's tree killed
+
+    Child (one per process: what WorkerProcess, the slot and the watchdog ask of a parent)
+      signal()  the soft interrupt: a control record on its stdin, the number of the call
+                to interrupt (worker/spawned.py: a thread raises it in the tool's thread)
+      kill()    its tree: psutil's descendants, its process group (POSIX), its Job
+                Object (Windows); its control pipe closed
+      its threads: output (its log pipe to logging, rate-limited as output.py does) and
+                its waiter (at its end its process group is killed before it is reaped,
+                so neither an orphan of it nor a reused pid is left; then on_exit)
+
+A worker's channel is a socketpair end: inherited through ``pass_fds`` on POSIX
+(macOS too); on Windows its ``socket.share()`` bytes go first on the control pipe
+(written to the documented API, untested on this project's machines).  Host death:
+the control pipe's only writer is the host, so a host killed by SIGKILL closes it and
+every worker kills its own tree (worker/spawned.py).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from concurrent.futures import Future
+from typing import Any, Callable, Optional
+
+import psutil
+
+from ... import protocol as P
+from ...core.outcomes import Unavailable
+from .boot import boot_argv, boot_environment
+from .output import Stream
+from .platforms import refusal
+from .process import WorkerProcess
+from .slot import Slot
+
+SPARES = 1                  # workers spawned ahead, per kind (unconfined, confined)
+RESERVE_DELAY_S = 0.005     # after a hand-out: its replacement does not compete with the new worker
+_ENTRY = "from lcp_sandbox.worker.spawned import main; main(sys.argv[1])"
+_POSIX = os.name == "posix"
+CONTROL_SIZE = 4            # worker/spawned.py's CONTROL record: the call's number, little-endian
+
+
+def kill_tree(pid: int) -> None:
+    """Kill ``pid``, its descendants and (POSIX) its process group."""
+    try:
+        kids = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        kids = []
+    if _POSIX:
+        try:
+            os.killpg(pid, signal.SIGKILL)         # it leads its own group
+        except OSError:
+            pass
+    for proc in kids:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    try:
+        os.kill(pid, signal.SIGKILL if _POSIX else signal.SIGTERM)
+    except OSError:
+        pass
+
+
+class Child:
+    """One spawned process: its channel, its control pipe, its output and its end."""
+
+    def __init__(self, confined: bool, on_exit: Callable[[int, int], None]) -> None:
+        host_sock, its_sock = P.portable_pair()
+        self.confined = confined
+        self.alive = True
+        self.proc: Optional[WorkerProcess] = None     # the worker it became
+        self.stream = Stream("spare", 64 * 1024)     # its output until it is handed out
+        self.status: Optional[int] = None
+        self.job: Any = None                           # Windows: its Job Object (winjob.py)
+        self._ended = threading.Event()
+        self._lock = threading.Lock()
+        self._on_exit = on_exit
+        try:
+            self.popen = subprocess.Popen(
+                boot_argv(_ENTRY, str(its_sock.fileno()) if _POSIX else "share"),
+                pass_fds=(its_sock.fileno(),) if _POSIX else (), env=boot_environment()
+                if confined else dict(os.environ), stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=_POSIX,
+                creationflags=getattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0))
+            if not _POSIX:                             # (untested on these machines)
+                from .winjob import share_socket
+                self.job = share_socket(self.popen, its_sock)
+        except BaseException:
+            host_sock.close()
+            raise
+        finally:
+            its_sock.close()
+        self.pid = self.popen.pid
+        self.conn = P.PortableConnection(host_sock)
+        assert self.popen.stdin is not None and self.popen.stdout is not None
+        self._control = self.popen.stdin.fileno()
+        self._output = threading.Thread(target=self._pump, name=f"lcp-sandbox-output-{self.pid}",
+                                        daemon=True)
+        self._output.start()
+        threading.Thread(target=self._wait, name=f"lcp-sandbox-waiter-{self.pid}",
+                         daemon=True).start()
+
+    # ------------------------------------------------------------ what a parent does
+    def signal(self, pid: int, sig: int) -> None:
+        """Interrupt the call in flight, as its soft timeout would."""
+        proc = self.proc
+        if proc is None or self.status is not None:
+            return
+        seq = (proc.calls + 1) & 0xFFFFFFFF          # the worker's number of that call
+        try:
+            os.write(self._control, seq.to_bytes(CONTROL_SIZE, "little"))
+        except OSError:
+            pass
+
+    def kill(self, pid: int = 0) -> None:
+        """Kill its whole tree (no-op once it was reaped: never a reused pid)."""
+        with self._lock:
+            if self.status is None:
+                if self.job is not None:
+                    self.job.kill()
+                kill_tree(self.pid)
+        self._close_control()
+
+    def reaped(self, pid: int = 0) -> bool:
+        return self._ended.is_set()
+
+    def wait_exit(self, pid: int, timeout: float) -> Optional[int]:
+        """Its Popen-style return code once it was reaped (None: not within ``timeout``)."""
+        self._ended.wait(timeout)
+        return self.status
+
+    # ------------------------------------------------------------ its threads
+    def _pump(self) -> None:
+        assert self.popen.stdout is not None
+        fd = self.popen.stdout.fileno()
+        while True:
+            try:
+                data = os.read(fd, 65536)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            self.stream.feed(data)
+        self.stream.close()
+        self.popen.stdout.close()
+
+    def _wait(self) -> None:
+        if hasattr(os, "waitid"):        # ended, not reaped yet: its group's pid is still its own
+            try:
+                os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT)
+            except OSError:
+                pass
+            with self._lock:
+                try:
+                    os.killpg(self.pid, signal.SIGKILL)     # what its tools left behind
+                except OSError:
+                    pass
+        status = self.popen.wait()
+        self._output.join(1.0)           # what it printed last is logged before its end is told
+        with self._lock:
+            self.status = status
+        self._close_control()
+        if self.job is not None:
+            self.job.close()
+        self._ended.set()
+        self._on_exit(self.pid, status)
+
+    def _close_control(self) -> None:
+        try:
+            assert self.popen.stdin is not None
+            self.popen.stdin.close()
+        except (OSError, ValueError):
+            pass
+
+
+def _known(pid: int) -> Future[int]:
+    fut: Future[int] = Future()
+    fut.set_result(pid)
+    return fut
+
+
+class Spawner:
+    """The spares and children of one Supervisor on the spawn path.  Thread-safe."""
+
+    def __init__(self, on_exit: Callable[[int, int], None]) -> None:
+        self._on_exit = on_exit
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._spares: dict[bool, list[Child]] = {False: [], True: []}
+        self._kinds = {False}            # the kinds kept in reserve (confined: once asked for)
+        self._children: dict[int, Child] = {}
+        self._due = time.monotonic()     # when the thread spawns what is missing (0: not owed)
+        self.owed = False                # a spare was handed out: settle() owes its replacement
+        self.alive = True
+        self._thread = threading.Thread(target=self._run, name="lcp-sandbox-spawner", daemon=True)
+        self._thread.start()
+
+    def start(self, slot: Slot, init: P.Init, deadline: Optional[float],
+              tool: str) -> WorkerProcess:
+        """Start ``slot``'s worker and attach it to the slot (503: confinement this
+        system cannot give; OSError: it could not be spawned)."""
+        confined = init.confine is not None
+        why = refusal(confined, slot.limits.network, slot.limits.confine)
+        if why:
+            raise Unavailable.not_run(slot.library.name, tool, why, "no_start")
+        child = self._take(confined) or self._spawn(confined)
+        conn = child.conn
+        try:
+            try:
+                conn.hold(P.INIT, init)          # sent with the call: the worker wakes once
+            except P.PayloadError:
+                conn.send(P.INIT, init, deadline)
+        except BaseException:
+            child.kill()
+            raise
+        child.stream = Stream(slot.library.name, slot.limits.log_bytes_per_s)
+        if child.job is not None:
+            child.job.limit_memory(slot.limits.memory_mb)
+        proc = WorkerProcess(_known(child.pid), child, conn, init.tmpdir, "spawn")
+        child.proc = proc
+        slot.attach(proc, "spawn")
+        return proc
+
+    def _spawn(self, confined: bool) -> Child:
+        child = Child(confined, self._ended)
+        with self._lock:
+            if not self.alive:
+                child.kill()
+                raise OSError("the supervisor is closing")
+            self._children[child.pid] = child
+        return child
+
+    def _ended(self, pid: int, status: int) -> None:
+        with self._lock:
+            child = self._children.pop(pid, None)
+            if child is not None and child in self._spares[child.confined]:
+                self._spares[child.confined].remove(child)
+        self._on_exit(pid, status)
+
+    def _take(self, confined: bool) -> Optional[Child]:
+        with self._lock:
+            self._kinds.add(confined)
+            self.owed = True
+            spares = self._spares[confined]
+            while spares:
+                child = spares.pop(0)
+                if not child.reaped():
+                    return child
+        return None
+
+    def settle(self) -> None:
+        """Spawn what the last hand-outs used, a moment from now."""
+        if self.owed:
+            with self._cond:
+                self.owed = False
+                self._due = self._due or time.monotonic() + RESERVE_DELAY_S
+                self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self.alive and (not self._due or self._due > time.monotonic()):
+                    self._cond.wait(None if not self._due else self._due - time.monotonic())
+                if not self.alive:
+                    return
+                self._due = 0.0
+                missing = [k for k in self._kinds for _ in range(SPARES - len(self._spares[k]))]
+            for confined in missing:
+                try:
+                    child = self._spawn(confined)
+                except OSError:
+                    continue
+                with self._lock:
+                    self._spares[confined].append(child)
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            return {"spares": sum(len(s) for s in self._spares.values()),
+                    "children": len(self._children)}
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Kill every child's tree and stop the spawner's thread."""
+        with self._cond:
+            self.alive = False
+            self._cond.notify()
+            children = list(self._children.values())
+        for child in children:
+            child.kill()
+        for child in children:
+            child.wait_exit(child.pid, timeout)
+        self._thread.join(timeout)
