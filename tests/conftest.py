@@ -53,9 +53,12 @@ def descendants() -> set:
 
 
 def gone(pid: int) -> bool:
-    """The process no longer runs (it does not exist, or is a zombie)."""
+    """The process no longer runs: it does not exist, or is a zombie all of whose threads
+    have exited (a killed process's leader turns zombie while its other threads still
+    exit, and its descriptors close only with the last of them)."""
     try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        proc = psutil.Process(pid)
+        return proc.status() == psutil.STATUS_ZOMBIE and proc.num_threads() <= 1
     except psutil.NoSuchProcess:
         return True
 
