@@ -144,6 +144,7 @@ def _rows(r: dict) -> list:
                      f"**{x(ra.get('p50'))}** p50 (p99 {x(ra.get('p99'))}; paired by round "
                      f"{x(ra.get('p50_paired'))} / {x(ra.get('p99_paired'))})", ""))
     rows += _density_rows(r.get("density") or {})
+    rows += _safe_and_portable_rows(r)
     ray = r.get("ray") or {}
     if ray:
         rw, loc = ray["warm"]["ray"], ray["warm"]["local"]
@@ -153,6 +154,51 @@ def _rows(r: dict) -> list:
                      f"local `Supervisor` warm call {fmt(loc['p50'])} us in the same rounds"))
         rows.append(("over Ray: a new library's first call on the other node",
                      f"**{fmt(ray['cold']['ray_remote']['p50'])} ms**", f"local {fmt(ray['cold']['local']['p50'])} ms"))
+    return rows
+
+
+def _safe_and_portable_rows(r: dict) -> list:
+    """Confined starts, the system call allowlist, the spawn start path, MCP."""
+    rows = []
+    cf = r.get("confined") or {}
+    if cf.get("rows"):
+        c = cf["rows"]
+        rows.append(("a new confined tenant's first call (from confined templates)",
+                     f"numpy library p50 **{fmt(c['np_confined']['p50'])} ms** "
+                     f"({x(cf.get('np_ratio'))} unconfined), USS {fmt(cf['uss_mb'].get('np_confined'))} "
+                     f"MB; plain library {fmt(c['plain_confined']['p50'])} ms "
+                     f"({x(cf.get('plain_ratio'))} unconfined)",
+                     f"confined fresh numpy import {fmt(_get(c, 'np_fresh', 'p50'))} ms"))
+        d = cf.get("density") or {}
+        if d:
+            rows.append((f"density: {d.get('tenants')} confined tenants x 2 libraries (one numpy)",
+                         f"{d.get('answered')} of {d.get('calls')} answered; USS of the workers "
+                         f"**{fmt(d.get('uss_mb'))} MB** ({fmt(d.get('per_worker_mb'))} each)",
+                         f"left after `close()`: {d.get('left')}"))
+    sc = r.get("syscalls") or {}
+    if sc.get("warm_ratio") is not None:
+        rows.append(("confined warm call, system call allowlist on / off",
+                     f"**{x(sc.get('warm_ratio_paired') or sc['warm_ratio'])}** p50 (paired by round)",
+                     f"a confined worker's cold start on / off {x(sc.get('cold_ratio'))}"))
+    cold, warm = r.get("cold") or {}, _get(r, "warm", _get(r, "meta", "headline_placement")) or {}
+    if cold.get("sandbox_spawn") and warm.get("sandbox_spawn"):
+        rows.append(("spawn start path (what macOS and Windows run), forced here",
+                     f"first call of a new library p50 **{fmt(cold['sandbox_spawn']['p50'])} ms**; "
+                     f"warm call {fmt(warm['sandbox_spawn'].get('p50'))} us",
+                     f"a bare `multiprocessing` spawn + first result {fmt(_get(cold, 'spawn', 'p50'))} "
+                     f"ms; the zygote path's warm call {fmt(_get(warm, 'sandbox', 'p50'))} us"))
+    m = r.get("mcp") or {}
+    if m.get("warm_ms"):
+        w = m["warm_ms"]
+        rows.append(("MCP: a warm `tools/call` through `serve-mcp` (Streamable HTTP)",
+                     f"SDK client {fmt(w['ours_sdk']['p50'])} ms = "
+                     f"**{x(w['ours_sdk'].get('x_bare_p50_paired'))}**, kept-alive plain HTTP "
+                     f"{fmt(w['ours_plain']['p50'])} ms = **{x(w['ours_plain'].get('x_bare_p50_paired'))}** "
+                     f"a bare SDK server (paired by round); "
+                     f"{fmt(m['sessions_per_s']['per_s'])} new sessions a second",
+                     f"bare SDK server: {fmt(w['bare_sdk']['p50'])} / {fmt(w['bare_plain']['p50'])} ms; "
+                     f"metrics on a warm engine call "
+                     f"{fmt(100 * (_get(m, 'metrics', 'share_of_warm_call') or 0))}%"))
     return rows
 
 
