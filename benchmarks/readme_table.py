@@ -174,7 +174,8 @@ def _safe_and_portable_rows(r: dict) -> list:
             rows.append((f"density: {d.get('tenants')} confined tenants x 2 libraries (one numpy)",
                          f"{d.get('answered')} of {d.get('calls')} answered; USS of the workers "
                          f"**{fmt(d.get('uss_mb'))} MB** ({fmt(d.get('per_worker_mb'))} each)",
-                         f"left after `close()`: {d.get('left')}"))
+                         "left after `close()`: " + ", ".join(
+                             f"{n} {k.replace('_', ' ')}" for k, n in sorted((d.get("left") or {}).items()))))
     sc = r.get("syscalls") or {}
     if sc.get("warm_ratio") is not None:
         rows.append(("confined warm call, system call allowlist on / off",
