@@ -217,7 +217,9 @@ def test_hand_over_never_follows_links(open_tmp):
 @needs_root
 def test_hand_over_skips_mount_points(open_tmp):
     """A folder of the same file system bind-mounted into the root is not handed over
-    (in a child process with its own mount namespace: the host's mounts stay as they are)."""
+    (in a child process with its own mount namespace: the host's mounts stay as they are),
+    also when the host read its mount table before the mount (it keeps it until the
+    kernel says the table changed)."""
     root, outside = open_tmp / "ws", open_tmp / "outside"
     (root / "mnt").mkdir(parents=True)
     outside.mkdir()
@@ -228,6 +230,7 @@ def test_hand_over_skips_mount_points(open_tmp):
         libc = ctypes.CDLL(None, use_errno=True)
         assert libc.unshare(0x20000) == 0
         assert libc.mount(b"none", b"/", None, 16384 | (1 << 18), None) == 0       # MS_REC | MS_PRIVATE
+        handover.hand_over({str(root)!r}, 4141, 4141)             # the mount table read (and kept)
         assert libc.mount({str(outside).encode()!r}, {str(root / "mnt").encode()!r}, None, 4096, None) == 0
         handover.hand_over({str(root)!r}, 4242, 4343)
         print(os.stat({str(root / "mnt" / "f.txt")!r}).st_uid, os.stat({str(root)!r}).st_uid)

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import stat
 import tempfile
+import threading
 from typing import Optional
 
 from ... import protocol as P
@@ -116,18 +118,54 @@ def hand_over(path: str, uid: int, gid: int) -> None:
             os.close(level.fd)
 
 
-def _mount_points_below(path: str) -> set[str]:
-    out = set()
-    try:
-        with open("/proc/self/mountinfo", "rb") as f:
-            for line in f:
+class _MountTable:
+    """This process's mount points, read from /proc/self/mountinfo again only when the
+    kernel says the table changed: a poll() of the open file reports POLLPRI after any
+    mount or unmount in the namespace (a hand-over per new tenant read the whole table
+    each time, a tenth of a millisecond)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._fd = -1
+        self._points: list[str] = []
+
+    def points(self) -> list[str]:
+        with self._lock:
+            if self._fd < 0 or self._changed():
+                self._points = self._read()
+            return self._points
+
+    def _changed(self) -> bool:
+        poller = select.poll()
+        poller.register(self._fd, select.POLLPRI | select.POLLERR)
+        return bool(poller.poll(0))
+
+    def _read(self) -> list[str]:
+        try:
+            if self._fd < 0:
+                self._fd = os.open("/proc/self/mountinfo", os.O_RDONLY | os.O_CLOEXEC)
+                self._changed()                  # (poll once: from now on it tells changes)
+            os.lseek(self._fd, 0, os.SEEK_SET)
+            chunks = []
+            while chunk := os.read(self._fd, 1 << 16):
+                chunks.append(chunk)
+            out = []
+            for line in b"".join(chunks).splitlines():
                 raw = re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m[1], 8)]), line.split()[4])
-                point = os.fsdecode(raw)
-                if point != path and _within(point, path):
-                    out.add(point)
-    except (OSError, IndexError):
-        pass
-    return out
+                out.append(os.fsdecode(raw))
+            return out
+        except (OSError, IndexError):
+            if self._fd >= 0:
+                os.close(self._fd)
+            self._fd = -1                        # read again next time
+            return []
+
+
+_MOUNTS = _MountTable()
+
+
+def _mount_points_below(path: str) -> set[str]:
+    return {point for point in _MOUNTS.points() if point != path and _within(point, path)}
 
 
 def _hand_over_dir(fd: int, where: str, dev: int, mounts: set[str], uid: int, gid: int,
