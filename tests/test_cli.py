@@ -43,6 +43,7 @@ def test_demo_survives_a_crash(tmp_path):
     assert "cold (worker start + import + call)" in p.stdout
     assert "SIGSEGV" in p.stdout and "the host lives on" in p.stdout
     assert "still answers with status 200" in p.stdout
+    assert "Traceback" not in p.stderr           # (the zygote told a closing host of a fork)
 
 
 # ================================================================ mistakes get one line and exit 2

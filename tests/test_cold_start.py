@@ -108,3 +108,20 @@ def test_set_environment_makes_the_environment_exactly_the_given_one(monkeypatch
 
 if sys.platform != "linux":                        # (the engine's workers are Linux-only)
     pytestmark = pytest.mark.skip("Linux only")
+
+
+def test_a_zygote_whose_host_is_gone_ends_quietly_when_it_has_something_to_tell():
+    """The host closed its end (a supervisor closing) while the zygote was answering a
+    FORK: the zygote ends as on EOF (its workers die with it), with no traceback."""
+    from lcp_sandbox.worker.zygote import Zygote
+
+    class Gone:
+        def send(self, data: bytes) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    ended = []
+    zygote = Zygote.__new__(Zygote)
+    zygote.ctl = Gone()
+    zygote.exit = lambda: ended.append(True)
+    zygote.tell(b"record")
+    assert ended == [True]

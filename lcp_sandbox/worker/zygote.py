@@ -216,7 +216,7 @@ class Zygote:
 
     def start(self) -> None:
         self.spares.append(self.fork_spare())
-        self.ctl.send(pack(READY, self.me))
+        self.tell(pack(READY, self.me))
         self.owe()                                   # the rest of the reserve
 
     def control(self) -> None:
@@ -260,7 +260,7 @@ class Zygote:
                 inbox.close()
         for f in fds:
             os.close(f)
-        self.ctl.send(pack(FORKED, req, pid, templated))
+        self.tell(pack(FORKED, req, pid, templated))
         self.owe()
 
     def tfork(self, req: int, template_pid: int, fds: list[int]) -> None:
@@ -284,7 +284,7 @@ class Zygote:
         self.workers.add(tpl.pid)
         self.templates[tpl.chan.fileno()] = tpl
         self.poller.register(tpl.chan.fileno(), select.POLLIN)
-        self.ctl.send(pack(FORKED, req, tpl.pid))
+        self.tell(pack(FORKED, req, tpl.pid))
         tpl.ask()
 
     def kill(self, pid: int) -> None:
@@ -299,6 +299,14 @@ class Zygote:
                 os.kill(pid, sig)
             except OSError:
                 pass
+
+    def tell(self, record: bytes) -> None:
+        """A record to the host; a host that is gone (its end closed while it closed the
+        supervisor) ends the zygote as EOF does, without a traceback."""
+        try:
+            self.ctl.send(record)
+        except OSError:
+            self.exit()
 
     def exit(self) -> None:
         """EOF on the control channel: the host is gone or closing; every worker dies."""
@@ -339,7 +347,7 @@ class Zygote:
         if ok:
             for f in fds:
                 os.close(f)
-            self.ctl.send(pack(FORKED, req, pid, 1))
+            self.tell(pack(FORKED, req, pid, 1))
         else:
             self.fork(req, fds)
         self.owe()                                   # its next spare, asked for when quiet
