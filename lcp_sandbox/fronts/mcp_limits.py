@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 
 def default_max_sessions() -> int:
@@ -45,3 +45,15 @@ class TokenBucket:
 def retry_after(seconds: float) -> str:
     """A Retry-After header value: whole seconds, at least 1."""
     return str(max(1, math.ceil(seconds)))
+
+
+#: The JSON-RPC error code of a tools/call over its session's rate (HTTP: with a 429).
+RATE_LIMITED = -32029
+
+
+def rate_error(rate: float, wait: float) -> dict[str, Any]:
+    """The JSON-RPC error of a tools/call over ``rate``, ``wait`` seconds from a token."""
+    after = retry_after(wait)
+    return {"code": RATE_LIMITED, "message": f"Rate limit of {rate:g} tool calls a second: "
+                                             f"retry after {after} s",
+            "data": {"retryAfter": float(after)}}

@@ -42,12 +42,11 @@ from ..core.version import __version__
 from . import mcp_mapping as M
 from .lollms import SandboxedBinding
 from .mcp_calls import ToolCall, current_call
-from .mcp_limits import TokenBucket, default_max_sessions, retry_after
+from .mcp_limits import TokenBucket, default_max_sessions, rate_error
 
 log = logging.getLogger("lcp_sandbox.mcp")
 
 CALL_THREADS = 128               # tool calls waiting in threads at once, all sessions together
-RATE_LIMITED = -32029           # JSON-RPC error of a tools/call over the rate (stdio)
 RATE_BURST_S = 2.0               # a session's rate limit lets this many seconds' calls burst
 _tracer = trace.get_tracer("lcp_sandbox")
 _SESSION_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
@@ -292,9 +291,8 @@ class McpFront:
             wait = session.throttled()
             if wait is not None:
                 self.refused("rate")
-                raise MCPError(RATE_LIMITED, f"Rate limit of {self.options.rate_limit:g} tool "
-                               f"calls a second: retry after {wait:.2f} s",
-                               data={"retryAfter": float(retry_after(wait))})
+                error = rate_error(self.options.rate_limit or 0.0, wait)
+                raise MCPError(error["code"], error["message"], data=error["data"])
         await self._refresh(session, ctx)
         arguments = params.arguments or {}
         problem = session.check(params.name, arguments)

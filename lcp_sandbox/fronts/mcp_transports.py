@@ -28,7 +28,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
 
 from ..backends.local import Supervisor
-from .mcp_limits import retry_after
+from .mcp_limits import rate_error, retry_after
 from .mcp_server import McpFront, ServeOptions
 
 MCP_PATH = "/mcp"
@@ -185,11 +185,9 @@ def _is_call(body: bytes) -> bool:
 
 def _rate_limited(wait: float, rate: Optional[float]) -> Any:
     from starlette.responses import JSONResponse
-    after = retry_after(wait)
-    error = {"code": -32029, "message": f"Rate limit of {rate:g} tool calls a second: retry "
-                                         f"after {after} s", "data": {"retryAfter": float(after)}}
+    error = rate_error(rate or 0.0, wait)
     return JSONResponse({"jsonrpc": "2.0", "id": None, "error": error}, status_code=429,
-                        headers={"Retry-After": after})
+                        headers={"Retry-After": retry_after(wait)})
 
 
 def http_app(front: McpFront, security: TransportSecuritySettings, token: Optional[str] = None,
