@@ -77,8 +77,8 @@ SLEEPER = textwrap.dedent('''
         STATE["calls"] += 1
         if ask:
             _CONFIRM_HANDLER("sleep", "sleeper")
-        Path(marker).write_text("sleeping")
-        try:
+        try:                       # the marker inside: an interrupt sent once it exists is counted
+            Path(marker).write_text("sleeping")
             time.sleep(seconds)
         except BaseException:
             STATE["interrupted"] += 1
