@@ -6,6 +6,8 @@ process limits and worker/confine/ the confinement.
 """
 from __future__ import annotations
 
+import difflib
+import numbers
 from dataclasses import dataclass, replace
 from typing import Any, Optional, Union
 
@@ -56,6 +58,9 @@ class Limits:
                                             # (core/syscalls.py; checked here)
 
     def __post_init__(self) -> None:
+        for name, kind in _KINDS.items():
+            _check_kind(name, getattr(self, name), kind)
+        self.read_paths = tuple(self.read_paths)
         if self.confine is not None:
             self.confine = confine_setting(self.confine)
         if self.run_as is not None:
@@ -67,8 +72,56 @@ class Limits:
     def merged(cls, base: "Limits", override: Optional[dict[str, Any]]) -> "Limits":
         if not override:
             return base
-        known = {k: v for k, v in override.items() if k in cls.__dataclass_fields__}
-        return replace(base, **known)        # (not asdict: it deep-copies every field, slowly)
+        if not isinstance(override, dict):
+            raise TypeError(f"it must be a dict of settings, not {type(override).__name__}")
+        unknown = [k for k in override if k not in cls.__dataclass_fields__]
+        if unknown:
+            raise ValueError("; ".join(_unknown(k) for k in unknown))
+        return replace(base, **override)     # (not asdict: it deep-copies every field, slowly)
+
+
+def _unknown(key: Any) -> str:
+    near = difflib.get_close_matches(str(key), Limits.__dataclass_fields__, 1)
+    return (f"{key!r} is no sandbox setting" + (f" (did you mean {near[0]!r}?)" if near else
+            f" (the settings: {', '.join(Limits.__dataclass_fields__)})"))
+
+
+#: What each plain setting holds: "number", "int", "bool", "env", "paths", optionally "|None".
+#: (confine, run_as and syscalls are checked by their own functions.)
+_KINDS = {"timeout_s": "number|None", "grace_s": "number", "memory_mb": "number|None",
+          "cpu_s": "int|None", "max_open_files": "int", "max_file_size_mb": "number|None",
+          "max_result_mb": "number", "log_bytes_per_s": "int", "network": "bool",
+          "env": "env|None", "read_paths": "paths", "template": "bool",
+          "trusted_import": "bool"}
+
+
+def _check_kind(name: str, value: Any, kind: str) -> None:
+    """TypeError/ValueError naming the setting when ``value`` is not of ``kind``."""
+    base, _, none_ok = kind.partition("|")
+    if value is None:
+        if none_ok:
+            return
+        raise TypeError(f"{name!r} must not be None")
+    if base == "bool":
+        ok = isinstance(value, bool)
+        wanted = "true or false"
+    elif base in ("number", "int"):
+        ok = (isinstance(value, numbers.Real) and not isinstance(value, bool)
+              and (base == "number" or float(value).is_integer()))
+        wanted = "a number" if base == "number" else "a whole number"
+        if ok and value < 0:
+            raise ValueError(f"{name!r} is {value!r}: it cannot be negative")
+    elif base == "env":
+        ok = isinstance(value, dict) and all(
+            isinstance(k, str) and isinstance(v, (str, int, float)) and not isinstance(v, bool)
+            for k, v in value.items())
+        wanted = "a dict of names to string (or number) values"
+    else:           # paths
+        ok = (isinstance(value, (list, tuple))
+              and all(isinstance(p, str) and p for p in value))
+        wanted = "a list of paths (strings)"
+    if not ok:
+        raise TypeError(f"{name!r} must be {wanted}, not {value!r} ({type(value).__name__})")
 
 
 def library_limits(base: Limits, override: Optional[dict[str, Any]], library: str) -> Limits:
