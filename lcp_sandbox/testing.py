@@ -8,6 +8,9 @@ Only a Python call in the host can do this: no environment variable, option or
 configuration file turns a protection off, so a deployment cannot do it by
 accident.  Each switch is logged as a warning, and the workers' ``stats()`` say
 the protection is unavailable, switched off for a test.
+
+    with landlock_abi_at_most(supervisor, 5):
+        ...   # workers use Landlock as a kernel of that ABI would give it (no scope below 6)
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from .backends.local import Supervisor
+from .core.policy import LANDLOCK_ABI_SWITCH
 
 #: What can be switched off: Landlock, the own network namespace of a network-off
 #: worker, the system call filter of a confined worker.
@@ -32,6 +36,22 @@ def protections_off(supervisor: Supervisor, *names: str) -> Iterator[None]:
         "TEST HOOK: workers started by this supervisor run without %s", ", ".join(sorted(names)))
     before = supervisor.protections_off
     supervisor.protections_off = before | frozenset(names)
+    try:
+        yield
+    finally:
+        supervisor.protections_off = before
+
+
+@contextmanager
+def landlock_abi_at_most(supervisor: Supervisor, abi: int) -> Iterator[None]:
+    """Workers ``supervisor`` starts inside the block use Landlock as a kernel of ABI
+    ``abi`` (1 to 5) gives it: its rights, and no scope below 6."""
+    if not isinstance(abi, int) or not 1 <= abi <= 5:
+        raise ValueError(f"abi={abi!r}: a Landlock ABI from 1 to 5")
+    logging.getLogger("lcp_sandbox").warning(
+        "TEST HOOK: workers started by this supervisor use at most Landlock ABI %d", abi)
+    before = supervisor.protections_off
+    supervisor.protections_off = before | {f"{LANDLOCK_ABI_SWITCH}{abi}"}
     try:
         yield
     finally:

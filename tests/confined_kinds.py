@@ -63,18 +63,18 @@ class Confined:
         root.mkdir(parents=True, exist_ok=True)
         cfgs = self.configs(folder, host_tool_configs)
         if self.kind != "fresh":
-            self.warm(folder, cfgs)
+            self.warm(folder, cfgs, kw.get("confine"))
         kw.setdefault("workspace", str(root))
         b = SandboxedBinding(tools_folders=[str(folder)], supervisor=self.sup, tenant=tenant,
                              workspace_root=str(root), host_tool_configs=cfgs, **kw)
         self.made.append(b)
         return b
 
-    def warm(self, folder, cfgs: Optional[dict]) -> None:
-        """Load every library of ``folder`` once (with ``cfgs``) in a throwaway tenant, so
-        that the templates its first workers owe are made; wait for them."""
+    def warm(self, folder, cfgs: Optional[dict], confine=None) -> None:
+        """Load every library of ``folder`` once (with ``cfgs`` and ``confine``) in a
+        throwaway tenant, so that the templates its first workers owe are made; wait for them."""
         mark = (str(folder), repr(sorted((cfgs or {}).items(), key=str)),
-                tuple(sorted(self.sup.protections_off)))     # (a key of its own, too)
+                tuple(sorted(self.sup.protections_off)), confine)   # (a key of its own, too)
         if mark in self._warmed:
             return
         self._warmed.add(mark)
@@ -82,7 +82,8 @@ class Confined:
         root = self.tenants_root / tenant
         root.mkdir(parents=True, exist_ok=True)
         w = SandboxedBinding(tools_folders=[str(folder)], supervisor=self.sup, tenant=tenant,
-                             workspace=str(root), workspace_root=str(root), host_tool_configs=cfgs)
+                             workspace=str(root), workspace_root=str(root), host_tool_configs=cfgs,
+                             confine=confine)
         for _ in range(2):                       # the second round: the base / the template
             for lib in w.catalog.libraries():
                 try:

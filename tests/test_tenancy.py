@@ -154,15 +154,38 @@ def test_network_off_and_on(roots, listener, kind):
         assert r["success"] is False and ("refused" in r["error"] or "unreachable" in r["error"])
 
 
-def test_missing_mechanism_warns_once_and_stats_tell(roots, monkeypatch, caplog, kind):
+def test_missing_mechanism_is_refused_and_nothing_runs(roots, kind):
+    """Fail closed: a confined worker without its file rules runs no call (503 naming what
+    is missing and what would provide it); another tenant's secret stays unread."""
+    a, b = roots
+    with protections_off(kind.sup, "landlock"):
+        t = kind.binding(LIBS, "a", root=a)
+        for _ in range(3):              # and again: refused each time, never quarantined
+            r = t.execute_tool("tool_read_file", {"path": str(b / "secret.txt")})
+            assert r["status_code"] == 503 and "b's secret" not in str(r), r
+            assert "filesystem: unavailable" in r["error"] and "Landlock (Linux 5.13+" in r["error"]
+            assert "confine=\"best-effort\"" in r["error"]
+            r = t.execute_tool("tool_write_file", {"path": str(b / "from_a.txt"), "text": "x"})
+            assert r["status_code"] == 503, r
+    assert not (b / "from_a.txt").exists()
+    assert all(s["pid"] is None for s in t.stats())
+
+
+def test_missing_mechanism_warns_once_and_stats_tell_with_best_effort(roots, caplog, kind):
     a, b = roots
     with protections_off(kind.sup, "landlock"), caplog.at_level(logging.WARNING, logger="lcp_sandbox"):
-        t = kind.binding(LIBS, "a", root=a)
+        t = kind.binding(LIBS, "a", root=a, confine="best-effort")
         assert t.execute_tool("tool_read_file", {"path": str(b / "secret.txt")})["output"] == "b's secret"
         assert t.execute_tool("tool_lib_a_pid", {})["success"]
-        warnings = [r for r in caplog.records if "confinement requested" in r.getMessage()]
-        assert len(warnings) == 1 and "not in force" in warnings[0].getMessage()
+        warnings = [r.getMessage() for r in caplog.records if "confinement requested" in r.getMessage()]
+        # one per missing protection, once (the second library's worker adds none); a fresh
+        # worker is pid 1 of its own PID namespace, a forked one relies on Landlock's scope
+        missing = ["filesystem"] + ([] if kind.kind == "fresh" else ["processes"])
+        assert sorted(w.split()[0] for w in warnings) == missing, warnings
+        assert all("not in force" in w and "best-effort" in w for w in warnings)
         assert all(s["protections"]["filesystem"].startswith("unavailable") for s in t.stats())
+        processes = {s["protections"]["processes"].split(" (")[0] for s in t.stats()}
+        assert processes == {"on" if kind.kind == "fresh" else "unavailable"}, t.stats()
         assert all(s["protections"]["env"].startswith("clean") for s in t.stats())
         kind.check(t)
 

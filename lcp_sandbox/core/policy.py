@@ -22,6 +22,8 @@ DEFAULT_RUN_AS = (65534, 65534)          # nobody:nogroup on most distributions
 ENGINE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+#: lcp_sandbox.testing.landlock_abi_at_most(): "landlock_abi=N" among INIT's switches.
+LANDLOCK_ABI_SWITCH = "landlock_abi="
 #: A protection switched off by lcp_sandbox.testing.protections_off(), as stats() show it.
 SWITCHED_OFF = "unavailable (switched off for a test: lcp_sandbox.testing)"
 
@@ -89,6 +91,27 @@ def may_hand_over(path: str) -> bool:
     return path != os.sep and not any(path_within(p, path) for p in keep)
 
 
+#: The protections a worker's READY reports, as stats()[i]["protections"] shows them.
+PROTECTIONS = ("env", "network", "filesystem", "processes", "privileges", "unix_sockets",
+               "syscalls")
+#: What provides each protection of a confined (or network-off) worker on Linux, for the
+#: refusal that names what is missing.
+PROVIDERS = {
+    "filesystem": "Landlock (Linux 5.13+ with landlock among the active LSMs)",
+    "processes": "a PID namespace of its own (a root host: CAP_SYS_ADMIN; workers forked "
+                 "from the zygote, not from a template) or Landlock ABI 6 (Linux 6.12+), "
+                 "whose scope keeps a worker's signals inside its own domain",
+    "privileges": "a host that may change uid: root with CAP_SETUID, CAP_SETGID and "
+                  "CAP_SETPCAP (a container keeps them unless they were dropped), or a "
+                  "non-root host",
+    "syscalls": "seccomp filters (CONFIG_SECCOMP_FILTER) on x86_64 or aarch64",
+    "unix_sockets": "seccomp filters (CONFIG_SECCOMP_FILTER) on x86_64 or aarch64",
+    "network": "network namespaces: CAP_SYS_ADMIN, or unprivileged user namespaces "
+               "(kernel.unprivileged_userns_clone=1; on Ubuntu 24.04 also "
+               "kernel.apparmor_restrict_unprivileged_userns=0)",
+}
+
+
 def in_force(kind: str, state: str) -> bool:
     """Whether a protections report entry says the protection holds."""
     if kind == "privileges":
@@ -105,8 +128,19 @@ def not_in_force(report: dict[str, Any], confined: bool, network: bool) -> list[
     in force, as (kind, what the report says)."""
     wanted = []
     if confined:
-        wanted += ["filesystem", "privileges", "syscalls"] + ([] if network else ["unix_sockets"])
+        wanted += ["filesystem", "processes", "privileges", "syscalls"]
+        wanted += [] if network else ["unix_sockets"]
     if not network:
         wanted.append("network")
     return [(kind, state) for kind in wanted
             if not in_force(kind, state := str(report.get(kind, "unknown")))]
+
+
+def refusal_text(missing: list[tuple[str, str]]) -> str:
+    """Why a worker whose protections ``missing`` (not_in_force()) are not in force was
+    not run, with what would provide each."""
+    said = "; ".join(f"{kind}: {state}, which needs {PROVIDERS.get(kind, 'a newer kernel')}"
+                     for kind, state in missing)
+    return (f"its confinement is not all in force ({said}). The call was not run and the "
+            f"worker was stopped. With confine=\"best-effort\" it runs with "
+            f"what there is (stats() says what is in force).")

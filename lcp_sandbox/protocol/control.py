@@ -1,8 +1,8 @@
 """The zygote's control channel: fixed-size records, never pickled.
 
     host (backends/local/zygote.py)    zygote process (worker/zygote.py)
-      FORK(req) + [sock, log] fds ──►  hand them to a spare worker
-      ◄── FORKED(req, pid)
+      FORK(req, flags) + [sock, log] ► hand them to a spare worker (FORK_PIDNS: one
+      ◄── FORKED(req, pid)             that is pid 1 of a PID namespace of its own)
       KILL(pid) / SIGNAL(pid, sig) ──► kill a worker's tree / signal it
       ◄── EXITED(pid, status)          a worker was reaped
       ◄── READY(zygote pid)            once, when it can fork
@@ -20,6 +20,7 @@ from __future__ import annotations
 import struct
 
 FORK, KILL, SIGNAL, FORKED, EXITED, READY, TEMPLATE, TFORK = 1, 2, 3, 4, 5, 6, 7, 8
+FORK_PIDNS = 1                       # FORK's flags: a worker in its own PID namespace
 RECORD = struct.Struct("!Bqqq")      # kind, then up to three integers
 MAX_RECORD = 64
 

@@ -63,6 +63,7 @@ def prepare(init: P.Init) -> dict:
               "clean (allowlist" + (" + library env)" if lim.get("env") else ")"),
               "network": "host network" if lim.get("network", True) else missing,
               "filesystem": missing if conf is not None else "unrestricted",
+              "processes": missing if conf is not None else "not scoped (not confined)",
               "privileges": "the host's (" + ("not confined)" if conf is None else missing + ")"),
               "unix_sockets": "not blocked (not confined)" if conf is None else missing,
               "syscalls": "not confined" if conf is None else missing}

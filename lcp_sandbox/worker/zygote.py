@@ -44,6 +44,7 @@ import time
 from ..protocol.control import (
     EXITED,
     FORK,
+    FORK_PIDNS,
     FORKED,
     KILL,
     MAX_RECORD,
@@ -55,7 +56,10 @@ from ..protocol.control import (
     unpack,
 )
 from ..system.proc import children, process_tree, status_from_wait
+from .libc import libc
 from .template import Spare, TemplateHandle, adopt, close_all_but, reset_signals
+
+_CLONE_NEWPID = 0x20000000
 
 PLAIN_SPARES = 2            # rehearsed spares in reserve (a burst of this many forks none)
 REFILL_DELAY_S = 0.005      # how long after a hand-out replacements are forked
@@ -105,14 +109,24 @@ def _kill_orphans(workers: set) -> None:
                 pass
 
 
-def _spare(ctl: socket.socket, wake_r: int, wake_w: int, zygote_pid: int) -> Spare:
+def _spare(ctl: socket.socket, wake_r: int, wake_w: int, zygote_pid: int,
+           own_pidns: int = -1) -> Spare:
     """Fork a worker-to-be now, so a request only has to hand it its fds.
 
     The child does its process setup at once and then waits for [sock, log] fds
     on a private socket; forking (about 2 ms for the zygote's address space) and
-    setup are off the critical path of a cold call."""
+    setup are off the critical path of a cold call.  With ``own_pidns`` (the zygote's
+    own PID namespace, open), the child is pid 1 of a new PID namespace: unshare()
+    moves only the next child there, and setns() back to our own namespace undoes it
+    for the children after it (a second unshare would fail with EINVAL)."""
     mine, its = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    pid = os.fork()
+    moved = own_pidns >= 0 and libc.unshare(_CLONE_NEWPID) == 0
+    pid = -1
+    try:
+        pid = os.fork()
+    finally:
+        if moved and pid != 0 and libc.setns(own_pidns, _CLONE_NEWPID) != 0:
+            os._exit(70)      # every later child would share that namespace: never
     if pid == 0:
         try:
             mine.close()
@@ -128,8 +142,8 @@ def _child(ctl: socket.socket, wake_r: int, wake_w: int, inbox: socket.socket,
     os.setsid()
     from .rlimits import die_with_parent
     die_with_parent()
-    if os.getppid() != zygote_pid:
-        os._exit(1)
+    if os.getppid() != (0 if os.getpid() == 1 else zygote_pid):   # (pid 1: its parent is
+        os._exit(1)                                                 # outside its namespace)
     reset_signals()
     ctl.close()
     close_all_but((inbox.fileno(),))         # the wake pipe, templates' channels, other spares
@@ -188,6 +202,11 @@ class Zygote:
         self.workers: set[int] = set()                # every child we forked and did not reap
         self.templates: dict[int, TemplateHandle] = {}      # by the fd of its channel
         self.spares: collections.deque[Spare] = collections.deque()     # oldest first
+        # Spares that are pid 1 of a PID namespace of their own (confined workers), kept
+        # once one was asked for; the zygote's own namespace, to come back to after each.
+        self.ns_spares: collections.deque[Spare] = collections.deque()
+        self.ns_wanted = False
+        self.own_pidns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
         self.refill_at = 0.0     # when to fork replacements (monotonic; 0: nothing owed)
         self.poller = select.poll()
 
@@ -232,7 +251,7 @@ class Zygote:
         except struct.error:
             kind = a = b = 0
         if kind == FORK and len(fds) == 2:
-            self.fork(a, fds)
+            self.fork(a, fds, pidns=bool(b & FORK_PIDNS))
             return
         if kind == TFORK and len(fds) == 2:
             self.tfork(a, b, fds)
@@ -247,10 +266,13 @@ class Zygote:
             os.close(extra)
 
     # ------------------------------------------------------------ the host's requests
-    def fork(self, req: int, fds: list[int], templated: int = 0) -> None:
-        """FORK: hand the fds to a spare; if none is left (or it died), fork one on the spot."""
+    def fork(self, req: int, fds: list[int], templated: int = 0, pidns: bool = False) -> None:
+        """FORK: hand the fds to a spare (``pidns``: one in a PID namespace of its own); if
+        none is left (or it died), fork one on the spot."""
+        self.ns_wanted = self.ns_wanted or pidns
+        spares = self.ns_spares if pidns else self.spares
         while True:
-            pid, inbox = self.spares.popleft() if self.spares else self.fork_spare()
+            pid, inbox = spares.popleft() if spares else self.fork_spare(pidns)
             try:
                 socket.send_fds(inbox, [b"go"], fds)
                 break
@@ -316,8 +338,9 @@ class Zygote:
         os._exit(0)
 
     # ------------------------------------------------------------ spares and templates
-    def fork_spare(self) -> Spare:
-        got = _spare(self.ctl, self.wake_r, self.wake_w, self.me)
+    def fork_spare(self, pidns: bool = False) -> Spare:
+        got = _spare(self.ctl, self.wake_r, self.wake_w, self.me,
+                     self.own_pidns if pidns else -1)
         self.workers.add(got[0])
         return got
 
@@ -331,6 +354,8 @@ class Zygote:
         self.refill_at = 0.0
         while len(self.spares) < PLAIN_SPARES:
             self.spares.append(self.fork_spare())
+        if self.ns_wanted and not self.ns_spares:
+            self.ns_spares.append(self.fork_spare(pidns=True))
         for tpl in self.templates.values():
             if tpl.spare is None and not tpl.queue:
                 tpl.ask()

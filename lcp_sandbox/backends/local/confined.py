@@ -10,7 +10,8 @@ A *confined template* applies all of that once, before it imports (worker/templa
                        beneath T  ─► never imported in a template: the *base* (the same
                        template without a library) forks it, it imports after its layer
         key()          what its workers share: files (library only), sys.path, the
-                       environment, network, read set, run_as, system calls, T, test switches
+                       environment, network, read set, run_as, system calls, T, test
+                       switches, best effort or not
         template_init()  the INIT a template is made with: T as its root (a Landlock layer
                        writing beneath T and beneath its temp-dir parent), nothing of a tenant
 
@@ -27,7 +28,7 @@ import tempfile
 from typing import Any, Optional
 
 from ... import protocol as P
-from ...core.limits import Limits
+from ...core.limits import BEST_EFFORT, Limits
 from ...core.policy import path_within
 
 BASE = "(base)"          # the library name of a template without a library
@@ -69,7 +70,8 @@ def key(init: P.Init, tenants_root: str, library: bool) -> tuple[Any, ...]:
             tuple(sorted((str(k), str(v)) for k, v in (lim.get("env") or {}).items())),
             bool(lim.get("network", True)), tuple(conf.get("read_paths", ())),
             tuple(conf["run_as"]), tuple(sorted(calls.get("allow", ()))),
-            bool(calls.get("allow_dangerous")), tenants_root, tuple(init.disabled or ()))
+            bool(calls.get("allow_dangerous")), tenants_root, tuple(init.disabled or ()),
+            lim.get("confine") == BEST_EFFORT)
 
 
 def template_init(init: P.Init, tenants_root: str, library: bool) -> P.Init:

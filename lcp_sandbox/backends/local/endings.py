@@ -9,6 +9,7 @@
         raised ─► _failed():  WorkerGone ─► buried, 500 (507 if the watchdog killed it)
                               ProtocolViolation ─► _violation(): killed, buried, 500
                               DeadlinePassed ─► buried (killed), 504
+                              NotConfined ─► killed before the call was sent, 503
                               PayloadError ─► nothing was sent, worker kept, 500
                               anything else ─► killed, buried (the stream may be out of step)
 
@@ -46,6 +47,11 @@ from .templates import Templates
 from .watchdog import Watchdog
 
 log = logging.getLogger("lcp_sandbox")
+
+
+class NotConfined(Exception):
+    """(Supervisor._ready) A protection the worker was asked for is not in force: the
+    call is not sent, the worker is stopped; the text says what is missing."""
 
 
 class CallEnds:
@@ -115,6 +121,12 @@ class CallEnds:
             self._bury(slot, proc, served_a_call=True)
             self._event("timeout", slot, pid=proc.pid, tool=tool, stage="hard", seconds=timeout)
             raise TimedOut(name, tool, timeout or 0.0, killed=True) from None
+        if isinstance(exc, NotConfined):
+            proc.kill(KillReason("stopped: its confinement is not all in force", counts=False,
+                                 cause="not confined"))
+            self._bury(slot, proc, served_a_call=True)
+            self._event("refused", slot, pid=proc.pid, tool=tool, reason=str(exc))
+            raise Unavailable.not_run(name, tool, str(exc), "not_confined") from None
         if isinstance(exc, P.PayloadError):
             raise CallFailed.not_run(name, tool, f"its parameters could not be sent to the worker "
                                      f"({exc}); the worker was kept.") from None

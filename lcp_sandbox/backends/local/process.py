@@ -47,6 +47,7 @@ from typing import Any, Callable, Optional, Protocol
 
 from ... import protocol as P
 from ...core.limits import Limits
+from ...core.policy import PROTECTIONS
 from ...protocol import TIMED_OUT
 from ...system.proc import describe_exit
 from ..base import Lent
@@ -143,7 +144,8 @@ class WorkerProcess:
             # The zygote hands the descriptors to a waiting spare while INIT is encoded
             # and sent here; the call itself follows at once: nobody waits for the fork.
             forked = (zygote.fork(worker_sock.fileno(), log_w, template) if template
-                      else zygote.fork(worker_sock.fileno(), log_w))
+                      else zygote.fork(worker_sock.fileno(), log_w,
+                                       pidns=init.confine is not None))
             conn.send(P.INIT, init)
         except BaseException:
             conn.close()
@@ -171,8 +173,7 @@ class WorkerProcess:
     @property
     def protections(self) -> dict[str, str]:
         """What its READY said is in force."""
-        return {k: v for k, v in self.report.items()
-                if k in ("env", "network", "filesystem", "privileges", "unix_sockets", "syscalls")}
+        return {k: v for k, v in self.report.items() if k in PROTECTIONS}
 
     # ------------------------------------------------------------ its end
     def kill(self, reason: Optional[KillReason] = None) -> None:

@@ -32,14 +32,14 @@ from concurrent.futures import Future
 from typing import Any, Callable, Optional, Union
 
 from ... import protocol as P
-from ...core.limits import confine_setting
+from ...core.limits import BEST_EFFORT, confine_setting
 from ...core.outcomes import SandboxEvent, Unavailable
-from ...core.policy import DEFAULT_RUN_AS, not_in_force, run_as_ids
+from ...core.policy import DEFAULT_RUN_AS, not_in_force, refusal_text, run_as_ids
 from ...protocol import OK, Call, invalid_answer
 from ..base import Closing, Lent, WorkerSpec, emit
 from ..metrics import Metrics
 from .descriptors import out_of_descriptors, raise_open_files_limit
-from .endings import CallEnds
+from .endings import CallEnds, NotConfined
 from .handover import hand_over_root
 from .output import OutputPump
 from .platforms import start_method as start_method_of
@@ -251,16 +251,20 @@ class Supervisor(CallEnds, Reports, Starts, Closing):
             self._by_pid[forked.result()] = slot
 
     def _ready(self, slot: Slot, init: P.Init, proc: WorkerProcess) -> None:
-        """The worker's READY: what protections are in force; one clear warning per
-        kind when a requested protection is not."""
+        """The worker's READY: what protections are in force.  One that was asked for
+        and is not ends the call before it is sent (NotConfined: 503), unless the host
+        said confine="best-effort": then one clear warning per kind."""
         self.counters.started(proc.start_kind)
         self._event("start", slot, pid=proc.pid, protections=proc.protections)
-        for kind, state in not_in_force(proc.report, init.confine is not None, slot.limits.network):
+        missing = not_in_force(proc.report, init.confine is not None, slot.limits.network)
+        if missing and slot.limits.confine != BEST_EFFORT:
+            raise NotConfined(refusal_text(missing))
+        for kind, state in missing:
             if kind not in self._warned:
                 self._warned.add(kind)
                 log.warning("%s confinement requested for %s (tenant %s) is not in force: %s. "
-                            "The worker runs without it; stats() shows what is active.",
-                            kind, slot.library.name, slot.tenant, state)
+                            "The worker runs without it (confine=\"best-effort\"); stats() "
+                            "shows what is active.", kind, slot.library.name, slot.tenant, state)
 
     # ------------------------------------------------------------ lifecycle
     def stop(self, tenant: str, library_key: str) -> bool:

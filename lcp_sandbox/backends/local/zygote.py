@@ -168,16 +168,18 @@ class Zygote:
             if self._on_exit:
                 self._on_exit(a, b)
 
-    def fork(self, sock_fd: int, log_fd: int, template: int = 0) -> Forked:
+    def fork(self, sock_fd: int, log_fd: int, template: int = 0, pidns: bool = False) -> Forked:
         """Start a worker serving ``sock_fd``; the future's result is its pid.
 
         ``template``: the pid of a library template to fork it from (the future's
         ``templated`` says whether it was; a plain spare serves when the template is gone).
+        ``pidns``: (a confined worker) pid 1 of a PID namespace of its own, when the
+        zygote can make one (its READY says).
         The fds are duplicated into the zygote as this returns, so the caller may
         close its copies and talk to the worker at once, before the pid is known."""
         if template:
             return self._request(control.TFORK, [sock_fd, log_fd], template)
-        return self._request(control.FORK, [sock_fd, log_fd])
+        return self._request(control.FORK, [sock_fd, log_fd], control.FORK_PIDNS if pidns else 0)
 
     def _reserve(self) -> bool:
         try:

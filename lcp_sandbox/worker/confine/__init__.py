@@ -43,11 +43,17 @@ import tempfile
 from typing import Any
 
 from ... import protocol as P
-from ...core.policy import ENGINE_DIR, SWITCHED_OFF, SYSTEM_READ_PATHS, python_paths
+from ...core.policy import (
+    ENGINE_DIR,
+    LANDLOCK_ABI_SWITCH,
+    SWITCHED_OFF,
+    SYSTEM_READ_PATHS,
+    python_paths,
+)
 from ..portable import environment_of, set_environment  # noqa: F401  (also for loop, template)
 from ..rlimits import apply_in_worker
-from .landlock import DEVICES, add_rules, apply_landlock, enforce, open_ruleset
-from .mounts import make_reachable
+from .landlock import ABI_CAP, DEVICES, SCOPED, add_rules, apply_landlock, enforce, open_ruleset
+from .mounts import make_reachable, own_proc
 from .network import isolate_network
 from .privileges import drop_privileges
 from .seccomp import restrict_syscalls
@@ -103,6 +109,7 @@ def prepare(init: P.Init, shared: bool = False) -> dict:
     report: dict = {"env": "host environment" if conf is None else
                     "clean (allowlist" + (" + library env)" if extra else ")")}
     disabled = set(init.disabled or ())        # lcp_sandbox.testing.protections_off()
+    ABI_CAP[:] = [int(d.split("=")[1]) for d in disabled if d.startswith(LANDLOCK_ABI_SWITCH)]
     if conf is not None and SHARED:
         _stack(init, report, disabled)         # forked from a confined template
         apply_in_worker(lim)
@@ -119,6 +126,7 @@ def prepare(init: P.Init, shared: bool = False) -> dict:
             return report
     else:
         report["filesystem"] = "unrestricted"
+        report["processes"] = "not scoped (not confined)"
         report["privileges"] = f"the host's (uid {os.geteuid()}, not confined)"
         report["unix_sockets"] = "not blocked (not confined)"
         report["syscalls"] = "not confined"
@@ -135,12 +143,14 @@ def _confine(init: P.Init, report: dict, disabled: set, shared: bool) -> None:
     tmp = init.tmpdir
     assert tmp is not None, "the host makes a confined worker's temp dir before it starts"
     os.environ["TMPDIR"] = tempfile.tempdir = tmp
+    own = own_proc()                     # pid 1 of its own PID namespace: its own /proc
     ro = _read_only(conf, shared)
     covered = make_reachable([conf["root"], tmp, *ro], conf.get("run_as"))
     if "landlock" in disabled:
         report["filesystem"] = SWITCHED_OFF
     else:
         report["filesystem"] = apply_landlock([conf["root"], tmp], ro, DEVICES)
+    report["processes"] = _processes(own, report["filesystem"])
     if covered:
         report["filesystem"] += "; " + covered
     report["covered"] = covered
@@ -176,6 +186,28 @@ def _stack(init: P.Init, report: dict, disabled: set) -> None:
     finally:
         for (fd, _), _ in ready:
             os.close(fd)
+    report["processes"] = _processes("", report["filesystem"])
     if "landlock" not in disabled:
         if SHARED.get("covered"):
             report["filesystem"] += "; " + SHARED["covered"]
+
+
+def _processes(own: str, filesystem: str) -> str:
+    """Whether the worker can reach processes outside its own tree: not in a PID namespace
+    of its own (``own``: own_proc()'s report, "" without one), and not to signal them
+    under Landlock ABI 6's scope (read off its layer's report, ``filesystem``)."""
+    scoped = filesystem.startswith("on") and SCOPED in filesystem
+    if own.startswith("own PID namespace:"):
+        return f"on ({own}" + ("; Landlock scope too)" if scoped else ")")
+    if scoped:
+        return ("on (Landlock scope: no signal nor abstract socket outside its own domain; "
+                "no PID namespace: other processes' priorities, affinity and /proc entries "
+                "are not scoped)")
+    why = own or "not pid 1 of a namespace of its own"
+    if filesystem.startswith(SWITCHED_OFF):
+        return f"{SWITCHED_OFF}; {why}"
+    if filesystem.startswith("on"):
+        abi = filesystem[len("on (ABI "):].split(")")[0].split(",")[0]
+        return (f"unavailable ({why}; Landlock ABI {abi} has no scope: it came with ABI 6, "
+                "Linux 6.12)")
+    return f"unavailable ({why}; no Landlock layer: {filesystem})"

@@ -29,16 +29,23 @@ FS_MAKE_REG, FS_MAKE_SOCK, FS_MAKE_FIFO, FS_MAKE_BLOCK = 1 << 8, 1 << 9, 1 << 10
 FS_MAKE_SYM, FS_REFER, FS_TRUNCATE, FS_IOCTL_DEV = 1 << 12, 1 << 13, 1 << 14, 1 << 15
 _FILE_ONLY = FS_EXECUTE | FS_WRITE_FILE | FS_READ_FILE | FS_TRUNCATE | FS_IOCTL_DEV
 SCOPE_ABSTRACT_UNIX, SCOPE_SIGNAL = 1 << 0, 1 << 1
+#: What its report says when the layer scopes signals and abstract sockets (ABI >= 6).
+SCOPED = "signals and abstract sockets scoped"
 DEVICES = ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random", "/dev/full")
 
 
+#: The highest ABI used, below the kernel's (lcp_sandbox.testing.landlock_abi_at_most(): a
+#: test of what an older kernel gives; None: the kernel's).
+ABI_CAP: list[int] = []
+
+
 def landlock_abi() -> int:
-    """The kernel's Landlock ABI version, 0 when Landlock is unavailable."""
+    """The kernel's Landlock ABI version (at most ABI_CAP), 0 when Landlock is unavailable."""
     try:
         v = _libc.syscall(_SYS_create_ruleset, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
     except Exception:
         return 0
-    return max(0, int(v))
+    return max(0, min([int(v), *ABI_CAP]))
 
 
 def _handled_fs(abi: int) -> int:
@@ -104,7 +111,7 @@ def enforce(fd: int, abi: int) -> str:
         return f"failed (no_new_privs: {os.strerror(-rc)})"
     if _libc.syscall(_SYS_restrict_self, ctypes.c_int(fd), ctypes.c_uint32(0)) != 0:
         return f"failed (restrict_self: {os.strerror(ctypes.get_errno())})"
-    return f"on (ABI {abi}{', signals and abstract sockets scoped' if abi >= 6 else ''})"
+    return f"on (ABI {abi}{', ' + SCOPED if abi >= 6 else ''})"
 
 
 def _add_path(ruleset_fd: int, path: str, rights: int) -> None:

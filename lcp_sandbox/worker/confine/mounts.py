@@ -107,3 +107,17 @@ def _cover(above: str, below: list[str], failed: list[str]) -> None:
     finally:
         for _, fd in fds:
             os.close(fd)
+
+
+def own_proc() -> str:
+    """In a worker that is pid 1 of its own PID namespace (the zygote forked it so): an own
+    mount namespace with a /proc of that namespace, so /proc shows its own tree only.
+    "" when it is not pid 1; else the report ("own PID namespace..." or why not)."""
+    if os.getpid() != 1:
+        return ""
+    if _libc.unshare(_CLONE_NEWNS) != 0:
+        return f"own PID namespace, but no mount namespace ({os.strerror(ctypes.get_errno())})"
+    if _libc.mount(b"none", b"/", None, _MS_REC | _MS_SLAVE, None) != 0 or _libc.mount(
+            b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None) != 0:
+        return f"own PID namespace, but the host's /proc ({os.strerror(ctypes.get_errno())})"
+    return "own PID namespace: pid 1, /proc shows its own tree only"

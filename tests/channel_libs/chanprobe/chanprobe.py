@@ -72,10 +72,10 @@ def _try(fn) -> str:
         return _err(exc)
 
 
-def tool_holds(paths: dict) -> dict:
+def tool_holds(paths: dict, host_pid: int = 1) -> dict:
     """/proc/self/status's credentials and filters, the network namespace (whether it is
     the host's, given its inode), and what each of ``paths`` ({label: [path, "read" |
-    "write"]}) allows."""
+    "write"]}) allows, and whether it can read the host process's /proc entry."""
     with open("/proc/self/status") as f:
         fields = dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
     out = {k: " ".join(fields.get(k, "").split()) for k in STATUS}
@@ -87,7 +87,7 @@ def tool_holds(paths: dict) -> dict:
             out[label] = _try(lambda p=path: open(p).close() if os.path.isfile(p) else os.listdir(p))
         else:
             out[label] = _try(lambda p=path: open(os.path.join(p, f"w-{os.getpid()}"), "w").close())
-    out["proc_1"] = _try(lambda: open("/proc/1/status").close())
+    out["proc_host"] = _try(lambda: open(f"/proc/{host_pid}/status").close())
     out["inet"] = _try(lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM).close())
     return {"success": True, "output": out}
 
