@@ -22,8 +22,9 @@ from .backends.local import Supervisor
 from .core.policy import LANDLOCK_ABI_SWITCH
 
 #: What can be switched off: Landlock, the own network namespace of a network-off
-#: worker, the system call filter of a confined worker.
-SWITCHES = frozenset({"landlock", "netns", "syscalls"})
+#: worker, the system call filter of a confined worker, a fresh confined worker's own root
+#: (a tmpfs of the allowed paths) and its own PID namespace.
+SWITCHES = frozenset({"landlock", "netns", "syscalls", "root", "pidns"})
 
 
 @contextmanager

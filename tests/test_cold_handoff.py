@@ -96,7 +96,7 @@ class _StandIn:
         self.taken += 1
         return None
 
-    def fork(self, sock_fd, log_fd):
+    def fork(self, sock_fd, log_fd, pidns=False):
         fut = Future()
         fut.set_result(0)
         return fut

@@ -127,7 +127,7 @@ class FakeZygote:
     def take(self) -> None:
         return None
 
-    def fork(self, sock_fd: int, log_fd: int) -> Future:
+    def fork(self, sock_fd: int, log_fd: int, pidns: bool = False) -> Future:
         sock = socket.socket(fileno=os.dup(sock_fd))
         log = os.dup(log_fd)
         self._next += 1

@@ -158,7 +158,7 @@ def test_missing_mechanism_is_refused_and_nothing_runs(roots, kind):
     """Fail closed: a confined worker without its file rules runs no call (503 naming what
     is missing and what would provide it); another tenant's secret stays unread."""
     a, b = roots
-    with protections_off(kind.sup, "landlock"):
+    with protections_off(kind.sup, "landlock", "root"):     # (a fresh worker's own root too)
         t = kind.binding(LIBS, "a", root=a)
         for _ in range(3):              # and again: refused each time, never quarantined
             r = t.execute_tool("tool_read_file", {"path": str(b / "secret.txt")})
@@ -173,7 +173,8 @@ def test_missing_mechanism_is_refused_and_nothing_runs(roots, kind):
 
 def test_missing_mechanism_warns_once_and_stats_tell_with_best_effort(roots, caplog, kind):
     a, b = roots
-    with protections_off(kind.sup, "landlock"), caplog.at_level(logging.WARNING, logger="lcp_sandbox"):
+    with protections_off(kind.sup, "landlock", "root"), \
+            caplog.at_level(logging.WARNING, logger="lcp_sandbox"):
         t = kind.binding(LIBS, "a", root=a, confine="best-effort")
         assert t.execute_tool("tool_read_file", {"path": str(b / "secret.txt")})["output"] == "b's secret"
         assert t.execute_tool("tool_lib_a_pid", {})["success"]

@@ -26,8 +26,11 @@ def start_idle(sup, tenants, tmp_path, **kw):
 
 
 def sampled(sup):
-    """Every slot's after-call memory sample was taken (nothing of it is still due)."""
-    return not any(s.sample_due for s in sup._slots.values())
+    """Every slot's after-call memory sample was taken and kept (nothing of it is still due,
+    and the sample is newer than the last call: the watchdog marks a sample taken before it
+    measures, so the mark alone comes a moment before the sample)."""
+    return not any(s.sample_due or (s.proc is not None and s.mem_at < s.last_used)
+                   for s in sup._slots.values())
 
 
 def test_watchdog_sleeps_while_workers_idle_and_ticks_for_a_limited_call(tmp_path):

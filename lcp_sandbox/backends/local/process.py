@@ -144,8 +144,8 @@ class WorkerProcess:
             # The zygote hands the descriptors to a waiting spare while INIT is encoded
             # and sent here; the call itself follows at once: nobody waits for the fork.
             forked = (zygote.fork(worker_sock.fileno(), log_w, template) if template
-                      else zygote.fork(worker_sock.fileno(), log_w,
-                                       pidns=init.confine is not None))
+                      else zygote.fork(worker_sock.fileno(), log_w, pidns=init.confine is not None
+                                       and "pidns" not in (init.disabled or ())))
             conn.send(P.INIT, init)
         except BaseException:
             conn.close()

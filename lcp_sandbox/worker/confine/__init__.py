@@ -53,7 +53,7 @@ from ...core.policy import (
 from ..portable import environment_of, set_environment  # noqa: F401  (also for loop, template)
 from ..rlimits import apply_in_worker
 from .landlock import ABI_CAP, DEVICES, SCOPED, add_rules, apply_landlock, enforce, open_ruleset
-from .mounts import make_reachable, own_proc
+from .mounts import make_reachable, own_root
 from .network import isolate_network
 from .privileges import drop_privileges
 from .seccomp import restrict_syscalls
@@ -143,14 +143,15 @@ def _confine(init: P.Init, report: dict, disabled: set, shared: bool) -> None:
     tmp = init.tmpdir
     assert tmp is not None, "the host makes a confined worker's temp dir before it starts"
     os.environ["TMPDIR"] = tempfile.tempdir = tmp
-    own = own_proc()                     # pid 1 of its own PID namespace: its own /proc
     ro = _read_only(conf, shared)
-    covered = make_reachable([conf["root"], tmp, *ro], conf.get("run_as"))
-    if "landlock" in disabled:
-        report["filesystem"] = SWITCHED_OFF
-    else:
-        report["filesystem"] = apply_landlock([conf["root"], tmp], ro, DEVICES)
-    report["processes"] = _processes(own, report["filesystem"])
+    # pid 1 of its own PID namespace (a fresh worker): its own /proc and its own root
+    own, root = own_root([conf["root"], tmp], ro, DEVICES, build="root" not in disabled)
+    covered = "" if root.startswith("own root") else make_reachable(
+        [conf["root"], tmp, *ro], conf.get("run_as"))
+    landlock = (SWITCHED_OFF if "landlock" in disabled
+                else apply_landlock([conf["root"], tmp], ro, DEVICES))
+    report["filesystem"] = _filesystem(root, landlock)
+    report["processes"] = _processes(own, landlock)
     if covered:
         report["filesystem"] += "; " + covered
     report["covered"] = covered
@@ -190,6 +191,14 @@ def _stack(init: P.Init, report: dict, disabled: set) -> None:
     if "landlock" not in disabled:
         if SHARED.get("covered"):
             report["filesystem"] += "; " + SHARED["covered"]
+
+
+def _filesystem(root: str, landlock: str) -> str:
+    """What a worker reaches of the file system: its own root (own_root()) and Landlock's
+    layer, each enough alone; either report when neither holds."""
+    if root.startswith("own root"):
+        return f"on ({root}; Landlock: {landlock})"
+    return landlock + (f"; {root}" if root else "")
 
 
 def _processes(own: str, filesystem: str) -> str:

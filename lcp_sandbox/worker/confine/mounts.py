@@ -1,4 +1,5 @@
-"""Reaching the allowed paths when a folder above them is private to root."""
+"""Mounts of a confined worker: its own root (a PID namespace's worker), or reaching the
+allowed paths when a folder above them is private to root (own_root(), make_reachable())."""
 from __future__ import annotations
 
 import ctypes
@@ -6,12 +7,14 @@ import os
 import stat
 from typing import Iterable, Optional, Sequence
 
-from ...core.policy import DEFAULT_RUN_AS, SYSTEM_READ_PATHS, run_as_ids
+from ...core.policy import DEFAULT_RUN_AS, SWITCHED_OFF, SYSTEM_READ_PATHS, run_as_ids
 from ...core.policy import path_within as _within
+from ...core.syscall_numbers import number as syscall_number
 from ..libc import libc as _libc
 
 _CLONE_NEWNS = 0x00020000
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND, _MS_REC, _MS_SLAVE = 2, 4, 8, 4096, 16384, 1 << 19
+_MS_RDONLY, _MS_REMOUNT, _MNT_DETACH = 1, 32, 2
 
 
 def _searchable(st: os.stat_result, uid: int, gid: int) -> bool:
@@ -109,15 +112,118 @@ def _cover(above: str, below: list[str], failed: list[str]) -> None:
             os.close(fd)
 
 
-def own_proc() -> str:
-    """In a worker that is pid 1 of its own PID namespace (the zygote forked it so): an own
-    mount namespace with a /proc of that namespace, so /proc shows its own tree only.
-    "" when it is not pid 1; else the report ("own PID namespace..." or why not)."""
+def own_root(read_write: Sequence[str], read_only: Sequence[str],
+             devices: Sequence[str], build: bool = True) -> tuple[str, str]:
+    """(A worker that is pid 1 of its own PID namespace: the zygote forked it so) a mount
+    namespace of its own whose root is a tmpfs holding only the allowed paths, each bound
+    at its own place (``read_only`` read-only, ``read_write`` as they are), the
+    ``devices``, and a /proc of its PID namespace: another tenant's folder, the host's
+    /tmp or /home do not exist for it, whatever the kernel (no Landlock needed).
+
+    Called as root, before Landlock and the privilege drop.  Returns (the PID namespace's
+    report, the root's report): ("", "") when it is not pid 1; a report that does not
+    start with "own" says what failed.  ``build`` False (a test's switch): the own /proc
+    only, no own root."""
     if os.getpid() != 1:
-        return ""
+        return "", ""
     if _libc.unshare(_CLONE_NEWNS) != 0:
-        return f"own PID namespace, but no mount namespace ({os.strerror(ctypes.get_errno())})"
-    if _libc.mount(b"none", b"/", None, _MS_REC | _MS_SLAVE, None) != 0 or _libc.mount(
-            b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None) != 0:
-        return f"own PID namespace, but the host's /proc ({os.strerror(ctypes.get_errno())})"
-    return "own PID namespace: pid 1, /proc shows its own tree only"
+        return f"own PID namespace, but no mount namespace ({_errno()})", ""
+    if _libc.mount(b"none", b"/", None, _MS_REC | _MS_SLAVE, None) != 0:
+        return f"own PID namespace, but the host's /proc ({_errno()})", ""
+    if not build:
+        return _mount_proc(b"/proc"), SWITCHED_OFF
+    new = os.path.join(read_write[-1], ".root")           # in its private temp dir
+    try:
+        tmp = _build_root(new, read_write, read_only, devices)
+        _pivot(new)
+    except OSError as exc:                     # (a half-built root is never entered)
+        proc = _mount_proc(b"/proc")
+        return proc, f"no own root ({exc})"
+    shown = len(read_write) + len(read_only)
+    return PROC_OWN, f"own root (a tmpfs with only the {shown} allowed paths bound{tmp})"
+
+
+#: own_root()'s report of a PID namespace with its own /proc.
+PROC_OWN = "own PID namespace: pid 1, /proc shows its own tree only"
+
+
+def _errno() -> str:
+    return os.strerror(ctypes.get_errno())
+
+
+def _mount_proc(target: bytes) -> str:
+    if _libc.mount(b"proc", target, b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None) != 0:
+        return f"own PID namespace, but the host's /proc ({_errno()})"
+    return PROC_OWN
+
+
+def _mount(source: Optional[str], target: str, fstype: Optional[bytes], flags: int,
+           data: Optional[bytes] = None) -> None:
+    src = None if source is None else source.encode()
+    if _libc.mount(src, target.encode(), fstype, flags, data) != 0:
+        raise OSError(ctypes.get_errno(), f"mount {source or fstype!r} on {target}: {_errno()}")
+
+
+def _build_root(new: str, read_write: Sequence[str], read_only: Sequence[str],
+                devices: Sequence[str]) -> str:
+    """The tmpfs at ``new`` with the allowed paths bound in it (OSError: what failed).
+    Returns what its /tmp is, for the report."""
+    os.mkdir(new, 0o700)
+    _mount("tmpfs", new, b"tmpfs", _MS_NOSUID | _MS_NODEV,
+           b"mode=0755,size=1m,nr_inodes=4096")
+    tmp = os.path.realpath(read_write[-1])
+    wanted = {os.path.realpath(p): False for p in read_only if not p.startswith("/proc")}
+    wanted.update({os.path.realpath(p): True for p in read_write})
+    bound: list[str] = []
+    for path in sorted(wanted, key=lambda p: (p.count(os.sep), p)):   # ancestors first
+        if not os.path.exists(path):
+            continue                                 # a missing path grants nothing
+        above = next((b for b in bound if _within(path, b)), None)
+        if above is not None and not wanted[path] >= wanted[above]:
+            continue                                 # comes along with its bound ancestor
+        # (the temp dir holds the new root's tmpfs: bound without it)
+        _bind(path, new + path, writable=wanted[path], inside=above is not None,
+              recursive=path != tmp)
+        bound.append(path)
+    for link in ("/bin", "/sbin", "/lib", "/lib32", "/lib64"):        # merged-/usr links
+        if os.path.islink(link) and not os.path.lexists(new + link):
+            os.symlink(os.readlink(link), new + link)
+    os.makedirs(new + "/dev", 0o755, exist_ok=True)
+    for dev in devices:
+        if os.path.exists(dev):
+            _bind(dev, new + dev, writable=True, inside=False, flags=0)
+    shown = ", /tmp holds only the way to allowed paths"
+    if not os.path.lexists(new + "/tmp"):         # its temp dir is its /tmp too
+        _bind(read_write[-1], new + "/tmp", writable=True, inside=False, recursive=False)
+        shown = ", its temp dir as /tmp"
+    os.makedirs(new + "/proc", 0o555, exist_ok=True)
+    if _mount_proc((new + "/proc").encode()) != PROC_OWN:
+        raise OSError(ctypes.get_errno(), f"proc on {new}/proc: {_errno()}")
+    return shown
+
+
+def _bind(path: str, target: str, writable: bool, inside: bool,
+          flags: int = _MS_NOSUID | _MS_NODEV, recursive: bool = True) -> None:
+    """Bind ``path`` at ``target`` (its mount point made first unless it lies in a bound
+    ancestor), read-only unless ``writable``, with the mounts below it if ``recursive``."""
+    if not inside:
+        if os.path.isdir(path):
+            os.makedirs(target, 0o755, exist_ok=True)
+        else:
+            os.makedirs(os.path.dirname(target), 0o755, exist_ok=True)
+            os.close(os.open(target, os.O_CREAT | os.O_WRONLY, 0o644))
+    _mount(path, target, None, _MS_BIND | (_MS_REC if recursive else 0))
+    _mount(None, target, None, _MS_REMOUNT | _MS_BIND | flags | (0 if writable else _MS_RDONLY))
+
+
+def _pivot(new: str) -> None:
+    """Make ``new`` this process's root; the old one is detached (gone for it)."""
+    number = syscall_number("pivot_root", os.uname().machine)
+    if number is None:
+        raise OSError(0, f"no pivot_root number for {os.uname().machine}")
+    os.chdir(new)
+    if _libc.syscall(number, b".", b".") != 0:           # the old root stacked on the new
+        raise OSError(ctypes.get_errno(), f"pivot_root: {_errno()}")
+    if _libc.umount2(b".", _MNT_DETACH) != 0:
+        raise OSError(ctypes.get_errno(), f"umount of the old root: {_errno()}")
+    os.chdir("/")
