@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import psutil
@@ -228,6 +229,24 @@ def test_spares_are_kept_per_environment_and_never_mixed(monkeypatch, libs, open
         shut.close()
     finally:
         s.close()
+
+
+def test_a_confined_worker_outlives_the_host_thread_that_started_it(sup, libs, open_tmp):
+    """The parent-death signal follows the thread that created a child: a spawned worker
+    must not carry one, or a host calling from a thread pool loses it after each call."""
+    b = SandboxedBinding(tools_folders=[libs], supervisor=sup, workspace=str(open_tmp),
+                         confine=True, tenant="thread-started")
+    done = {}
+    t = threading.Thread(target=lambda: done.setdefault(
+        "r", b.execute_tool("tool_set_state", {"value": "kept"})))
+    t.start()
+    t.join(60)
+    assert done["r"]["success"], done
+    pid = row(b)["pid"]
+    assert row(b)["protections"]["privileges"].startswith("uid ")
+    assert b.execute_tool("tool_get_state", {})["output"]["value"] == "kept"
+    assert row(b)["pid"] == pid and row(b)["restarts"] == 0
+    b.close()
 
 
 # ------------------------------------------------------------------ confinement elsewhere

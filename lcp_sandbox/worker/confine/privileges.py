@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import signal
 from typing import Optional, Sequence
 
 from ...core.policy import DEFAULT_RUN_AS, run_as_ids
@@ -19,6 +18,7 @@ from ..libc import (
     PR_CAP_AMBIENT_IS_SET,
     PR_CAPBSET_DROP,
     PR_CAPBSET_READ,
+    PR_GET_PDEATHSIG,
     PR_SET_DUMPABLE,
     PR_SET_NO_NEW_PRIVS,
     PR_SET_PDEATHSIG,
@@ -90,12 +90,17 @@ def drop_privileges(run_as: Optional[Sequence[int]] = None) -> str:
         ids = None
     was_root = os.geteuid() == 0
     ppid = os.getppid()
+    armed = ctypes.c_int(0)
+    _libc.prctl(PR_GET_PDEATHSIG, ctypes.byref(armed), 0, 0, 0)
     no_setpcap = _drop(ids if was_root else None, errors)
-    # A change of uid clears the parent-death signal: ask again, and leave if the zygote
-    # went away meanwhile (we would have missed the signal).
-    _prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
-    if os.getppid() != ppid:
-        os._exit(1)
+    # A change of uid clears the parent-death signal: a forked worker asks again, and leaves
+    # if the zygote went away meanwhile (it would have missed the signal).  A spawned one
+    # never had it: its parent is a host thread, which may end long before the host does
+    # (it sees the host go by its control pipe).
+    if armed.value:
+        _prctl(PR_SET_PDEATHSIG, armed.value)
+        if os.getppid() != ppid:
+            os._exit(1)
     return _verified(errors, ids, was_root, no_setpcap)
 
 
