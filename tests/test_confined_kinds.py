@@ -66,7 +66,7 @@ def holds(c: Confined, tenant: str, network: bool) -> dict:
            for k, v in r["output"].items()}
     out["host_netns"] = out.pop("netns") == os.readlink("/proc/self/ns/net")
     out["protections"] = dict(c.sup.stats(tenant=tenant)[0]["protections"])
-    # A fresh worker is pid 1 of its own PID namespace: the host's pid names nothing there;
+    # A fresh worker has a PID namespace of its own: the host's pid names nothing there;
     # one forked from a template relies on Landlock (ABI 6+: signals scoped, /proc/self only).
     filesystem = out["protections"].pop("filesystem")
     if c.kind == "fresh":                 # its own root, and Landlock as a second layer
@@ -137,7 +137,7 @@ def test_two_network_off_tenants_of_one_template_share_no_channel(kind):
     assert pid_a["output"] == {"error": "PermissionError"}
     assert b.execute_tool("tool_reach", {"kind": "signal", "addr": 0, "pid": pa})["output"] == \
         UNREACHABLE[kind.kind]
-    own = 1 if kind.kind == "fresh" else pa         # (pid 1 of its own PID namespace)
+    own = 2 if kind.kind == "fresh" else pa         # (pid 2 of its own PID namespace)
     assert a.execute_tool("tool_reach", {"kind": "signal", "addr": 0, "pid": own})["output"] == "ok"
     if kind.kind != "fresh":           # one template's workers share its network namespace
         ns = {os.readlink(f"/proc/{p}/ns/net") for p in (pa, pb)}

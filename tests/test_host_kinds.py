@@ -11,7 +11,7 @@ another tenant and the host (tests/host_kind_attack.py, run as a host process of
     unprivileged                a host user (setpriv) with a Python it may read
     unprivileged w/o Landlock   the same, without Landlock
 
-Where a fresh worker can be pid 1 of its own PID namespace in a root of its own, tenants
+Where a fresh worker can have a PID namespace of its own in a root of its own, tenants
 are apart whatever the kernel; elsewhere Landlock (ABI 6's scope) holds files and signals;
 where neither holds, every call is refused with 503 and the host lives on.
 """

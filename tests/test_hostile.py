@@ -50,8 +50,8 @@ def marker_path(tmp_path) -> str:
 
 
 def worker_pid(b: SandboxedBinding, library: str = "hostile") -> int:
-    """The pid the host knows a library's worker by (a fresh confined worker calls itself 1:
-    pid 1 of its own PID namespace)."""
+    """The pid the host knows a library's worker by (a fresh confined worker calls itself 2
+    in a PID namespace of its own)."""
     return next(s["pid"] for s in b.stats() if s["library"] == library)
 
 

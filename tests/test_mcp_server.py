@@ -91,6 +91,27 @@ def server(libs, tmp_path_factory):
     assert proc.returncode == 0, "".join(lines[-50:])
 
 
+def test_http_confines_its_sessions_by_default_and_says_so(server, libs, tmp_path):
+    """Every HTTP session is a tenant: confined unless --no-confine (stdio: one local client,
+    unconfined unless --confine)."""
+    ready = next(line for line in server.log if "serving http" in line)
+    assert "workers confined; --no-confine to run them unconfined" in ready
+    proc = subprocess.Popen([*SERVE, str(libs), "--transport", "http", "--port", "0",
+                             "--workspace-root", str(tmp_path / "s"), "--no-confine"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env=NO_TOKEN_ENV)
+    lines: list = []
+    got: queue.Queue = queue.Queue()
+    threading.Thread(target=_pump, args=(proc.stderr, lines, got), daemon=True).start()
+    try:
+        line = got.get(timeout=60)
+        assert line is not None and "workers unconfined (--no-confine)" in line, "".join(lines)
+    finally:
+        stop_server(proc)
+    helped = " ".join(subprocess.run([*SERVE, "--help"], capture_output=True, text=True).stdout.split())
+    assert "--no-confine" in helped and "the default over http" in helped
+
+
 @asynccontextmanager
 async def http_session(srv: HttpServer, **kwargs):
     async with create_mcp_http_client(headers={"Authorization": f"Bearer {TOKEN}"}) as http:

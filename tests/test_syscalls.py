@@ -117,7 +117,7 @@ def test_unconfined_workers_are_not_filtered(root):
 def test_calls_with_argument_rules_keep_their_allowed_forms(which, on, off):
     allowed = {"on": on, "off": off}[which].execute_tool("tool_allowed", {})["output"]
     assert all(err != errno.EPERM for _, err in allowed.values()), allowed
-    # (getppid: 0 for pid 1 of its own PID namespace, a fresh worker)
+    # (getppid: 1 in its own PID namespace, the init beside a fresh worker)
     assert allowed["personality_query"][0] >= 0 and allowed["getppid"][0] >= 0
     assert allowed["prctl_get_nnp"] == [1, 0]                  # no_new_privs is set
 

@@ -42,7 +42,16 @@ def add_parser(sub: Any, parents: list) -> None:
     p.add_argument("--config", metavar="FILE",
                    help="JSON file with the host_tool_configs "
                         "({\"host_tool_configs\": {...}} or the dict itself)")
-    p.add_argument("--confine", action="store_true", help="confine the workers (see the README)")
+    confine = p.add_mutually_exclusive_group()
+    confine.add_argument("--confine", dest="confine", action="store_const", const=True,
+                         default=None, help="confine the workers (see the README); the default "
+                         "over http, where every session is a tenant")
+    confine.add_argument("--no-confine", dest="confine", action="store_const", const=False,
+                         help="run the sessions' workers unconfined (the default over stdio, "
+                              "one local client)")
+    confine.add_argument("--confine-best-effort", dest="confine", action="store_const",
+                         const="best-effort", help="confine with what this host has (stats() "
+                         "and a warning say what is missing) instead of refusing with 503")
     p.add_argument("--timeout", type=float, default=60.0, metavar="S",
                    help="timeout of a tool call in seconds (default: 60; 0: none)")
     p.add_argument("--memory-mb", type=float, default=None, metavar="N",
@@ -170,7 +179,8 @@ def _serve(args: argparse.Namespace) -> int:
     options = mcp_server.ServeOptions(
         folders=[os.path.realpath(f) for f in args.folders], host_tool_configs=configs,
         workspace=args.workspace, workspace_root=os.path.realpath(args.workspace_root),
-        confine=args.confine, timeout_s=args.timeout or None, memory_mb=args.memory_mb,
+        confine=(args.transport == "http") if args.confine is None else args.confine,
+        timeout_s=args.timeout or None, memory_mb=args.memory_mb,
         auto_confirm=args.auto_confirm, max_sessions=args.max_sessions,
         session_idle_timeout_s=args.session_idle_timeout, max_workers=args.max_workers,
         max_workers_per_session=args.max_workers_per_session,

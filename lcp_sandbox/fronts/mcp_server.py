@@ -28,7 +28,7 @@ import os
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import anyio
 import anyio.lowlevel
@@ -65,7 +65,7 @@ class ServeOptions:
     host_tool_configs: dict = field(default_factory=dict)
     workspace: Optional[str] = None          # stdio: the one session's workspace (default: CWD)
     workspace_root: str = "mcp-workspaces"   # http: <root>/<session id> per session
-    confine: bool = False
+    confine: Union[bool, str] = False        # True, False or "best-effort"
     timeout_s: Optional[float] = 60.0
     memory_mb: Optional[float] = None
     auto_confirm: Optional[str] = None       # the answer when the client cannot be asked

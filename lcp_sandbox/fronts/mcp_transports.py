@@ -250,8 +250,12 @@ def serve_http(options: ServeOptions, host: str, port: int, token: Optional[str]
                                   tuple(allowed_origins))
 
     def ready() -> None:
+        confined = {True: "confined", False: "unconfined (--no-confine)",
+                    "best-effort": "confined as far as this host allows (--confine-best-effort)"}
         print(f"lcp-sandbox serve-mcp: serving {url} (sessions' workspaces under "
-              f"{options.workspace_root})", file=sys.stderr, flush=True)
+              f"{options.workspace_root}; workers {confined[options.confine]}"
+              f"{'; --no-confine to run them unconfined' if options.confine is True else ''})",
+              file=sys.stderr, flush=True)
 
     app = http_app(front, security, token, on_ready=ready)
     # Past max_connections, uvicorn answers 503 at once: a flood gets answers, never a

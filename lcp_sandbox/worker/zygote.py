@@ -56,10 +56,9 @@ from ..protocol.control import (
     unpack,
 )
 from ..system.proc import children, process_tree, status_from_wait
-from .libc import libc
-from .template import Spare, TemplateHandle, adopt, close_all_but, reset_signals
-
-_CLONE_NEWPID = 0x20000000
+from .pidns_init import worker_status
+from .spares import STATUS_PIPES, fork_spare
+from .template import Spare, TemplateHandle
 
 PLAIN_SPARES = 2            # rehearsed spares in reserve (a burst of this many forks none)
 REFILL_DELAY_S = 0.005      # how long after a hand-out replacements are forked
@@ -107,52 +106,6 @@ def _kill_orphans(workers: set) -> None:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
-
-
-def _spare(ctl: socket.socket, wake_r: int, wake_w: int, zygote_pid: int,
-           own_pidns: int = -1) -> Spare:
-    """Fork a worker-to-be now, so a request only has to hand it its fds.
-
-    The child does its process setup at once and then waits for [sock, log] fds
-    on a private socket; forking (about 2 ms for the zygote's address space) and
-    setup are off the critical path of a cold call.  With ``own_pidns`` (the zygote's
-    own PID namespace, open), the child is pid 1 of a new PID namespace: unshare()
-    moves only the next child there, and setns() back to our own namespace undoes it
-    for the children after it (a second unshare would fail with EINVAL)."""
-    mine, its = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    moved = own_pidns >= 0 and libc.unshare(_CLONE_NEWPID) == 0
-    pid = -1
-    try:
-        pid = os.fork()
-    finally:
-        if moved and pid != 0 and libc.setns(own_pidns, _CLONE_NEWPID) != 0:
-            os._exit(70)      # every later child would share that namespace: never
-    if pid == 0:
-        try:
-            mine.close()
-            _child(ctl, wake_r, wake_w, its, zygote_pid)
-        finally:
-            os._exit(70)
-    its.close()
-    return pid, mine
-
-
-def _child(ctl: socket.socket, wake_r: int, wake_w: int, inbox: socket.socket,
-           zygote_pid: int) -> None:
-    os.setsid()
-    from .rlimits import die_with_parent
-    die_with_parent()
-    if os.getppid() != (0 if os.getpid() == 1 else zygote_pid):   # (pid 1: its parent is
-        os._exit(1)                                                 # outside its namespace)
-    reset_signals()
-    ctl.close()
-    close_all_but((inbox.fileno(),))         # the wake pipe, templates' channels, other spares
-    from .rehearsal import rehearse
-    try:
-        rehearse()
-    except Exception:
-        pass                                     # only an optimization
-    adopt(inbox)
 
 
 def main(fd: int) -> None:
@@ -339,7 +292,7 @@ class Zygote:
 
     # ------------------------------------------------------------ spares and templates
     def fork_spare(self, pidns: bool = False) -> Spare:
-        got = _spare(self.ctl, self.wake_r, self.wake_w, self.me,
+        got = fork_spare(self.ctl, self.wake_r, self.wake_w, self.me,
                      self.own_pidns if pidns else -1)
         self.workers.add(got[0])
         return got
@@ -427,6 +380,10 @@ class Zygote:
                 return
             if pid in workers:
                 workers.discard(pid)
+                status_r = STATUS_PIPES.pop(pid, -1)
+                own = worker_status(status_r) if status_r >= 0 else None
+                if own is not None:           # the init of a worker's PID namespace
+                    status = own
                 code = status_from_wait(status)
                 # its group may outlive it (a template's: its spares handed out are kept)
                 _kill_tree(pid, frozenset(workers) if pid in templates else frozenset())

@@ -144,7 +144,7 @@ def _confine(init: P.Init, report: dict, disabled: set, shared: bool) -> None:
     assert tmp is not None, "the host makes a confined worker's temp dir before it starts"
     os.environ["TMPDIR"] = tempfile.tempdir = tmp
     ro = _read_only(conf, shared)
-    # pid 1 of its own PID namespace (a fresh worker): its own /proc and its own root
+    # in a PID namespace of its own (a fresh worker): its own /proc and its own root
     own, root = own_root([conf["root"], tmp], ro, DEVICES, build="root" not in disabled)
     covered = "" if root.startswith("own root") else make_reachable(
         [conf["root"], tmp, *ro], conf.get("run_as"))

@@ -11,6 +11,7 @@ from ...core.policy import DEFAULT_RUN_AS, SWITCHED_OFF, SYSTEM_READ_PATHS, run_
 from ...core.policy import path_within as _within
 from ...core.syscall_numbers import number as syscall_number
 from ..libc import libc as _libc
+from ..pidns_init import IN_OWN_PIDNS
 
 _CLONE_NEWNS = 0x00020000
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND, _MS_REC, _MS_SLAVE = 2, 4, 8, 4096, 16384, 1 << 19
@@ -114,17 +115,17 @@ def _cover(above: str, below: list[str], failed: list[str]) -> None:
 
 def own_root(read_write: Sequence[str], read_only: Sequence[str],
              devices: Sequence[str], build: bool = True) -> tuple[str, str]:
-    """(A worker that is pid 1 of its own PID namespace: the zygote forked it so) a mount
+    """(A worker in a PID namespace of its own: the zygote forked it so) a mount
     namespace of its own whose root is a tmpfs holding only the allowed paths, each bound
     at its own place (``read_only`` read-only, ``read_write`` as they are), the
     ``devices``, and a /proc of its PID namespace: another tenant's folder, the host's
     /tmp or /home do not exist for it, whatever the kernel (no Landlock needed).
 
     Called as root, before Landlock and the privilege drop.  Returns (the PID namespace's
-    report, the root's report): ("", "") when it is not pid 1; a report that does not
-    start with "own" says what failed.  ``build`` False (a test's switch): the own /proc
-    only, no own root."""
-    if os.getpid() != 1:
+    report, the root's report): ("", "") when it is in no namespace of its own; a report
+    that does not start with "own" says what failed.  ``build`` False (a test's switch):
+    the own /proc only, no own root."""
+    if not IN_OWN_PIDNS:
         return "", ""
     if _libc.unshare(_CLONE_NEWNS) != 0:
         return f"own PID namespace, but no mount namespace ({_errno()})", ""
@@ -144,7 +145,7 @@ def own_root(read_write: Sequence[str], read_only: Sequence[str],
 
 
 #: own_root()'s report of a PID namespace with its own /proc.
-PROC_OWN = "own PID namespace: pid 1, /proc shows its own tree only"
+PROC_OWN = "own PID namespace: pid 2 beside a small init, /proc shows its own tree only"
 
 
 def _errno() -> str:
