@@ -43,6 +43,9 @@ class Confined:
             pytest.skip("fork-only (zygote path): confined templates and bases fork their "
                         "workers; the spawn path starts every confined worker fresh")
         self._warmed: set = set()
+        # A fresh worker forked from the zygote has a PID namespace and a root of its own
+        # (a spawned one, on the spawn path, relies on Landlock as forked ones do).
+        self.own_namespaces = kind == "fresh" and self.sup.start_method == "zygote"
         self.made: list = []
 
     def configs(self, folder, host_tool_configs: Optional[dict]) -> Optional[dict]:

@@ -62,20 +62,20 @@ def holds(c: Confined, tenant: str, network: bool) -> dict:
     c.check(b)
     # Refused by Landlock (EACCES), or not there at all: a fresh worker's own root holds
     # only the allowed paths (ENOENT; EROFS for a read-only bind) and Landlock as well.
-    out = {k: "denied" if k in paths and v in DENIED[c.kind] else v
+    out = {k: "denied" if k in paths and v in DENIED[c.own_namespaces] else v
            for k, v in r["output"].items()}
     out["host_netns"] = out.pop("netns") == os.readlink("/proc/self/ns/net")
     out["protections"] = dict(c.sup.stats(tenant=tenant)[0]["protections"])
     # A fresh worker has a PID namespace of its own: the host's pid names nothing there;
     # one forked from a template relies on Landlock (ABI 6+: signals scoped, /proc/self only).
     filesystem = out["protections"].pop("filesystem")
-    if c.kind == "fresh":                 # its own root, and Landlock as a second layer
+    if c.own_namespaces:                  # its own root, and Landlock as a second layer
         assert filesystem.startswith("on (own root") and "Landlock: on (ABI" in filesystem
     else:
         assert filesystem.startswith("on (ABI"), filesystem
     processes = out["protections"].pop("processes")
     proc_host = out.pop("proc_host")
-    if c.kind == "fresh":
+    if c.own_namespaces:
         assert processes.startswith("on (own PID namespace") and proc_host == "FileNotFoundError"
     else:
         assert processes.startswith("on (Landlock scope") and proc_host == "PermissionError"
@@ -110,15 +110,13 @@ def test_a_templated_worker_holds_what_a_fresh_one_holds(tenants):
         assert h["inet"] == ("ok" if net else "PermissionError")
 
 
-#: How a path a worker may not reach answers: Landlock refuses; in a fresh worker's own root
-#: it is not there, or read-only.
-DENIED = {"fresh": ("PermissionError", "FileNotFoundError", "OSError"),
-          "base": ("PermissionError",), "template": ("PermissionError",)}
+#: How a path a worker may not reach answers (by own_namespaces): Landlock refuses; in a
+#: fresh worker's own root it is not there, or read-only.
+DENIED = {True: ("PermissionError", "FileNotFoundError", "OSError"), False: ("PermissionError",)}
 
 #: What signalling another tenant's worker gives: a fresh worker cannot even name it (its own
 #: PID namespace), a forked one is refused by Landlock's scope.
-UNREACHABLE = {"fresh": "ProcessLookupError", "base": "PermissionError",
-               "template": "PermissionError"}
+UNREACHABLE = {True: "ProcessLookupError", False: "PermissionError"}
 
 
 def test_two_network_off_tenants_of_one_template_share_no_channel(kind):
@@ -136,8 +134,8 @@ def test_two_network_off_tenants_of_one_template_share_no_channel(kind):
     pa, pb = (kind.sup.stats(tenant=t)[0]["pid"] for t in ("a-off", "b-off"))
     assert pid_a["output"] == {"error": "PermissionError"}
     assert b.execute_tool("tool_reach", {"kind": "signal", "addr": 0, "pid": pa})["output"] == \
-        UNREACHABLE[kind.kind]
-    own = 2 if kind.kind == "fresh" else pa         # (pid 2 of its own PID namespace)
+        UNREACHABLE[kind.own_namespaces]
+    own = 2 if kind.own_namespaces else pa          # (pid 2 of its own PID namespace)
     assert a.execute_tool("tool_reach", {"kind": "signal", "addr": 0, "pid": own})["output"] == "ok"
     if kind.kind != "fresh":           # one template's workers share its network namespace
         ns = {os.readlink(f"/proc/{p}/ns/net") for p in (pa, pb)}
@@ -153,7 +151,7 @@ def test_siblings_reach_neither_abstract_sockets_nor_signals_of_each_other(kind)
         "PermissionError"
     pa = kind.sup.stats(tenant="a-on")[0]["pid"]         # (the host's pid: got's may be 1)
     assert b.execute_tool("tool_reach", {"kind": "signal", "addr": 0, "pid": pa})[
-        "output"] == UNREACHABLE[kind.kind]
+        "output"] == UNREACHABLE[kind.own_namespaces]
     tcp = a.execute_tool("tool_listen", {"kind": "tcp"})["output"]      # the probe can connect
     assert b.execute_tool("tool_reach", {"kind": "tcp", "addr": tcp["addr"]})["output"] == "ok"
     kind.check(a), kind.check(b)

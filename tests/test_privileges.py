@@ -132,8 +132,8 @@ def test_paths_below_a_root_only_folder_stay_reachable(tmp_path, start):
             "FileNotFoundError", "PermissionError")
         fs = c.sup.stats()[0]["protections"]["filesystem"]
         # a fresh worker's own root holds the way down to them; a forked one covers the folder
-        assert fs.startswith("on (own root" if start == "fresh" else "on (") and (
-            start == "fresh" or "covered (own mount namespace" in fs), fs
+        assert fs.startswith("on (own root" if c.own_namespaces else "on (") and (
+            c.own_namespaces or "covered (own mount namespace" in fs), fs
         c.check(t)
     finally:
         c.close()
@@ -296,7 +296,7 @@ def test_unix_sockets_blocked_when_network_off(sup, roots, services):
         for path in services:
             name = os.path.basename(path)
             got = on.execute_tool("tool_unix_connect", {"path": path})["output"]
-            if sup.kind.kind == "fresh":        # its own root: neither socket is there at all
+            if sup.kind.own_namespaces:         # its own root: neither socket is there at all
                 assert got != f"hello from {name}\n", got
             else:
                 assert got == f"hello from {name}\n"

@@ -150,7 +150,7 @@ def test_network_off_and_on(roots, listener, kind):
     prot = {s["tenant"]: s["protections"] for s in kind.sup.stats()}
     assert prot["a"]["network"].startswith("on (own network namespace")
     assert prot["b"]["network"] == "host network"
-    assert prot["a"]["filesystem"].startswith("on (own root" if kind.kind == "fresh" else "on (ABI")
+    assert prot["a"]["filesystem"].startswith("on (own root" if kind.own_namespaces else "on (ABI")
     kind.check(off), kind.check(on)
     with Supervisor() as plain:        # unconfined, own namespace: its loopback is its own
         u = SandboxedBinding(tools_folders=[LIBS], supervisor=plain, workspace=str(a),
@@ -186,12 +186,12 @@ def test_missing_mechanism_warns_once_and_stats_tell_with_best_effort(roots, cap
         warnings = [r.getMessage() for r in caplog.records if "confinement requested" in r.getMessage()]
         # one per missing protection, once (the second library's worker adds none); a fresh
         # worker has a PID namespace of its own, a forked one relies on Landlock's scope
-        missing = ["filesystem"] + ([] if kind.kind == "fresh" else ["processes"])
+        missing = ["filesystem"] + ([] if kind.own_namespaces else ["processes"])
         assert sorted(w.split()[0] for w in warnings) == missing, warnings
         assert all("not in force" in w and "best-effort" in w for w in warnings)
         assert all(s["protections"]["filesystem"].startswith("unavailable") for s in t.stats())
         processes = {s["protections"]["processes"].split(" (")[0] for s in t.stats()}
-        assert processes == {"on" if kind.kind == "fresh" else "unavailable"}, t.stats()
+        assert processes == {"on" if kind.own_namespaces else "unavailable"}, t.stats()
         assert all(s["protections"]["env"].startswith("clean") for s in t.stats())
         kind.check(t)
 
