@@ -71,6 +71,7 @@ TARGETS = {
     "mcp_warm_sdk": 1.2, "mcp_warm_plain": 1.2, "metrics_share": 0.02, "density_metrics_ms": 5.0,
     "confined_np_p50_ms": 5.0, "confined_np_ratio": 1.5, "uss_confined_np_mb": 4.0,
     "confined_plain_ratio": 1.5, "confined_density_uss_mb": 1536.0,
+    "confined_namespaces_ratio": 1.5,
     # the spawn start path (Supervisor(start_method="spawn"), what macOS and Windows run)
     "spawn_path_cold_vs_spawn": 0.25, "spawn_path_warm_vs_zygote": 1.2,
 }

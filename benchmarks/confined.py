@@ -29,7 +29,7 @@ from typing import Any
 import psutil
 
 from lcp_sandbox import SandboxedBinding, Supervisor
-from lcp_sandbox.system.proc import memory
+from lcp_sandbox.system.proc import memory, tree_memory
 
 from .harness import ratio, summarize
 from .templates import NUMPY_LIB
@@ -40,7 +40,7 @@ def tool_{name}(x: int = 1) -> dict:
     return {{"success": True, "output": x}}
 '''
 KINDS = ("np_open", "np_confined", "np_fresh", "plain_open", "plain_confined", "new_open",
-         "new_confined")
+         "new_confined", "plain_fresh", "plain_flat")
 
 
 def _lib(folder: str, name: str, code: str) -> str:
@@ -72,6 +72,10 @@ class _Bench:
         self.open = Supervisor()
         self.conf = Supervisor(confine=True, tenants_root=self.tenants)
         self.fresh = Supervisor(confine=True)
+        # The same fresh confined start without its own PID namespace and root (Landlock's
+        # layer and scope only): what those namespaces cost, same run.
+        self.flat = Supervisor(confine=True)
+        self.flat.protections_off = frozenset({"pidns", "root"})
 
     def first_call(self, sup: Supervisor, folder: str, tool: str, confine: bool) -> tuple:
         """A new tenant's first call: (seconds, its worker's start, its USS)."""
@@ -87,13 +91,14 @@ class _Bench:
         elapsed = time.perf_counter() - t0
         assert res["status_code"] == 200, res
         st = b.stats()[0]
-        uss = memory(st["pid"])[1]
+        uss = tree_memory(st["pid"])[1]         # (a fresh worker's tree: with its init)
         b.close()
         return elapsed, st["start"], uss
 
     def one(self, kind: str, r: Any) -> tuple:
         what, how = kind.split("_")
-        sup = {"open": self.open, "confined": self.conf, "fresh": self.fresh}[how]
+        sup = {"open": self.open, "confined": self.conf, "fresh": self.fresh,
+               "flat": self.flat}[how]
         if what == "np":
             folder, tool = self.np, "tool_np"
         elif what == "plain":
@@ -106,14 +111,16 @@ class _Bench:
         return self.first_call(sup, folder, tool, how != "open")
 
     def close(self) -> None:
-        for s in (self.open, self.conf, self.fresh):
+        for s in (self.open, self.conf, self.fresh, self.flat):
             s.close()
 
 
 def _expected(kind: str, start: str) -> bool:
     if kind.startswith("new_"):
         return start.startswith("base (") if kind == "new_confined" else start.startswith("fresh")
-    return start.startswith("fresh") if kind == "np_fresh" else start == "template"
+    if kind in ("np_fresh", "plain_fresh", "plain_flat"):
+        return start.startswith("fresh")
+    return start == "template"
 
 
 def measure(rounds: int = 20, seed: int = 1) -> dict:
@@ -121,9 +128,10 @@ def measure(rounds: int = 20, seed: int = 1) -> dict:
     os.chmod(tmp, 0o711)
     bench = _Bench(tmp)
     try:
-        sups = [bench.open, bench.conf, bench.fresh]
+        sups = [bench.open, bench.conf, bench.fresh, bench.flat]
         for w in ("w0", "w1"):               # templates and bases made, warm
-            for kind in ("np_open", "np_confined", "plain_open", "plain_confined", "new_confined"):
+            for kind in ("np_open", "np_confined", "plain_open", "plain_confined", "new_confined",
+                         "plain_fresh", "plain_flat"):
                 bench.one(kind, w)
                 _settled(sups)
         rng = random.Random(seed)
@@ -148,7 +156,11 @@ def measure(rounds: int = 20, seed: int = 1) -> dict:
                 "np_ratio": ratio(p50["np_confined"], p50["np_open"]),
                 "plain_ratio": ratio(p50["plain_confined"], p50["plain_open"]),
                 "new_ratio": ratio(p50["new_confined"], p50["new_open"]),
-                "fresh_over_template": ratio(p50.get("np_fresh"), p50["np_confined"])}
+                "fresh_over_template": ratio(p50.get("np_fresh"), p50["np_confined"]),
+                "namespaces_ratio": ratio(p50["plain_fresh"], p50["plain_flat"]),
+                "namespaces_uss_mb": (sorted(uss["plain_fresh"])[len(uss["plain_fresh"]) // 2]
+                                      - sorted(uss["plain_flat"])[len(uss["plain_flat"]) // 2])
+                / 1048576}
     finally:
         bench.close()
         shutil.rmtree(tmp, ignore_errors=True)
@@ -214,13 +226,19 @@ def render(res: dict) -> str:
               "plain_open": "plain library run before, unconfined",
               "plain_confined": "plain library run before, confined",
               "new_open": "never-run plain library, unconfined",
-              "new_confined": "never-run plain library, confined (base)"}
+              "new_confined": "never-run plain library, confined (base)",
+              "plain_fresh": "plain library, confined fresh (own PID ns + root)",
+              "plain_flat": "plain library, confined fresh, Landlock only"}
     rows = [(label, res["rows"][k], res["uss_mb"].get(k, 0)) for k, label in labels.items()
             if k in res["rows"]]
     out += [f"  {label:<44} {row['p50']:8.2f} {row['p99']:8.2f} {uss:8.2f}" for label, row, uss in rows]
     ratios = ", ".join(f"{name} {res[key]:.2f}x" for name, key in
                        (("numpy", "np_ratio"), ("plain", "plain_ratio"), ("never-run", "new_ratio")))
     out.append(f"  confined / unconfined (p50): {ratios}")
+    if res.get("namespaces_ratio") is not None:
+        out.append(f"  a fresh confined worker's own PID namespace and root: "
+                   f"{res['namespaces_ratio']:.2f}x its first call without them (p50), "
+                   f"{res.get('namespaces_uss_mb', 0):+.2f} MB USS of its tree (the init)")
     d = res.get("density") or {}
     parts = [f"{d.get('tenants')} confined tenants x 2 libraries",
              f"{d.get('answered')} of {d.get('calls')} answered in {d.get('seconds', 0):.1f} s",

@@ -60,6 +60,10 @@ def confined(cf: dict, add: Any) -> None:
     add("confined_plain_ratio", "plain library run before, new tenant: confined p50 / unconfined p50",
         cf.get("plain_ratio"), T["confined_plain_ratio"], "<=",
         note=f"never-run library, confined (base) / unconfined: {x(cf.get('new_ratio'))}")
+    add("confined_namespaces_ratio", "fresh confined worker's first call: own PID namespace and "
+        "root / without them (same run)", cf.get("namespaces_ratio"),
+        T["confined_namespaces_ratio"], "<=",
+        note=f"its tree's USS {cf.get('namespaces_uss_mb', 0):+.2f} MB (the namespace's init)")
     d = cf.get("density") or {}
     if d:
         left = d.get("left") or {}

@@ -27,7 +27,7 @@ TARGET_NAMES = {"warm_p50", "warm_p99", "warm_p50_inprocess", "cold_vs_spawn", "
                 "density_pool_idle_runs", "density_stats_ms", "cold_p50", "cold_p99", "uss_plain", "template_p50",
                 "fresh_over_template", "uss_template", "syscalls_warm_p50", "confined_np_p50",
                 "confined_np_ratio", "uss_confined_np", "confined_plain_ratio", "confined_density_uss",
-                "mcp_warm_sdk", "mcp_warm_plain", "metrics_share", "density_metrics_ms",
+                "confined_namespaces_ratio", "mcp_warm_sdk", "mcp_warm_plain", "metrics_share", "density_metrics_ms",
                 "spawn_path_cold_vs_spawn", "spawn_path_warm_vs_zygote"}
 
 
@@ -136,9 +136,10 @@ def test_bench_end_to_end(tmp_path, new_processes):
     # confined: a new confined tenant's first call against the same unconfined; density
     cf = data["confined"]
     assert "confined" not in data["skipped"]
-    for k in ("np_open", "np_confined", "plain_open", "plain_confined", "new_open", "new_confined"):
+    for k in ("np_open", "np_confined", "plain_open", "plain_confined", "new_open", "new_confined",
+              "plain_fresh", "plain_flat"):
         assert _number(cf["rows"][k]["p50"]) and _number(cf["uss_mb"][k]), k
-    assert _number(cf["np_ratio"]) and _number(cf["plain_ratio"])
+    assert _number(cf["np_ratio"]) and _number(cf["plain_ratio"]) and _number(cf["namespaces_ratio"])
     assert cf["density"]["answered"] == cf["density"]["calls"] == 6
     assert cf["density"]["left"] == {"processes": 0, "descriptors": 0, "temp_dirs": 0}
     assert "CONFINED" in out.getvalue()

@@ -59,7 +59,9 @@ class SandboxedBinding(LcpSurface):
         ``"sandbox"`` entry sets that library's limits: ``timeout_s``,
         ``memory_mb``, ``cpu_s``, ``max_open_files``, ``max_file_size_mb``,
         ``max_result_mb``, ``grace_s``, ``log_bytes_per_s``, ``confine``,
-        ``network``, ``env``, ``read_paths``.
+        ``network``, ``env``, ``read_paths``, ``run_as``, ``syscalls``, ``template``,
+        ``trusted_import`` (core/limits.py); an unknown key or a wrong type makes the
+        library's calls answer 500 naming it.
     tools_folders
         A folder or a list of folders to discover libraries in (each ``X/``
         sub-folder is a library, and so is each loose ``.py`` file);
@@ -86,15 +88,16 @@ class SandboxedBinding(LcpSurface):
         ``host_tool_configs[stem]["sandbox"]["timeout_s"]`` and
         ``execute_tool(..., timeout_s=)`` override it.
     memory_mb
-        Memory limit of each worker (``RLIMIT_DATA``, and a watchdog over the RSS
+        Memory limit of each worker (``RLIMIT_DATA``, and a watchdog over the USS
         of its process tree).  Default: none.
     supervisor
         A ``Supervisor`` shared with other bindings.  Default: one of the
         binding's own, closed by ``close()``.
     confine
-        Confine the workers (clean environment, Landlock, see the README): True,
-        False, or "best-effort" (where the system lacks a mechanism, run without
-        it rather than refuse with 503).  Default: the supervisor's ``confine``.
+        Confine the workers (clean environment, file rules, own namespaces, see the
+        README): True (a worker whose protections are not all in force runs nothing:
+        503), False, or "best-effort" (run with what the system has).  Default: the
+        supervisor's ``confine``.
     workspace_root
         A call whose workspace is not inside this folder is refused with 403;
         confined workers are confined to it.
