@@ -53,6 +53,8 @@ class Limits:
     trusted_import: bool = True             # confined, from files: may import in a template
                                             # that can write beneath the tenants' folder
                                             # (False: imports after its own confinement)
+    max_processes: Optional[int] = None     # processes and threads of a confined worker's tree
+                                            # (a pids cgroup of its own; it starts fresh)
     syscalls: Optional[dict[str, Any]] = None   # {"allow": [names], "allow_dangerous": bool}: calls
                                             # a confined worker adds to the allowlist
                                             # (core/syscalls.py; checked here)
@@ -92,7 +94,7 @@ _KINDS = {"timeout_s": "number|None", "grace_s": "number", "memory_mb": "number|
           "cpu_s": "int|None", "max_open_files": "int", "max_file_size_mb": "number|None",
           "max_result_mb": "number", "log_bytes_per_s": "int", "network": "bool",
           "env": "env|None", "read_paths": "paths", "template": "bool",
-          "trusted_import": "bool"}
+          "trusted_import": "bool", "max_processes": "int|None"}
 
 
 def _check_kind(name: str, value: Any, kind: str) -> None:
@@ -128,7 +130,11 @@ def library_limits(base: Limits, override: Optional[dict[str, Any]], library: st
     """A library's limits; settings the host got wrong (an unknown system call name...)
     end the call before any worker starts, with a 500 that says what is wrong."""
     try:
-        return Limits.merged(base, override)
+        merged = Limits.merged(base, override)
+        if merged.max_processes is not None and (merged.max_processes < 1 or not merged.confine):
+            raise ValueError(f"'max_processes' is {merged.max_processes!r}: it caps a confined "
+                             f"worker's processes (confine=True) and is at least 1")
+        return merged
     except (ValueError, TypeError) as exc:
         raise CallFailed(f"[{library}] not run: host_tool_configs[{library!r}][\"sandbox\"] "
                          f"is invalid: {exc}") from None

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from typing import Any
+from typing import Any, Optional
 
 # Environment variables a confined worker keeps from the host (plus the library's own "env").
 ENV_ALLOWLIST = ("PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TERM", "USER", "LOGNAME", "SHELL",
@@ -93,7 +93,7 @@ def may_hand_over(path: str) -> bool:
 
 #: The protections a worker's READY reports, as stats()[i]["protections"] shows them.
 PROTECTIONS = ("env", "network", "filesystem", "processes", "privileges", "unix_sockets",
-               "syscalls")
+               "syscalls", "max_processes")
 #: What provides each protection of a confined (or network-off) worker on Linux, for the
 #: refusal that names what is missing.
 PROVIDERS = {
@@ -106,6 +106,8 @@ PROVIDERS = {
                   "non-root host",
     "syscalls": "seccomp filters (CONFIG_SECCOMP_FILTER) on x86_64 or aarch64",
     "unix_sockets": "seccomp filters (CONFIG_SECCOMP_FILTER) on x86_64 or aarch64",
+    "max_processes": "a pids cgroup: a root host (cgroup v1 with the pids controller, or "
+                     "v2), or a cgroup v2 subtree delegated to the host's user",
     "network": "network namespaces: CAP_SYS_ADMIN, or unprivileged user namespaces "
                "(kernel.unprivileged_userns_clone=1; on Ubuntu 24.04 also "
                "kernel.apparmor_restrict_unprivileged_userns=0)",
@@ -123,10 +125,11 @@ def in_force(kind: str, state: str) -> bool:
     return state.startswith("on")
 
 
-def not_in_force(report: dict[str, Any], confined: bool, network: bool) -> list[tuple[str, str]]:
+def not_in_force(report: dict[str, Any], confined: bool, network: bool,
+                 max_processes: Optional[int] = None) -> list[tuple[str, str]]:
     """The protections a worker was asked for that its READY report does not show
     in force, as (kind, what the report says)."""
-    wanted = []
+    wanted = ["max_processes"] if max_processes else []
     if confined:
         wanted += ["filesystem", "processes", "privileges", "syscalls"]
         wanted += [] if network else ["unix_sockets"]

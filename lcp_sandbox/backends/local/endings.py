@@ -40,6 +40,7 @@ from ...core.outcomes import (
 )
 from ...protocol import Outcome, invalid_answer, is_error, rebuild_error
 from ..metrics import Metrics
+from . import cgroups
 from .pool import Pool
 from .process import DeadlinePassed, KillReason, WorkerGone, WorkerProcess
 from .slot import CrashPolicy, Slot
@@ -70,6 +71,7 @@ class CallEnds:
     def _detach(self, slot: Slot, proc: WorkerProcess) -> None:
         """``proc`` no longer serves ``slot``: give its room back to the pool."""
         if slot.detach(proc):
+            cgroups.remove(slot.cgroup)           # (a worker still ending keeps it: later)
             self.pool.release(slot.tenant)
             self.templates.released(slot.template)
             if proc.tmpdir:

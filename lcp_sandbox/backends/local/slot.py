@@ -124,6 +124,7 @@ class Slot:
     mem_uss: int = 0
     mem_at: float = 0.0                    # when (time.monotonic())
     sample_due: bool = False               # the watchdog will sample it (a call ended)
+    cgroup: Optional[str] = None           # its last worker's pids cgroup (max_processes)
     idle_due: bool = False                 # the watchdog has its idle deadline
     spin: SpinPolicy = field(default_factory=SpinPolicy)     # its warm calls' spin windows
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import atexit
 import functools
 import logging
+import os
 import threading
 import time
 import weakref
@@ -38,6 +39,7 @@ from ...core.policy import DEFAULT_RUN_AS, not_in_force, refusal_text, run_as_id
 from ...protocol import OK, Call, invalid_answer
 from ..base import Closing, Lent, WorkerSpec, emit
 from ..metrics import Metrics
+from . import cgroups
 from .descriptors import out_of_descriptors, raise_open_files_limit
 from .endings import CallEnds, NotConfined
 from .handover import hand_over_root
@@ -104,6 +106,7 @@ class Supervisor(CallEnds, Reports, Starts, Closing):
         self._warned: set[str] = set()
         self.protections_off: frozenset[str] = frozenset()   # tests only: lcp_sandbox.testing
         self.counters = Metrics()                 # metrics(): kept as events happen
+        self._cgroups: list[str] = []             # pids cgroups of workers (max_processes)
         _live_supervisors.add(self)
 
     def _event(self, kind: str, slot: Slot, **details: Any) -> None:
@@ -234,6 +237,8 @@ class Supervisor(CallEnds, Reports, Starts, Closing):
                     init = init._replace(disabled=sorted(self.protections_off))
                 if init.confine is not None:      # (its temp dir: templates.start makes it)
                     init = hand_over_root(init, slot.limits.run_as or self.run_as, name, tool)
+                    if slot.limits.max_processes:
+                        init = self._pids_cgroup(init, slot)
                 proc = self._launch(slot, init, deadline, tool)
             except (ZygoteGone, OSError) as exc:
                 raise Unavailable.not_run(name, tool, f"could not start a worker: {exc}" + (
@@ -244,6 +249,21 @@ class Supervisor(CallEnds, Reports, Starts, Closing):
         proc.on_ready = functools.partial(self._ready, slot, init)
         proc.forked.add_done_callback(functools.partial(self._forked, slot))
         return proc
+
+    def _pids_cgroup(self, init: P.Init, slot: Slot) -> P.Init:
+        """A pids cgroup of its own for ``slot``'s next worker (its max_processes), or why
+        there is none (the worker then says it is not in force)."""
+        for path in [p for p in self._cgroups if p != slot.cgroup]:
+            cgroups.remove(path)                  # (a worker's end left it: removed now)
+            if not os.path.isdir(path):
+                self._cgroups.remove(path)
+        try:
+            slot.cgroup = cgroups.make(slot.limits.max_processes or 0)
+        except OSError as exc:
+            return init._replace(confine={**(init.confine or {}), "pids_cgroup": None,
+                                          "pids_why": str(exc)})
+        self._cgroups.append(slot.cgroup)
+        return init._replace(confine={**(init.confine or {}), "pids_cgroup": slot.cgroup})
 
     def _forked(self, slot: Slot, forked: Future[int]) -> None:
         """The zygote said the pid of ``slot``'s worker: its end will be told by it."""
@@ -256,7 +276,8 @@ class Supervisor(CallEnds, Reports, Starts, Closing):
         said confine="best-effort": then one clear warning per kind."""
         self.counters.started(proc.start_kind)
         self._event("start", slot, pid=proc.pid, protections=proc.protections)
-        missing = not_in_force(proc.report, init.confine is not None, slot.limits.network)
+        missing = not_in_force(proc.report, init.confine is not None, slot.limits.network,
+                               slot.limits.max_processes)
         if missing and slot.limits.confine != BEST_EFFORT:
             raise NotConfined(refusal_text(missing))
         for kind, state in missing:
@@ -312,4 +333,6 @@ class Supervisor(CallEnds, Reports, Starts, Closing):
         if self._pump is not None:
             self._pump.close()
         self.templates.close()
+        for path in self._cgroups:
+            cgroups.remove(path)
         _live_supervisors.discard(self)
