@@ -77,8 +77,10 @@ def host(kind: str, tmp: Path, user_python: str = "", **config) -> dict:
     base.mkdir()
     python = user_python or sys.executable
     cmd = [python, str(work / "host.py"), str(work / "libs"), str(base), json.dumps(config)]
-    if kind.endswith("without_landlock"):
-        cmd = [python, str(work / "without_landlock.py"), *cmd]
+    if kind.endswith("without_landlock") or "no_userns" in kind:
+        flags = (["--no-userns"] if "no_userns" in kind else []) + (
+            [] if kind.endswith("without_landlock") else ["--keep-landlock"])
+        cmd = [python, str(work / "without_landlock.py"), *flags, *cmd]
     if kind.startswith("container"):
         drops = CONTAINER_DROPS + (",cap_setuid,cap_setgid" if "setuid" in kind else "")
         cmd = ["capsh", f"--drop={drops}", "--", "-c", " ".join(map(repr, cmd))]
@@ -100,8 +102,8 @@ def assert_apart(out: dict, own_pid_namespace: bool) -> None:
     got = attack["output"]
     for what in ("read_secret", "list_other", "write_other", "proc_other", "proc_host",
                  "signal_other", "signal_host", "write_tmp", "read_shadow"):
-        assert got[what] in ("PermissionError", "FileNotFoundError", "ProcessLookupError"), \
-            (what, got[what])
+        assert got[what] in ("PermissionError", "FileNotFoundError", "ProcessLookupError",
+                             "OSError"), (what, got[what])          # (OSError: read-only)
     assert got["list_tenants"] in ("PermissionError", ["a"]), got["list_tenants"]
     assert got["uid"] != 0
     assert out["planted"] is False
@@ -171,15 +173,25 @@ def test_container_without_setuid_never_runs_a_worker_as_root(open_tmp):
     assert_refused(out, "privileges")
 
 
-def test_unprivileged(open_tmp, user_python):
-    out = host("unprivileged", open_tmp, user_python)
-    assert_apart(out, own_pid_namespace=False)
+@pytest.mark.parametrize("landlock", [True, False], ids=["landlock", "without_landlock"])
+def test_unprivileged(open_tmp, user_python, landlock):
+    """A host that is not root: the same namespaces, through a user namespace mapping its
+    uid to itself; the worker keeps the host's uid."""
+    out = host("unprivileged" + ("" if landlock else "_without_landlock"), open_tmp,
+               user_python)
+    assert_apart(out, own_pid_namespace=True)
     assert out["attack"]["output"]["uid"] == UNPRIVILEGED
+    assert out["a_stats"][0]["protections"]["privileges"].startswith(f"uid {UNPRIVILEGED} ")
 
 
-def test_unprivileged_without_landlock_is_refused_and_the_host_lives(open_tmp, user_python):
+def test_unprivileged_without_user_namespaces_relies_on_landlock(open_tmp, user_python):
+    out = host("unprivileged_no_userns", open_tmp, user_python)
+    assert_apart(out, own_pid_namespace=False)
+
+
+def test_unprivileged_without_user_namespaces_nor_landlock_is_refused(open_tmp, user_python):
     """Here kill(-1, SIGKILL) from a confined tool would have killed the host: refused."""
-    out = host("unprivileged_without_landlock", open_tmp, user_python)
+    out = host("unprivileged_no_userns_without_landlock", open_tmp, user_python)
     assert_refused(out, "filesystem", "processes")
 
 

@@ -98,9 +98,11 @@ PROTECTIONS = ("env", "network", "filesystem", "processes", "privileges", "unix_
 #: refusal that names what is missing.
 PROVIDERS = {
     "filesystem": "Landlock (Linux 5.13+ with landlock among the active LSMs)",
-    "processes": "a PID namespace of its own (a root host: CAP_SYS_ADMIN; workers forked "
-                 "from the zygote, not from a template) or Landlock ABI 6 (Linux 6.12+), "
-                 "whose scope keeps a worker's signals inside its own domain",
+    "processes": "a PID namespace of its own (workers forked from the zygote, not from a "
+                 "template: a root host with CAP_SYS_ADMIN, or a host user allowed "
+                 "unprivileged user namespaces: kernel.unprivileged_userns_clone=1, and on "
+                 "Ubuntu 24.04 kernel.apparmor_restrict_unprivileged_userns=0) or Landlock "
+                 "ABI 6 (Linux 6.12+), whose scope keeps a worker's signals in its domain",
     "privileges": "a host that may change uid: root with CAP_SETUID, CAP_SETGID and "
                   "CAP_SETPCAP (a container keeps them unless they were dropped), or a "
                   "non-root host",

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import os
 import socket
+import struct
+from typing import Optional
 
 from .libc import libc
 from .pidns_init import split
 from .template import Spare, adopt, close_all_but, reset_signals
 
-_CLONE_NEWPID = 0x20000000
+_CLONE_NEWPID, _CLONE_NEWUSER = 0x20000000, 0x10000000
 
 
 def fork_spare(ctl: socket.socket, wake_r: int, wake_w: int, zygote_pid: int,
@@ -32,8 +34,12 @@ def fork_spare(ctl: socket.socket, wake_r: int, wake_w: int, zygote_pid: int,
     own PID namespace, open), the child is pid 1 of a new PID namespace: unshare()
     moves only the next child there, and setns() back to our own namespace undoes it
     for the children after it (a second unshare would fail with EINVAL)."""
-    mine, its = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     moved = own_pidns >= 0 and libc.unshare(_CLONE_NEWPID) == 0
+    if own_pidns >= 0 and not moved and os.geteuid() != 0:
+        got = _through_a_user_namespace(ctl, wake_r, wake_w, zygote_pid)
+        if got is not None:
+            return got
+    mine, its = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     status_r, status_w = os.pipe() if moved else (-1, -1)      # (pidns_init.py)
     pid = -1
     try:
@@ -52,6 +58,70 @@ def fork_spare(ctl: socket.socket, wake_r: int, wake_w: int, zygote_pid: int,
         os.close(status_w)
         STATUS_PIPES[pid] = status_r
     return pid, mine
+
+
+def _through_a_user_namespace(ctl: socket.socket, wake_r: int, wake_w: int,
+                              zygote_pid: int) -> Optional[Spare]:
+    """(A host that is not root) the same spare, pid 1 of a PID namespace of its own, made
+    through a user namespace that maps the host's uid to itself: a helper child unshares
+    both, forks the spare and exits, so the spare comes back to the zygote (a subreaper).
+    The spare has every capability inside its user namespace only, enough for its own
+    mounts, and drops them with the rest (confine/privileges.py).  None when the system
+    refuses an unprivileged user namespace (the worker then says what is missing)."""
+    mine, its = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    status_r, status_w = os.pipe()
+    pid_r, pid_w = os.pipe()
+    helper = os.fork()
+    if helper == 0:
+        try:
+            for fd in (status_r, pid_r):
+                os.close(fd)
+            mine.close()
+            _helper(ctl, wake_r, wake_w, its, zygote_pid, status_w, pid_w)
+        finally:
+            os._exit(70)
+    its.close()
+    os.close(status_w)
+    os.close(pid_w)
+    data = b""
+    while chunk := os.read(pid_r, 4):
+        data += chunk
+    os.close(pid_r)
+    os.waitpid(helper, 0)
+    if len(data) != 4:
+        mine.close()
+        os.close(status_r)
+        return None
+    pid = struct.unpack("=i", data)[0]
+    STATUS_PIPES[pid] = status_r
+    return pid, mine
+
+
+def _helper(ctl: socket.socket, wake_r: int, wake_w: int, inbox: socket.socket,
+            zygote_pid: int, status_w: int, pid_w: int) -> None:
+    uid, gid = os.getuid(), os.getgid()
+    if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWPID) != 0:
+        return
+    try:
+        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
+                           ("gid_map", f"{gid} {gid} 1")):
+            with open(f"/proc/self/{name}", "w") as f:
+                f.write(text)
+    except OSError:
+        return
+    sync_r, sync_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:                             # pid 1: on once the helper is gone
+        try:
+            os.close(sync_w)
+            os.close(pid_w)
+            while os.read(sync_r, 1):
+                pass
+            os.close(sync_r)
+            _child(ctl, wake_r, wake_w, inbox, zygote_pid, status_w)
+        finally:
+            os._exit(70)
+    os.write(pid_w, struct.pack("=i", pid))
 
 
 #: (In the zygote) the status pipe of each spare or worker that is the init of a PID

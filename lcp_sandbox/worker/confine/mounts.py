@@ -200,6 +200,9 @@ def _build_root(new: str, read_write: Sequence[str], read_only: Sequence[str],
     os.makedirs(new + "/proc", 0o555, exist_ok=True)
     if _mount_proc((new + "/proc").encode()) != PROC_OWN:
         raise OSError(ctypes.get_errno(), f"proc on {new}/proc: {_errno()}")
+    # The tmpfs itself read-only: its folders may be the worker's own (a user namespace's
+    # worker made them), and nothing but the binds in it is for writing.
+    _mount(None, new, None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
     return shown
 
 
@@ -214,7 +217,20 @@ def _bind(path: str, target: str, writable: bool, inside: bool,
             os.makedirs(os.path.dirname(target), 0o755, exist_ok=True)
             os.close(os.open(target, os.O_CREAT | os.O_WRONLY, 0o644))
     _mount(path, target, None, _MS_BIND | (_MS_REC if recursive else 0))
-    _mount(None, target, None, _MS_REMOUNT | _MS_BIND | flags | (0 if writable else _MS_RDONLY))
+    _mount(None, target, None, _MS_REMOUNT | _MS_BIND | flags | _kept(target)
+           | (0 if writable else _MS_RDONLY))
+
+
+# statvfs flags -> the mount flags a remount must keep (in a user namespace the host's
+# mount flags are locked: a remount that drops one is refused)
+_KEPT = ((os.ST_RDONLY, _MS_RDONLY), (os.ST_NOSUID, _MS_NOSUID), (os.ST_NODEV, _MS_NODEV),
+         (os.ST_NOEXEC, _MS_NOEXEC), (os.ST_NOATIME, 1024), (os.ST_NODIRATIME, 2048),
+         (os.ST_RELATIME, 1 << 21))
+
+
+def _kept(target: str) -> int:
+    flags = os.statvfs(target).f_flag
+    return sum(ms for st, ms in _KEPT if flags & st)
 
 
 def _pivot(new: str) -> None:
