@@ -141,3 +141,29 @@ def test_demo_never_times_failed_calls(tmp_path):
     assert "warm p50 over 5 successful calls" in flaky and "5 of 10 warm calls failed (not timed" in flaky
     broken = p.stdout.split("tool_broken(")[1].split("\n\n")[0]
     assert "status 500" in broken and "not timed" in broken and "p50" not in broken
+
+
+def test_output_into_a_pipe_closed_early_ends_quietly(tmp_path):
+    """`lcp-sandbox tools FOLDER | head`: the reader leaves after a line; no traceback."""
+    for i in range(40):
+        (tmp_path / f"lib{i}.py").write_text("".join(
+            f'def tool_t{i}_{j}(a: int = 1) -> dict:\n    """{"many words " * 30}"""\n'
+            f'    return {{}}\n\n' for j in range(10)))
+    proc = subprocess.Popen([sys.executable, "-m", "lcp_sandbox.fronts.cli", "tools", str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
+    assert proc.stdout.readline().strip() == b"["
+    proc.stdout.close()                            # as `head -1` does
+    err = proc.stderr.read().decode()
+    assert proc.wait(60) == 0 and "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_the_engines_warnings_show_by_default(tmp_path):
+    lib = tmp_path / "lib.py"
+    lib.write_text('def tool_x() -> dict:\n    """x"""\n    return {"success": True, "output": 1}\n')
+    r = cli("call", str(tmp_path), "tool_x", "--workspace", str(tmp_path / "ws"))
+    assert r.returncode == 0
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "lib.py").write_text('import os\nos._exit(3)\n\ndef tool_x() -> dict:\n    """x"""\n    return {}\n')
+    r = cli("call", str(bad), "tool_x", "--workspace", str(tmp_path / "ws"))
+    assert r.returncode == 1 and "WARNING lcp_sandbox" in r.stderr, r.stderr

@@ -295,13 +295,17 @@ def main(argv: Optional[list] = None) -> int:
     args, unknown = parser.parse_known_args(argv)
     if unknown and not getattr(args, "any_arguments", False):
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.ERROR,
+    # The engine's warnings (a protection not in force, a worker that died...) by default.
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
         return args.fn(args)
     except UsageError as exc:
         print(f"lcp-sandbox {args.cmd}: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:                  # `lcp-sandbox tools ... | head`: the reader left
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":
