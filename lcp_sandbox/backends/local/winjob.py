@@ -49,12 +49,14 @@ class Job:
     """One worker's Job Object."""
 
     def __init__(self, popen: subprocess.Popen) -> None:
-        self._k32: Any = ctypes.WinDLL("kernel32", use_last_error=True)   # type: ignore[attr-defined]
+        self._k32: Any = ctypes.WinDLL(                    # type: ignore[attr-defined]
+            "kernel32", use_last_error=True)
         self.handle = self._k32.CreateJobObjectW(None, None)
         if not self.handle:
             raise OSError(_last_error(), "CreateJobObjectW failed")
         self._set(None)
-        if not self._k32.AssignProcessToJobObject(self.handle, int(popen._handle)):  # type: ignore[attr-defined]
+        handle = int(popen._handle)                        # type: ignore[attr-defined]
+        if not self._k32.AssignProcessToJobObject(self.handle, handle):
             raise OSError(_last_error(), "AssignProcessToJobObject failed")
 
     def _set(self, memory_mb: Optional[float]) -> None:

@@ -101,7 +101,7 @@ class Nodes:
             for nid, agent in started:
                 try:
                     got = ray.get(agent.ready.remote(), timeout=_AGENT_START_S)
-                except Exception as exc:                 # noqa: BLE001 (the node went away meanwhile)
+                except Exception as exc:       # noqa: BLE001 (the node went away meanwhile)
                     log.warning("no sandbox agent could start on Ray node %s: %s", nid, exc)
                     ray.kill(agent, no_restart=True)
                     self._lost.add(nid)

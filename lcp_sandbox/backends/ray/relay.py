@@ -95,10 +95,11 @@ class Relay:
     def init(self) -> P.Init:
         """A worker must start: the driver builds its Init (spec.init runs there)."""
         self.emit((self.cid, NEED_INIT))
-        msg = self._next()
-        if msg[0] == INIT and type(msg[1]) is P.Init:
-            return msg[1]
-        raise Unavailable(f"a worker could not be started: the host could not say how ({msg[1]}).")
+        tag, *fields = self._next()
+        if tag == INIT and fields and type(fields[0]) is P.Init:
+            return fields[0]
+        said = fields[0] if fields else "nothing"
+        raise Unavailable(f"a worker could not be started: the host could not say how ({said}).")
 
     def handle(self, req: P.Request, saw_ref: bool) -> tuple:
         """One REQUEST of the worker, served by the driver; returns the REPLY fields."""
@@ -109,18 +110,18 @@ class Relay:
         remaining = None if self.deadline is None else self.deadline - time.monotonic()
         self.emit((self.cid, REQUEST, frame, remaining))
         while True:
-            msg = self._next()
-            tag = msg[0]
+            tag, *fields = self._next()
             if tag == ANSWER:
-                _, answer, broken, sends = msg
+                answer, broken, sends = fields
                 self._write(sends)
                 if broken and self.conn is not None:
                     self.conn.broken = self.conn.broken or broken
                 return answer
             if tag == XFER:
-                self._xfer(msg[1], msg[2])
+                sends, caps = fields
+                self._xfer(sends, caps)
                 continue
-            raise HostGone(str(msg[1]) if len(msg) > 1 else "the host gave up on the call")
+            raise HostGone(str(fields[0]) if fields else "the host gave up on the call")
 
     def _next(self) -> tuple:
         msg = self.inbox.get()
