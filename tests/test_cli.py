@@ -1,5 +1,6 @@
 """The command line: tools, call, demo (run as a user would, in a subprocess)."""
 import json
+import os
 import subprocess
 import sys
 
@@ -94,6 +95,19 @@ def test_bench_is_listed_with_how_to_run_it_when_it_cannot_be_imported(monkeypat
     assert "python -m benchmarks.run" in " ".join(out.split()) and "    bench " in out
     assert cli_module.main(["bench", "--quick"]) == 2
     assert "python -m benchmarks.run" in capsys.readouterr().err
+
+
+def test_bench_comes_from_the_checkout_beside_the_package_only(tmp_path):
+    """A module named `benchmarks` elsewhere on the path never answers `lcp-sandbox bench`;
+    the checkout's harness does, from any folder."""
+    fake = tmp_path / "benchmarks"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise SystemExit('hijacked')\n")
+    p = subprocess.run([sys.executable, "-m", "lcp_sandbox.fronts.cli", "bench", "--help"],
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert p.returncode == 0 and "hijacked" not in p.stdout + p.stderr, p.stderr
+    assert "usage: lcp-sandbox bench" in p.stdout and "--quick" in p.stdout
 
 
 # ================================================================ demo on the user's own folder

@@ -11,6 +11,8 @@
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import json
 import logging
 import os
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..binding.locations import bundled_tools_dir
+from ..core.policy import ENGINE_DIR
 from .lollms import SandboxedBinding
 from .mcp_cli import add_parser as add_serve_mcp
 
@@ -208,12 +211,33 @@ _BENCH_MISSING = ("speed figures against baselines; not part of the installed pa
                   "from a source checkout run `python -m benchmarks.run --help`")
 
 
+def _checkout_benchmarks() -> Any:
+    """The harness's command line from the ``benchmarks/`` folder beside this package (a
+    source checkout, installed editable or not), loaded from that very folder: a module
+    named ``benchmarks`` elsewhere on ``sys.path`` is never imported for it (ImportError)."""
+    folder = os.path.join(ENGINE_DIR, "benchmarks")
+    init = os.path.join(folder, "__init__.py")
+    if not os.path.isfile(init):
+        raise ImportError(f"no benchmarks/ folder beside the package ({ENGINE_DIR})")
+    loaded = sys.modules.get("benchmarks")
+    if loaded is None:
+        spec = importlib.util.spec_from_file_location("benchmarks", init,
+                                                      submodule_search_locations=[folder])
+        assert spec is not None and spec.loader is not None
+        loaded = importlib.util.module_from_spec(spec)
+        sys.modules["benchmarks"] = loaded
+        spec.loader.exec_module(loaded)
+    if os.path.realpath(getattr(loaded, "__file__", "") or "") != os.path.realpath(init):
+        raise ImportError(f"a module named 'benchmarks' from elsewhere ({loaded!r}) is loaded")
+    return importlib.import_module("benchmarks.cli")
+
+
 def _add_bench(sub: Any, verbose: argparse.ArgumentParser) -> None:
-    """``bench`` comes from the benchmark harness when it can be imported (a source
-    checkout's ``benchmarks/`` on ``sys.path``, as with ``python -m``); else --help
-    still lists it, with how to run it.  The engine never edits ``sys.path``."""
+    """``bench`` comes from the benchmark harness of a source checkout (the
+    ``benchmarks/`` folder beside the package, loaded from there); else --help still
+    lists it, with how to run it.  The engine never edits ``sys.path``."""
     try:
-        from benchmarks.cli import add_parser
+        add_parser = _checkout_benchmarks().add_parser
     except ImportError as exc:                            # an installed package: no benchmarks
         why = f"{_BENCH_MISSING} ({exc})"
 
