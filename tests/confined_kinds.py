@@ -13,6 +13,7 @@ tenant loads every library of the folder and the templates that follow are waite
 """
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from pathlib import Path
@@ -23,6 +24,8 @@ import pytest
 from lcp_sandbox import SandboxedBinding, Supervisor
 from lcp_sandbox import protocol as P
 from lcp_sandbox.binding.objects import HostObjects
+from lcp_sandbox.testing import landlock_abi_at_most
+from lcp_sandbox.worker.confine.landlock import landlock_abi
 
 KINDS = ("fresh", "base", "template")
 
@@ -42,6 +45,17 @@ class Confined:
             self.sup.close()
             pytest.skip("fork-only (zygote path): confined templates and bases fork their "
                         "workers; the spawn path starts every confined worker fresh")
+        # LCP_TEST_LANDLOCK_ABI=N (.ci/run): these workers use Landlock as a kernel of ABI N
+        capped = int(os.environ.get("LCP_TEST_LANDLOCK_ABI") or 0)
+        if capped:
+            self._capped = landlock_abi_at_most(self.sup, capped)
+            self._capped.__enter__()
+        abi = min(landlock_abi(), capped or 99)
+        if kind != "fresh" and abi < 6:
+            self.sup.close()
+            pytest.skip(f"Landlock ABI {abi} here: a confined template (or base) refuses "
+                        f"without ABI 6's signal scope, its workers start fresh "
+                        f"(tests/test_host_kinds.py)")
         self._warmed: set = set()
         # A fresh worker forked from the zygote has a PID namespace and a root of its own
         # (a spawned one, on the spawn path, relies on Landlock as forked ones do).
