@@ -9,8 +9,12 @@ this order (prepare(), below); each step needs what the later ones give up:
     isolate_network()     unshare(CLONE_NEWNET): CAP_SYS_ADMIN as root, else a
                           user namespace (needs /proc writes)
     private_tmpdir()      created as the host's user, owned by the worker's uid-to-be
-    make_reachable()      own mount namespace if a folder above a path the worker
-                          needs is private to root (mount(2) needs CAP_SYS_ADMIN)
+    join_pids_cgroup()    (max_processes) into the pids cgroup the host made for it
+    own_root()            (a fresh worker, in a PID namespace of its own: the zygote
+                          forked it so) its own mount namespace, its root a read-only
+                          tmpfs of the allowed paths, a /proc of its namespace
+    make_reachable()      (otherwise) own mount namespace if a folder above a path the
+                          worker needs is private to root (mount(2) needs CAP_SYS_ADMIN)
     apply_landlock()      opens its rule paths now, while all are reachable; it can
                           only narrow what follows
     drop_privileges()     bounding set (needs CAP_SETPCAP), ambient, groups, gid,
@@ -207,16 +211,15 @@ def _filesystem(root: str, landlock: str) -> str:
 
 def _processes(own: str, filesystem: str) -> str:
     """Whether the worker can reach processes outside its own tree: not in a PID namespace
-    of its own (``own``: own_proc()'s report, "" without one), and not to signal them
-    under Landlock ABI 6's scope (read off its layer's report, ``filesystem``)."""
+    of its own (``own``: own_root()'s first report, "" without one), and not to signal
+    them under Landlock ABI 6's scope (read off its layer's report, ``filesystem``)."""
     scoped = filesystem.startswith("on") and SCOPED in filesystem
     if own.startswith("own PID namespace:"):
         return f"on ({own}" + ("; Landlock scope too)" if scoped else ")")
     if scoped:
         return ("on (Landlock scope: no signal nor abstract socket outside its own domain; "
-                "no PID namespace: other processes' priorities, affinity and /proc entries "
-                "are not scoped)")
-    why = own or "not pid 1 of a namespace of its own"
+                "no PID namespace: other processes' priorities and affinity are not scoped)")
+    why = own or "in no PID namespace of its own"
     if filesystem.startswith(SWITCHED_OFF):
         return f"{SWITCHED_OFF}; {why}"
     if filesystem.startswith("on"):
