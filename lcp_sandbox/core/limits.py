@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Optional, Union
 
 from .outcomes import CallFailed
-from .policy import run_as_ids
+from .policy import run_as_setting
 from .syscalls import check_setting
 
 #: ``confine="best-effort"``: confine with what the system has, where ``True`` refuses to run
@@ -45,8 +45,9 @@ class Limits:
     network: bool = True                    # False: own network namespace, loopback only
     env: Optional[dict[str, Any]] = None    # extra environment variables for the worker
     read_paths: tuple[str, ...] = ()        # extra read-only paths for a confined worker
-    run_as: Optional[tuple[int, int]] = None  # (uid, gid) of a confined worker of a root host;
-                                            # None: the supervisor's run_as (65534, 65534)
+    run_as: Optional[Union[tuple[int, int], str]] = None  # (uid, gid) of a confined worker of
+                                            # a root host, or "per-tenant"; None: the
+                                            # supervisor's run_as
     template: bool = True                   # False: every worker imports the library itself
                                             # (no shared template process: backends/local/
                                             # templates.py)
@@ -66,7 +67,7 @@ class Limits:
         if self.confine is not None:
             self.confine = confine_setting(self.confine)
         if self.run_as is not None:
-            self.run_as = run_as_ids(self.run_as)
+            self.run_as = run_as_setting(self.run_as)
         if self.syscalls is not None:
             self.syscalls = check_setting(self.syscalls)
 

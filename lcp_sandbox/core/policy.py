@@ -58,6 +58,28 @@ def _python_paths(path: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(sorted(out))
 
 
+#: run_as="per-tenant": each tenant its own uid (and gid), from the supervisor's uid_range,
+#: by default this range: above system, login and the usual subordinate-id users.
+PER_TENANT = "per-tenant"
+DEFAULT_UID_RANGE = (1_800_000_000, 1_000_000)
+
+
+def run_as_setting(value: Any) -> "tuple[int, int] | str":
+    """A run_as setting checked: (uid, gid), or "per-tenant"."""
+    return PER_TENANT if value == PER_TENANT else run_as_ids(value)
+
+
+def uid_range_setting(value: Any) -> tuple[int, int]:
+    """(first uid, how many) of run_as="per-tenant", checked."""
+    try:
+        first, count = (int(v) for v in value)
+    except (TypeError, ValueError):
+        raise ValueError(f"uid_range must be (first uid, count); got {value!r}") from None
+    if first < 1000 or count < 1 or first + count > 0xFFFFFFFE:
+        raise ValueError(f"uid_range {value!r}: unprivileged uids, from 1000 up, and at least one")
+    return first, count
+
+
 def run_as_ids(value: Any) -> tuple[int, int]:
     """(uid, gid) from a setting: two positive ints.  0 is refused: never root."""
     try:

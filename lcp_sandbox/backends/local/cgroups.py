@@ -16,7 +16,12 @@ from __future__ import annotations
 import functools
 import os
 import uuid
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
+
+from ... import protocol as P
+
+if TYPE_CHECKING:
+    from .slot import Slot
 
 
 @functools.lru_cache(maxsize=1)
@@ -85,3 +90,30 @@ def remove(path: Optional[str]) -> None:
             os.rmdir(path)
         except OSError:
             pass
+
+
+class WorkerCgroups:
+    """A supervisor's worker cgroups: one made for each worker with max_processes, removed
+    when its worker is gone (a worker still ending keeps it until a later start or close)."""
+
+    def __init__(self) -> None:
+        self.paths: list[str] = []
+
+    def give(self, init: P.Init, slot: "Slot") -> P.Init:
+        """The INIT of ``slot``'s next worker with its own pids cgroup, or why there is none
+        (the worker then says max_processes is not in force)."""
+        for path in [p for p in self.paths if p != slot.cgroup]:
+            remove(path)
+            if not os.path.isdir(path):
+                self.paths.remove(path)
+        try:
+            slot.cgroup = make(slot.limits.max_processes or 0)
+        except OSError as exc:
+            return init._replace(confine={**(init.confine or {}), "pids_cgroup": None,
+                                          "pids_why": str(exc)})
+        self.paths.append(slot.cgroup)
+        return init._replace(confine={**(init.confine or {}), "pids_cgroup": slot.cgroup})
+
+    def close(self) -> None:
+        for path in self.paths:
+            remove(path)

@@ -21,9 +21,10 @@ from ...core.policy import DEFAULT_RUN_AS, may_hand_over, run_as_ids
 from ...core.policy import path_within as _within
 
 
-def hand_over_root(init: P.Init, run_as: tuple[int, int], library: str, tool: str) -> P.Init:
-    """Before a confined worker starts: its root becomes ``run_as``'s; returns the INIT
-    that says so.  A root that must not be handed
+def hand_over_root(init: P.Init, run_as: tuple[int, int], library: str, tool: str,
+                   private: bool = False) -> P.Init:
+    """Before a confined worker starts: its root becomes ``run_as``'s (``private``: mode
+    0700, a uid of the tenant's own); returns the INIT that says so.  A root that must not be handed
     over refuses the call (403); OSError when handing over fails."""
     confine = init.confine or {}
     root = confine["root"]
@@ -34,6 +35,8 @@ def hand_over_root(init: P.Init, run_as: tuple[int, int], library: str, tool: st
                               f"confined tool must not be able to write. Use a workspace of its "
                               f"own.")
     hand_over(root, *run_as)
+    if private:                       # its uid's alone: another tenant's uid cannot pass
+        os.chmod(root, 0o700)
     # The temp dir is the host's to make (templates.py, when it knows where) and to
     # remove: no path a worker names is ever deleted.
     return init._replace(confine={**confine, "run_as": run_as})

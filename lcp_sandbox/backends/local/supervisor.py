@@ -25,7 +25,6 @@ from __future__ import annotations
 import atexit
 import functools
 import logging
-import os
 import threading
 import time
 import weakref
@@ -35,11 +34,20 @@ from typing import Any, Callable, Optional, Union
 from ... import protocol as P
 from ...core.limits import BEST_EFFORT, confine_setting
 from ...core.outcomes import SandboxEvent, Unavailable
-from ...core.policy import DEFAULT_RUN_AS, not_in_force, refusal_text, run_as_ids
+from ...core.policy import (
+    DEFAULT_RUN_AS,
+    DEFAULT_UID_RANGE,
+    PER_TENANT,
+    not_in_force,
+    refusal_text,
+    run_as_ids,
+    run_as_setting,
+    uid_range_setting,
+)
 from ...protocol import OK, Call, invalid_answer
 from ..base import Closing, Lent, WorkerSpec, emit
 from ..metrics import Metrics
-from . import cgroups
+from .cgroups import WorkerCgroups
 from .descriptors import out_of_descriptors, raise_open_files_limit
 from .endings import CallEnds, NotConfined
 from .handover import hand_over_root
@@ -52,6 +60,7 @@ from .slot import CrashPolicy, Slot, evict_one
 from .spawn import Spawner
 from .starts import Starts
 from .templates import Templates
+from .tenant_uids import TenantUids
 from .watchdog import Watchdog
 from .zygote import Zygote, ZygoteGone
 
@@ -74,11 +83,14 @@ class Supervisor(CallEnds, Reports, Starts, Closing):
                  idle_timeout_s: Optional[float] = None, confine: Union[bool, str] = False,
                  on_event: Optional[Callable[[dict], None]] = None,
                  crash_policy: Optional[CrashPolicy] = None, watch_interval_s: float = 0.05,
-                 run_as: tuple[int, int] = DEFAULT_RUN_AS,
-                 tenants_root: Optional[str] = None, start_method: Optional[str] = None) -> None:
+                 run_as: Union[tuple[int, int], str] = DEFAULT_RUN_AS,
+                 tenants_root: Optional[str] = None, start_method: Optional[str] = None,
+                 uid_range: tuple[int, int] = DEFAULT_UID_RANGE) -> None:
         """``confine`` is the default for bindings that do not say (see worker/confine/;
         True, False or "best-effort"); ``run_as`` is the (uid, gid) a confined worker of a
-        root host runs as (per library: ``"sandbox": {"run_as": ...}``); ``tenants_root``,
+        root host runs as, or "per-tenant" (a uid of its own per tenant, from ``uid_range``,
+        kept in tenants_root: tenant_uids.py; per library: ``"sandbox": {"run_as": ...}``);
+        ``tenants_root``,
         the folder holding every tenant's root: confined workers of roots beneath it start
         from shared confined templates (templates.py, confined.py); ``on_event`` gets a
         dict per lifecycle event (start, stop, evict, idle, crash, violation, timeout,
@@ -88,7 +100,8 @@ class Supervisor(CallEnds, Reports, Starts, Closing):
         self.start_method = start_method_of(start_method)
         self.crash_policy = crash_policy or CrashPolicy()
         self.confine = confine_setting(confine)
-        self.run_as = run_as_ids(run_as)
+        self.run_as = run_as_setting(run_as)
+        self.uids = TenantUids(uid_range_setting(uid_range), tenants_root)
         self.idle_timeout_s = idle_timeout_s
         self.on_event = on_event
         self.pool = Pool(max_workers, max_workers_per_tenant)
@@ -106,7 +119,7 @@ class Supervisor(CallEnds, Reports, Starts, Closing):
         self._warned: set[str] = set()
         self.protections_off: frozenset[str] = frozenset()   # tests only: lcp_sandbox.testing
         self.counters = Metrics()                 # metrics(): kept as events happen
-        self._cgroups: list[str] = []             # pids cgroups of workers (max_processes)
+        self.cgroups = WorkerCgroups()            # pids cgroups of workers (max_processes)
         _live_supervisors.add(self)
 
     def _event(self, kind: str, slot: Slot, **details: Any) -> None:
@@ -236,9 +249,10 @@ class Supervisor(CallEnds, Reports, Starts, Closing):
                 if self.protections_off:
                     init = init._replace(disabled=sorted(self.protections_off))
                 if init.confine is not None:      # (its temp dir: templates.start makes it)
-                    init = hand_over_root(init, slot.limits.run_as or self.run_as, name, tool)
+                    per_tenant = (slot.limits.run_as or self.run_as) == PER_TENANT
+                    init = hand_over_root(init, self._run_as(slot), name, tool, per_tenant)
                     if slot.limits.max_processes:
-                        init = self._pids_cgroup(init, slot)
+                        init = self.cgroups.give(init, slot)
                 proc = self._launch(slot, init, deadline, tool)
             except (ZygoteGone, OSError) as exc:
                 raise Unavailable.not_run(name, tool, f"could not start a worker: {exc}" + (
@@ -250,20 +264,10 @@ class Supervisor(CallEnds, Reports, Starts, Closing):
         proc.forked.add_done_callback(functools.partial(self._forked, slot))
         return proc
 
-    def _pids_cgroup(self, init: P.Init, slot: Slot) -> P.Init:
-        """A pids cgroup of its own for ``slot``'s next worker (its max_processes), or why
-        there is none (the worker then says it is not in force)."""
-        for path in [p for p in self._cgroups if p != slot.cgroup]:
-            cgroups.remove(path)                  # (a worker's end left it: removed now)
-            if not os.path.isdir(path):
-                self._cgroups.remove(path)
-        try:
-            slot.cgroup = cgroups.make(slot.limits.max_processes or 0)
-        except OSError as exc:
-            return init._replace(confine={**(init.confine or {}), "pids_cgroup": None,
-                                          "pids_why": str(exc)})
-        self._cgroups.append(slot.cgroup)
-        return init._replace(confine={**(init.confine or {}), "pids_cgroup": slot.cgroup})
+    def _run_as(self, slot: Slot) -> tuple[int, int]:
+        """The (uid, gid) of ``slot``'s confined worker (its tenant's own: per-tenant)."""
+        run_as = slot.limits.run_as or self.run_as
+        return self.uids.of(slot.tenant) if run_as == PER_TENANT else run_as_ids(run_as)
 
     def _forked(self, slot: Slot, forked: Future[int]) -> None:
         """The zygote said the pid of ``slot``'s worker: its end will be told by it."""
@@ -333,6 +337,5 @@ class Supervisor(CallEnds, Reports, Starts, Closing):
         if self._pump is not None:
             self._pump.close()
         self.templates.close()
-        for path in self._cgroups:
-            cgroups.remove(path)
+        self.cgroups.close()
         _live_supervisors.discard(self)

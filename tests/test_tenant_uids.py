@@ -1,0 +1,70 @@
+"""run_as="per-tenant": a uid of its own per tenant, kept across supervisors; the kernel's
+own file permissions then keep tenants apart even with every other file protection off."""
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+
+from conftest import HERE
+from lcp_sandbox import SandboxedBinding, Supervisor
+from lcp_sandbox.testing import protections_off
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="uids are given by a root host")
+LIBS = HERE / "uid_libs"
+RANGE = (1_800_000_000, 1000)
+
+
+def tenant(sup, root, name, **kw):
+    ws = root / name
+    ws.mkdir(exist_ok=True)
+    return SandboxedBinding(tools_folders=[LIBS], supervisor=sup, tenant=name, workspace=str(ws),
+                            workspace_root=str(ws), **kw)
+
+
+def test_each_tenant_gets_a_uid_of_its_own_and_keeps_it(open_tmp):
+    with Supervisor(confine=True, run_as="per-tenant", uid_range=RANGE,
+                    tenants_root=str(open_tmp)) as sup:
+        a, b = tenant(sup, open_tmp, "a"), tenant(sup, open_tmp, "b")
+        ua = a.execute_tool("tool_whoami")["output"]
+        ub = b.execute_tool("tool_whoami")["output"]
+    assert ua != ub and ua[0] == ua[1] and ub[0] == ub[1]
+    assert all(RANGE[0] <= u[0] < RANGE[0] + RANGE[1] for u in (ua, ub))
+    for name, uid in (("a", ua[0]), ("b", ub[0])):
+        st = (open_tmp / name).stat()
+        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (uid, 0o700)
+    store = open_tmp / ".lcp-sandbox-uids.json"
+    assert json.loads(store.read_text()) == {"a": ua[0], "b": ub[0]}
+    assert store.stat().st_uid == 0 and stat.S_IMODE(store.stat().st_mode) == 0o600
+    with Supervisor(confine=True, run_as="per-tenant", uid_range=RANGE,
+                    tenants_root=str(open_tmp)) as again:          # a restart: the same uid
+        assert tenant(again, open_tmp, "a").execute_tool("tool_whoami")["output"] == ua
+
+
+def test_file_permissions_alone_keep_tenants_apart(open_tmp):
+    """Landlock and the own root switched off (best effort): tenant a still cannot read
+    tenant b's file, by the kernel's permission check alone; with one shared uid it could."""
+    (open_tmp / "b").mkdir()
+    (open_tmp / "b" / "secret.txt").write_text("b's secret")
+    secret = str(open_tmp / "b" / "secret.txt")
+    with Supervisor(confine="best-effort", run_as="per-tenant", uid_range=RANGE) as sup:
+        with protections_off(sup, "landlock", "root"):
+            b = tenant(sup, open_tmp, "b")
+            assert b.execute_tool("tool_read", {"path": secret})["output"] == "b's secret"
+            a = tenant(sup, open_tmp, "a")
+            assert a.execute_tool("tool_read", {"path": secret})["output"] == "PermissionError"
+    with Supervisor(confine="best-effort") as shared:                 # the same, one uid
+        with protections_off(shared, "landlock", "root"):
+            b = tenant(shared, open_tmp, "b")
+            b.execute_tool("tool_whoami")                              # (b's root: nobody's)
+            a = tenant(shared, open_tmp, "a2")
+            assert a.execute_tool("tool_read", {"path": secret})["output"] == "b's secret"
+
+
+def test_settings_are_checked():
+    with pytest.raises(ValueError, match="uid_range"):
+        Supervisor(run_as="per-tenant", uid_range=(0, 10))
+    with pytest.raises(ValueError, match="run_as"):
+        Supervisor(run_as="per-tenants")
