@@ -6,10 +6,12 @@ another tenant and the host (tests/host_kind_attack.py, run as a host process of
     root without Landlock       a seccomp filter makes landlock_* answer ENOSYS
                                 (tests/without_landlock.py), for the host and all it starts
     container                   root with a default container's capabilities (capsh --drop):
-                                no CAP_SYS_ADMIN, so no namespaces of the zygote's
+                                no CAP_SYS_ADMIN, so the namespaces come through a user
+                                namespace; and the same where user namespaces are refused
+                                (unshare answers EPERM: tests/without_landlock.py --no-userns)
     container without setuid    the same, also without CAP_SETUID / CAP_SETGID
-    unprivileged                a host user (setpriv) with a Python it may read
-    unprivileged w/o Landlock   the same, without Landlock
+    unprivileged                a host user (setpriv) with a Python it may read; with and
+                                without Landlock, with and without user namespaces
 
 Where a fresh worker can have a PID namespace of its own in a root of its own, tenants
 are apart whatever the kernel; elsewhere Landlock (ABI 6's scope) holds files and signals;
@@ -162,8 +164,16 @@ def test_root_landlock_abi_5(open_tmp):
 
 
 def test_container(open_tmp):
-    """No CAP_SYS_ADMIN: no namespaces of the zygote's; Landlock holds files and signals."""
+    """No CAP_SYS_ADMIN: the namespaces come through a user namespace the zygote maps (every
+    uid to itself: it keeps CAP_SETUID), and the worker still becomes nobody."""
     out = host("container", open_tmp)
+    assert_apart(out, own_pid_namespace=True)
+    assert out["attack"]["output"]["uid"] == 65534
+    assert out["a_stats"][0]["protections"]["privileges"].startswith("uid 65534 gid 65534")
+
+
+def test_container_without_user_namespaces_relies_on_landlock(open_tmp):
+    out = host("container_no_userns", open_tmp)
     assert_apart(out, own_pid_namespace=False)
     assert out["attack"]["output"]["uid"] == 65534
 

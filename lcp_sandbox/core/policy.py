@@ -121,10 +121,11 @@ PROTECTIONS = ("env", "network", "filesystem", "processes", "privileges", "unix_
 PROVIDERS = {
     "filesystem": "Landlock (Linux 5.13+ with landlock among the active LSMs)",
     "processes": "a PID namespace of its own (workers forked from the zygote, not from a "
-                 "template: a root host with CAP_SYS_ADMIN, or a host user allowed "
-                 "unprivileged user namespaces: kernel.unprivileged_userns_clone=1, and on "
-                 "Ubuntu 24.04 kernel.apparmor_restrict_unprivileged_userns=0) or Landlock "
-                 "ABI 6 (Linux 6.12+), whose scope keeps a worker's signals in its domain",
+                 "template: a root host with CAP_SYS_ADMIN, or else user namespaces: "
+                 "kernel.unprivileged_userns_clone=1, on Ubuntu 24.04 "
+                 "kernel.apparmor_restrict_unprivileged_userns=0, in a container a seccomp "
+                 "profile that allows unshare) or Landlock ABI 6 (Linux 6.12+), whose scope "
+                 "keeps a worker's signals in its domain",
     "privileges": "a host that may change uid: root with CAP_SETUID, CAP_SETGID and "
                   "CAP_SETPCAP (a container keeps them unless they were dropped), or a "
                   "non-root host",

@@ -35,7 +35,7 @@ def fork_spare(ctl: socket.socket, wake_r: int, wake_w: int, zygote_pid: int,
     moves only the next child there, and setns() back to our own namespace undoes it
     for the children after it (a second unshare would fail with EINVAL)."""
     moved = own_pidns >= 0 and libc.unshare(_CLONE_NEWPID) == 0
-    if own_pidns >= 0 and not moved and os.geteuid() != 0:
+    if own_pidns >= 0 and not moved:
         got = _through_a_user_namespace(ctl, wake_r, wake_w, zygote_pid)
         if got is not None:
             return got
@@ -62,31 +62,40 @@ def fork_spare(ctl: socket.socket, wake_r: int, wake_w: int, zygote_pid: int,
 
 def _through_a_user_namespace(ctl: socket.socket, wake_r: int, wake_w: int,
                               zygote_pid: int) -> Optional[Spare]:
-    """(A host that is not root) the same spare, pid 1 of a PID namespace of its own, made
-    through a user namespace that maps the host's uid to itself: a helper child unshares
-    both, forks the spare and exits, so the spare comes back to the zygote (a subreaper).
-    The spare has every capability inside its user namespace only, enough for its own
-    mounts, and drops them with the rest (confine/privileges.py).  None when the system
-    refuses an unprivileged user namespace (the worker then says what is missing)."""
+    """(A host without CAP_SYS_ADMIN: not root, or a container's root) the same spare, pid 1
+    of a PID namespace of its own, made through a user namespace: a helper child unshares
+    one, the zygote writes its id maps (the host's uid to itself; a root host, every uid to
+    itself, so the worker can still become its run_as), the helper unshares the PID
+    namespace, forks the spare and exits, and the spare comes back to the zygote (a
+    subreaper).  The spare's capabilities hold inside its user namespace only, enough for
+    its own mounts, and go with the rest (confine/privileges.py).  None when the system
+    refuses a user namespace (the worker then says what is missing)."""
     mine, its = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     status_r, status_w = os.pipe()
-    pid_r, pid_w = os.pipe()
+    up_r, up_w = os.pipe()                   # helper -> zygote: "unshared", then the pid
+    go_r, go_w = os.pipe()                   # zygote -> helper: its maps are written
     helper = os.fork()
     if helper == 0:
         try:
-            for fd in (status_r, pid_r):
+            for fd in (status_r, up_r, go_w):
                 os.close(fd)
             mine.close()
-            _helper(ctl, wake_r, wake_w, its, zygote_pid, status_w, pid_w)
+            _helper(ctl, wake_r, wake_w, its, zygote_pid, status_w, up_w, go_r)
         finally:
             os._exit(70)
     its.close()
-    os.close(status_w)
-    os.close(pid_w)
+    for fd in (status_w, up_w, go_r):
+        os.close(fd)
+    try:
+        if os.read(up_r, 1) == b"u" and _write_maps(helper):
+            os.write(go_w, b"g")
+    except OSError:
+        pass
+    os.close(go_w)
     data = b""
-    while chunk := os.read(pid_r, 4):
+    while chunk := os.read(up_r, 4):
         data += chunk
-    os.close(pid_r)
+    os.close(up_r)
     os.waitpid(helper, 0)
     if len(data) != 4:
         mine.close()
@@ -97,31 +106,41 @@ def _through_a_user_namespace(ctl: socket.socket, wake_r: int, wake_w: int,
     return pid, mine
 
 
-def _helper(ctl: socket.socket, wake_r: int, wake_w: int, inbox: socket.socket,
-            zygote_pid: int, status_w: int, pid_w: int) -> None:
-    uid, gid = os.getuid(), os.getgid()
-    if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWPID) != 0:
-        return
+def _write_maps(pid: int) -> bool:
+    """The id maps of the user namespace process ``pid`` just made (we made its parent)."""
+    uid, gid = os.geteuid(), os.getegid()
+    maps = ((("uid_map", "0 0 4294967295"), ("gid_map", "0 0 4294967295")) if uid == 0 else
+            (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")))
     try:
-        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
-                           ("gid_map", f"{gid} {gid} 1")):
-            with open(f"/proc/self/{name}", "w") as f:
+        for name, text in maps:
+            with open(f"/proc/{pid}/{name}", "w") as f:
                 f.write(text)
     except OSError:
+        return False
+    return True
+
+
+def _helper(ctl: socket.socket, wake_r: int, wake_w: int, inbox: socket.socket,
+            zygote_pid: int, status_w: int, up_w: int, go_r: int) -> None:
+    if libc.unshare(_CLONE_NEWUSER) != 0:
+        return
+    os.write(up_w, b"u")
+    if os.read(go_r, 1) != b"g" or libc.unshare(_CLONE_NEWPID) != 0:
         return
     sync_r, sync_w = os.pipe()
     pid = os.fork()
     if pid == 0:                             # pid 1: on once the helper is gone
         try:
             os.close(sync_w)
-            os.close(pid_w)
+            os.close(up_w)
+            os.close(go_r)
             while os.read(sync_r, 1):
                 pass
             os.close(sync_r)
             _child(ctl, wake_r, wake_w, inbox, zygote_pid, status_w)
         finally:
             os._exit(70)
-    os.write(pid_w, struct.pack("=i", pid))
+    os.write(up_w, struct.pack("=i", pid))
 
 
 #: (In the zygote) the status pipe of each spare or worker that is the init of a PID
