@@ -13,8 +13,14 @@ from lcp_sandbox import SandboxedBinding, Supervisor
 from lcp_sandbox.testing import protections_off
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="uids are given by a root host")
-LIBS = HERE / "uid_libs"
+LIBS = HERE / "priv_libs"
 RANGE = (1_800_000_000, 1000)
+
+
+def ids(binding) -> list:
+    """The worker's [uid, gid] (its /proc/self/status)."""
+    st = binding.execute_tool("tool_status")["output"]
+    return [int(st["Uid"].split()[0]), int(st["Gid"].split()[0])]
 
 
 def tenant(sup, root, name, **kw):
@@ -28,8 +34,7 @@ def test_each_tenant_gets_a_uid_of_its_own_and_keeps_it(open_tmp):
     with Supervisor(confine=True, run_as="per-tenant", uid_range=RANGE,
                     tenants_root=str(open_tmp)) as sup:
         a, b = tenant(sup, open_tmp, "a"), tenant(sup, open_tmp, "b")
-        ua = a.execute_tool("tool_whoami")["output"]
-        ub = b.execute_tool("tool_whoami")["output"]
+        ua, ub = ids(a), ids(b)
     assert ua != ub and ua[0] == ua[1] and ub[0] == ub[1]
     assert all(RANGE[0] <= u[0] < RANGE[0] + RANGE[1] for u in (ua, ub))
     for name, uid in (("a", ua[0]), ("b", ub[0])):
@@ -40,7 +45,7 @@ def test_each_tenant_gets_a_uid_of_its_own_and_keeps_it(open_tmp):
     assert store.stat().st_uid == 0 and stat.S_IMODE(store.stat().st_mode) == 0o600
     with Supervisor(confine=True, run_as="per-tenant", uid_range=RANGE,
                     tenants_root=str(open_tmp)) as again:          # a restart: the same uid
-        assert tenant(again, open_tmp, "a").execute_tool("tool_whoami")["output"] == ua
+        assert ids(tenant(again, open_tmp, "a")) == ua
 
 
 def test_file_permissions_alone_keep_tenants_apart(open_tmp):
@@ -58,7 +63,7 @@ def test_file_permissions_alone_keep_tenants_apart(open_tmp):
     with Supervisor(confine="best-effort") as shared:                 # the same, one uid
         with protections_off(shared, "landlock", "root"):
             b = tenant(shared, open_tmp, "b")
-            b.execute_tool("tool_whoami")                              # (b's root: nobody's)
+            ids(b)                                                     # (b's root: nobody's)
             a = tenant(shared, open_tmp, "a2")
             assert a.execute_tool("tool_read", {"path": secret})["output"] == "b's secret"
 
