@@ -54,16 +54,23 @@ CONTAINER_DROPS = ("cap_sys_admin,cap_net_admin,cap_sys_ptrace,cap_sys_module,ca
 @pytest.fixture(scope="module")
 def user_python(open_tmp_module) -> str:
     """A Python an unprivileged user may run, with the engine and its dependencies: a
-    virtualenv of the system's interpreter whose .pth names this one's site-packages (the
-    same CPython minor version, so the same compiled modules)."""
+    virtualenv of the system's interpreter (the same CPython minor version, so the same
+    compiled modules) holding copies of the engine and its three dependencies (the
+    checkout may lie below a folder only root may pass)."""
     system = shutil.which(f"python3.{sys.version_info.minor}", path="/usr/bin:/usr/local/bin")
     if system is None or os.path.realpath(system).startswith("/root"):
         pytest.skip(f"no system python3.{sys.version_info.minor} an unprivileged user can run")
     venv = open_tmp_module / "user-python"
     subprocess.run([system, "-m", "venv", "--without-pip", str(venv)], check=True)
     site = next(venv.glob("lib/python3.*/site-packages"))
-    ours = next(p for p in sys.path if p.endswith("site-packages") and os.path.isdir(p))
-    (site / "lcp_host.pth").write_text(f"{ours}\n{REPO}\n")
+    import cloudpickle
+    import msgpack
+    import psutil
+    for module in (psutil, msgpack, cloudpickle):
+        shutil.copytree(os.path.dirname(module.__file__), site / module.__name__,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "lcp_sandbox", site / "lcp_sandbox",
+                    ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run(["chmod", "-R", "a+rX", str(venv)], check=True)
     return str(venv / "bin" / "python")
 
