@@ -49,6 +49,7 @@ def test_max_processes_caps_a_worker_tree_and_no_other(libs, open_tmp):
         assert row["start"].startswith("fresh (max_processes")
         assert len(_our_cgroups()) == 1
     assert _our_cgroups() == []                       # removed with the workers
+    assert not os.path.exists(f"/sys/fs/cgroup/pids/lcp-sandbox-{os.getpid()}")   # and theirs
 
 
 def _our_cgroups() -> list:

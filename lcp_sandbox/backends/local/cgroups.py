@@ -117,3 +117,10 @@ class WorkerCgroups:
     def close(self) -> None:
         for path in self.paths:
             remove(path)
+        parent = _parent()[0]
+        if self.paths and parent is not None:
+            try:
+                os.rmdir(parent)                # (another supervisor's workers keep it)
+                _parent.cache_clear()
+            except OSError:
+                pass
