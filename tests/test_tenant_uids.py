@@ -10,9 +10,12 @@ import pytest
 
 from conftest import HERE
 from lcp_sandbox import SandboxedBinding, Supervisor
+from lcp_sandbox.backends.local import tenant_uids
+from lcp_sandbox.backends.local.tenant_uids import TenantUids
+from lcp_sandbox.core.outcomes import Unavailable
 from lcp_sandbox.testing import protections_off
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="uids are given by a root host")
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="uids are given by a root host")
 LIBS = HERE / "priv_libs"
 RANGE = (1_800_000_000, 1000)
 
@@ -30,6 +33,7 @@ def tenant(sup, root, name, **kw):
                             workspace_root=str(ws), **kw)
 
 
+@needs_root
 def test_each_tenant_gets_a_uid_of_its_own_and_keeps_it(open_tmp):
     with Supervisor(confine=True, run_as="per-tenant", uid_range=RANGE,
                     tenants_root=str(open_tmp)) as sup:
@@ -48,6 +52,7 @@ def test_each_tenant_gets_a_uid_of_its_own_and_keeps_it(open_tmp):
         assert ids(tenant(again, open_tmp, "a")) == ua
 
 
+@needs_root
 def test_file_permissions_alone_keep_tenants_apart(open_tmp):
     """Landlock and the own root switched off (best effort): tenant a still cannot read
     tenant b's file, by the kernel's permission check alone; with one shared uid it could."""
@@ -73,3 +78,16 @@ def test_settings_are_checked():
         Supervisor(run_as="per-tenant", uid_range=(0, 10))
     with pytest.raises(ValueError, match="run_as"):
         Supervisor(run_as="per-tenants")
+
+
+def test_a_host_that_is_not_root_refuses_a_uid_per_tenant(monkeypatch):
+    """It cannot give one: every tenant would keep the host's uid. Refused (503), unless
+    best effort; a fixed run_as is what it always was."""
+    uids = TenantUids(RANGE, None)
+    monkeypatch.setattr(tenant_uids.os, "geteuid", lambda: 1000)
+    with pytest.raises(Unavailable) as caught:
+        uids.worker_ids("per-tenant", "a", True, "lib", "tool_x")
+    assert caught.value.result["status_code"] == 503
+    assert "needs a root host" in caught.value.result["error"] and "uid 1000" in caught.value.result["error"]
+    assert uids.worker_ids("per-tenant", "a", "best-effort", "lib", "tool_x")[1] is True
+    assert uids.worker_ids((5151, 5252), "a", True, "lib", "tool_x") == ((5151, 5252), False)

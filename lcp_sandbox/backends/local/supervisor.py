@@ -37,10 +37,8 @@ from ...core.outcomes import SandboxEvent, Unavailable
 from ...core.policy import (
     DEFAULT_RUN_AS,
     DEFAULT_UID_RANGE,
-    PER_TENANT,
     not_in_force,
     refusal_text,
-    run_as_ids,
     run_as_setting,
     uid_range_setting,
 )
@@ -249,8 +247,10 @@ class Supervisor(CallEnds, Reports, Starts, Closing):
                 if self.protections_off:
                     init = init._replace(disabled=sorted(self.protections_off))
                 if init.confine is not None:      # (its temp dir: templates.start makes it)
-                    per_tenant = (slot.limits.run_as or self.run_as) == PER_TENANT
-                    init = hand_over_root(init, self._run_as(slot), name, tool, per_tenant)
+                    run_as, own = self.uids.worker_ids(slot.limits.run_as or self.run_as,
+                                                       slot.tenant, slot.limits.confine,
+                                                       name, tool)
+                    init = hand_over_root(init, run_as, name, tool, private=own)
                     if slot.limits.max_processes:
                         init = self.cgroups.give(init, slot)
                 proc = self._launch(slot, init, deadline, tool)
@@ -263,11 +263,6 @@ class Supervisor(CallEnds, Reports, Starts, Closing):
         proc.on_ready = functools.partial(self._ready, slot, init)
         proc.forked.add_done_callback(functools.partial(self._forked, slot))
         return proc
-
-    def _run_as(self, slot: Slot) -> tuple[int, int]:
-        """The (uid, gid) of ``slot``'s confined worker (its tenant's own: per-tenant)."""
-        run_as = slot.limits.run_as or self.run_as
-        return self.uids.of(slot.tenant) if run_as == PER_TENANT else run_as_ids(run_as)
 
     def _forked(self, slot: Slot, forked: Future[int]) -> None:
         """The zygote said the pid of ``slot``'s worker: its end will be told by it."""

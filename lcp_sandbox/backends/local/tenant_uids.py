@@ -17,7 +17,11 @@ import os
 import tempfile
 import threading
 import zlib
-from typing import Optional
+from typing import Any, Optional
+
+from ...core.limits import BEST_EFFORT
+from ...core.outcomes import Unavailable
+from ...core.policy import PER_TENANT, run_as_ids
 
 STORE = ".lcp-sandbox-uids.json"
 
@@ -41,6 +45,22 @@ class TenantUids:
             raise OSError(f"the tenants' uids in {self.path} cannot be read ({exc}): fix or "
                           f"remove the file (tenants then get new uids)") from None
         return {str(k): int(v) for k, v in got.items() if isinstance(v, int)}
+
+    def worker_ids(self, run_as: Any, tenant: str, confine: Any, library: str,
+                   tool: str) -> tuple[tuple[int, int], bool]:
+        """((uid, gid) of a confined worker of ``tenant`` with this ``run_as`` setting,
+        whether they are the tenant's own).  A uid per tenant needs a root host: elsewhere
+        every tenant would keep the host's uid, so the call is refused (503) unless the
+        host said confine="best-effort"."""
+        if run_as != PER_TENANT:
+            return run_as_ids(run_as), False
+        if os.geteuid() != 0 and confine != BEST_EFFORT:
+            raise Unavailable.not_run(library, tool, 'run_as="per-tenant" gives each tenant a '
+                                      "uid of its own, which needs a root host (CAP_SETUID); "
+                                      f"this host runs as uid {os.geteuid()}. Nothing was run. "
+                                      'With confine="best-effort" its workers keep the host\'s '
+                                      "uid.", "not_confined")
+        return self.of(tenant), True
 
     def of(self, tenant: str) -> tuple[int, int]:
         """``tenant``'s (uid, gid), allocated now if it has none (OSError: none left)."""
