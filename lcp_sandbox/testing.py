@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from .backends.local import Supervisor
 from .core.policy import LANDLOCK_ABI_SWITCH
@@ -33,14 +33,8 @@ def protections_off(supervisor: Supervisor, *names: str) -> Iterator[None]:
     unknown = set(names) - SWITCHES
     if unknown:
         raise ValueError(f"unknown protections {sorted(unknown)}; known: {sorted(SWITCHES)}")
-    logging.getLogger("lcp_sandbox").warning(
-        "TEST HOOK: workers started by this supervisor run without %s", ", ".join(sorted(names)))
-    before = supervisor.protections_off
-    supervisor.protections_off = before | frozenset(names)
-    try:
+    with _switched(supervisor, names, f"run without {', '.join(sorted(names))}"):
         yield
-    finally:
-        supervisor.protections_off = before
 
 
 @contextmanager
@@ -49,10 +43,18 @@ def landlock_abi_at_most(supervisor: Supervisor, abi: int) -> Iterator[None]:
     ``abi`` (1 to 5) gives it: its rights, and no scope below 6."""
     if not isinstance(abi, int) or not 1 <= abi <= 5:
         raise ValueError(f"abi={abi!r}: a Landlock ABI from 1 to 5")
+    with _switched(supervisor, [f"{LANDLOCK_ABI_SWITCH}{abi}"],
+                   f"use at most Landlock ABI {abi}"):
+        yield
+
+
+@contextmanager
+def _switched(supervisor: Supervisor, switches: Iterable[str], what: str) -> Iterator[None]:
+    """The switches on for the block (INIT carries them to the workers), said in a warning."""
     logging.getLogger("lcp_sandbox").warning(
-        "TEST HOOK: workers started by this supervisor use at most Landlock ABI %d", abi)
+        "TEST HOOK: workers started by this supervisor %s", what)
     before = supervisor.protections_off
-    supervisor.protections_off = before | {f"{LANDLOCK_ABI_SWITCH}{abi}"}
+    supervisor.protections_off = before | frozenset(switches)
     try:
         yield
     finally:

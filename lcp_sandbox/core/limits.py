@@ -12,12 +12,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Optional, Union
 
 from .outcomes import CallFailed
-from .policy import run_as_setting
+from .policy import BEST_EFFORT, run_as_setting
 from .syscalls import check_setting
-
-#: ``confine="best-effort"``: confine with what the system has, where ``True`` refuses to run
-#: a worker without every mechanism (backends/local/platforms.py).
-BEST_EFFORT = "best-effort"
 
 
 def confine_setting(value: Any) -> Union[bool, str]:

@@ -22,6 +22,9 @@ DEFAULT_RUN_AS = (65534, 65534)          # nobody:nogroup on most distributions
 ENGINE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+#: ``confine="best-effort"``: confine with what the system has, where ``True`` refuses to run
+#: a worker without every protection it asked for.
+BEST_EFFORT = "best-effort"
 #: lcp_sandbox.testing.landlock_abi_at_most(): "landlock_abi=N" among INIT's switches.
 LANDLOCK_ABI_SWITCH = "landlock_abi="
 #: A protection switched off by lcp_sandbox.testing.protections_off(), as stats() show it.
@@ -162,6 +165,16 @@ def not_in_force(report: dict[str, Any], confined: bool, network: bool,
         wanted.append("network")
     return [(kind, state) for kind in wanted
             if not in_force(kind, state := str(report.get(kind, "unknown")))]
+
+
+def refused(report: dict[str, Any], limits: dict[str, Any],
+            confined: bool) -> list[tuple[str, str]]:
+    """What keeps a worker (its READY ``report``, its INIT's ``limits``) from serving:
+    the protections asked for and not in force, unless the host said best effort."""
+    if limits.get("confine") == BEST_EFFORT:
+        return []
+    return not_in_force(report, confined, limits.get("network", True),
+                        limits.get("max_processes"))
 
 
 def refusal_text(missing: list[tuple[str, str]]) -> str:

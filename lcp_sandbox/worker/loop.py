@@ -37,8 +37,7 @@ from typing import Any, Callable, Optional, cast
 
 from .. import protocol as P
 from ..core import normalize
-from ..core.limits import BEST_EFFORT
-from ..core.policy import not_in_force
+from ..core.policy import refused
 from ..protocol import LOAD_FAILED, OK, OUT_OF_MEMORY, RAISED, TIMED_OUT, error_value
 
 if sys.platform.startswith("linux"):
@@ -375,9 +374,7 @@ def session(conn: P.Connection, prepared: Optional[Callable[[], Any]] = None) ->
             ch.interrupt_pending = True          # the tool runs, or has the host's answer
     signal.signal(P.SOFT_TIMEOUT_SIGNAL, on_soft_timeout)   # before READY: the host may signal then
     conn.send_encoded(worker.ch.encoder.encode(P.READY, [report]))
-    lim = init.limits
-    if lim.get("confine") != BEST_EFFORT and not_in_force(
-            report, init.confine is not None, lim.get("network", True), lim.get("max_processes")):
+    if refused(report, init.limits, init.confine is not None):
         return           # fail closed: no call of this worker runs (the host says why)
     serve_calls(conn, worker)
 

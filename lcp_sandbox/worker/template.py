@@ -47,8 +47,7 @@ import threading
 from typing import Iterable, Optional, cast
 
 from .. import protocol as P
-from ..core.limits import BEST_EFFORT
-from ..core.policy import not_in_force
+from ..core.policy import refused
 from ..system.proc import children
 from .confine import environment_of, set_environment
 from .rlimits import die_with_parent
@@ -189,8 +188,8 @@ def _confined(init: P.Init) -> str:
     conf = init.confine or {}
     if not report.get("privileges", "").startswith("uid "):
         return f"refused: its privileges were not dropped ({report.get('privileges')})"
-    missing = not_in_force(report, True, init.limits.get("network", True))
-    if missing and init.limits.get("confine") != BEST_EFFORT:   # fail closed: import nothing
+    missing = refused(report, init.limits, True)
+    if missing:                                  # fail closed: import nothing
         return "refused: not in force: " + ", ".join(f"{k} ({v})" for k, v in missing)
     if not os.access(conf["root"], os.X_OK):
         # A fresh worker would get the folder covered (mounts.py); one forked from here

@@ -28,8 +28,8 @@ import tempfile
 from typing import Any, Optional
 
 from ... import protocol as P
-from ...core.limits import BEST_EFFORT, Limits
-from ...core.policy import path_within
+from ...core.limits import Limits
+from ...core.policy import BEST_EFFORT, path_within
 
 BASE = "(base)"          # the library name of a template without a library
 

@@ -18,7 +18,7 @@ import os
 import sys
 from typing import Optional
 
-from ...core.limits import BEST_EFFORT
+from ...core.policy import BEST_EFFORT
 
 SYSTEM = sys.platform
 START_METHODS = ("zygote", "spawn")

@@ -32,9 +32,10 @@ from concurrent.futures import Future
 from typing import Any, Callable, Optional, Union
 
 from ... import protocol as P
-from ...core.limits import BEST_EFFORT, confine_setting
+from ...core.limits import confine_setting
 from ...core.outcomes import SandboxEvent, Unavailable
 from ...core.policy import (
+    BEST_EFFORT,
     DEFAULT_RUN_AS,
     DEFAULT_UID_RANGE,
     not_in_force,

@@ -19,9 +19,8 @@ import threading
 import zlib
 from typing import Any, Optional
 
-from ...core.limits import BEST_EFFORT
 from ...core.outcomes import Unavailable
-from ...core.policy import PER_TENANT, run_as_ids
+from ...core.policy import BEST_EFFORT, PER_TENANT, run_as_ids
 
 STORE = ".lcp-sandbox-uids.json"
 
