@@ -91,3 +91,32 @@ def test_a_host_that_is_not_root_refuses_a_uid_per_tenant(monkeypatch):
     assert "needs a root host" in caught.value.result["error"] and "uid 1000" in caught.value.result["error"]
     assert uids.worker_ids("per-tenant", "a", "best-effort", "lib", "tool_x")[1] is True
     assert uids.worker_ids((5151, 5252), "a", True, "lib", "tool_x") == ((5151, 5252), False)
+
+
+@needs_root
+def test_a_templated_worker_cannot_renice_another_tenants_worker(open_tmp):
+    """A worker forked from a template has no PID namespace of its own (Landlock scopes its
+    signals, not priorities or affinity); with a uid per tenant the kernel refuses both."""
+    import time
+    libs = HERE / "host_kind_libs"
+    with Supervisor(confine=True, run_as="per-tenant", uid_range=RANGE,
+                    tenants_root=str(open_tmp)) as sup:
+        made = {}
+        for name in ("a", "b"):
+            ws = open_tmp / name
+            ws.mkdir()
+            made[name] = SandboxedBinding(tools_folders=[libs], supervisor=sup, tenant=name,
+                                          workspace=str(ws), workspace_root=str(ws))
+            made[name].execute_tool("tool_count")
+        deadline = time.monotonic() + 60                   # their templates, made
+        while any(t["state"] == "starting" for t in sup.pool_stats()["templates"]):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        made["a"].restart_library("attacker")
+        b_pid = sup.stats(tenant="b")[0]["pid"]
+        got = made["a"].execute_tool("tool_attack", {"other_root": str(open_tmp / "b"),
+                                                     "other_pid": b_pid, "host_pid": os.getpid()})
+        assert sup.stats(tenant="a")[0]["start"] == "template"
+        out = got["output"]
+        assert out["renice_other"] == out["pin_other"] == out["signal_other"] == "PermissionError"
+        assert out["read_secret"] in ("PermissionError", "FileNotFoundError")
