@@ -23,6 +23,10 @@ The filter, from core/syscalls.py's data:
                    sendto() any path even when paired); stream/seqpacket ALLOW
       prctl, personality, ioctl   the options/requests of core/syscalls.py, else EPERM
       prlimit64    pid 0 (this process: glibc's getrlimit/setrlimit), else EPERM
+      setpriority (PRIO_PROCESS, 0), sched_set{affinity,scheduler,param,attr} (0),
+      ioprio_set (IOPRIO_WHO_PROCESS, 0)    the caller itself (os.nice, a thread's own
+                   affinity), else EPERM: workers forked from one template share a uid,
+                   and a PID namespace of their own is what fresh workers have instead
       anything else                               EPERM
 With the network off this is also what keeps pathname unix sockets out of reach
 (Landlock ABI <= 7 and a network namespace do not cover them); io_uring (its
@@ -70,6 +74,8 @@ _RET_ALLOW, _RET_ERRNO = 0x7FFF0000, 0x00050000
 _SECCOMP_SET_MODE_FILTER, _SECCOMP_FILTER_FLAG_TSYNC, _SECCOMP_MODE_FILTER = 1, 1, 2
 _LD, _JA, _JEQ, _JGE, _JSET, _AND, _RET = 0x20, 0x05, 0x15, 0x35, 0x45, 0x54, 0x06
 _OFF_NR, _OFF_ARCH = 0, 4                                  # struct seccomp_data (little endian)
+_SCHED_SETTERS = ("sched_setaffinity", "sched_setscheduler", "sched_setparam", "sched_setattr")
+_IOPRIO_WHO_PROCESS = 1
 _NS_FLAGS = 0x7E020000       # CLONE_NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET
 #: With the network on.  With it off, only AF_NETLINK's NETLINK_ROUTE: network-off workers
 #: of one confined template share its network namespace, where loopback (TCP, UDP) and
@@ -98,6 +104,14 @@ def _arg(i: int) -> int:
     return 16 + 8 * i
 
 
+def _args_are(*values: int) -> list[Row]:
+    """ALLOW if argument i is ``values[i]`` for each i, else EPERM."""
+    rows: list[Row] = []
+    for i, value in enumerate(values):          # a mismatch jumps past the rest to EPERM
+        rows += [(_LD, 0, 0, _arg(i)), (_JEQ, 0, 2 * (len(values) - 1 - i) + 1, value)]
+    return rows + [(_RET, 0, 0, ALLOW), (_RET, 0, 0, EPERM)]
+
+
 def _one_of(arg: int, values: tuple, match: int, other: int) -> list[Row]:
     """Load argument ``arg``; ``match`` if it is one of ``values``, else ``other``."""
     n = len(values)
@@ -120,7 +134,10 @@ def _blocks(network: bool, lifted: frozenset) -> dict[str, list[Row]]:
         "prctl": _one_of(0, tuple(S.PRCTL_OPTIONS.values()), ALLOW, EPERM),
         "personality": _one_of(0, S.PERSONALITIES, ALLOW, EPERM),
         "ioctl": _one_of(1, tuple(S.IOCTL_REQUESTS.values()), ALLOW, EPERM),
-        "prlimit64": _one_of(0, (0,), ALLOW, EPERM),
+        "prlimit64": _args_are(0),
+        "setpriority": _args_are(0, 0),                  # PRIO_PROCESS, who: the caller
+        "ioprio_set": _args_are(_IOPRIO_WHO_PROCESS, 0),
+        **{name: _args_are(0) for name in _SCHED_SETTERS},
     }
     if not network:
         out["socketpair"] = [(_LD, 0, 0, _arg(1)), (_AND, 0, 0, 0xF),      # SOCK_TYPE_MASK
@@ -166,7 +183,9 @@ def _search(runs: list[tuple[int, int]]) -> list[Row]:
 
 
 #: The filtered calls, most frequent first (ioctl: isatty() on each open() in text mode).
-_CHAIN = ("ioctl", "clone", "prctl", "socket", "prlimit64", "socketpair", "personality")
+_CHAIN = ("ioctl", "clone", "prctl", "socket", "prlimit64", "socketpair", "personality",
+          "sched_setaffinity", "setpriority", "sched_setscheduler", "sched_setparam",
+          "sched_setattr", "ioprio_set")
 
 
 @functools.lru_cache(maxsize=32)
