@@ -118,6 +118,23 @@ def test_a_library_allowed_one_public_name_cannot_reach_the_hosts_loopback(sup, 
     assert made["allowed"].seen == seen
 
 
+def test_a_name_no_rule_admits_is_never_resolved(sup, open_tmp_module, monkeypatch):
+    """A tool cannot make the host look up names of its choosing (DNS as a way out)."""
+    asked = []
+    resolve = egress._resolve
+
+    def recorded(host, port):
+        asked.append(host)
+        return resolve(host, port)
+    monkeypatch.setattr(egress, "_resolve", recorded)
+    t = binding(sup, open_tmp_module, "no-lookups", {"allow": ["localhost:9"]})
+    got = out(t, "tool_urllib", url="http://secret-data.exfil.invalid/")
+    assert got["status"] == 403 and "no allow rule matches secret-data.exfil.invalid:80" \
+        in got["body"]
+    assert out(t, "tool_urllib", url="http://localhost:9/")["status"] == 403   # (loopback)
+    assert asked == ["localhost"]
+
+
 def test_a_name_resolving_to_loopback_needs_the_address_listed_per_tenant(sup, servers,
                                                                           open_tmp_module):
     """Two tenants of one supervisor, two policies: each is held to its own."""

@@ -26,6 +26,7 @@ import asyncio
 import ipaddress
 import logging
 import os
+import queue
 import secrets
 import shutil
 import socket
@@ -34,24 +35,22 @@ import tempfile
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Any, Coroutine, Optional
-from urllib.parse import urlsplit
+from typing import Any, Callable, Coroutine, Optional
 
 from ... import protocol as P
 from ...core.egress_rules import Address, Decision, Policy, policy_of
 from ..metrics import Metrics
+from .egress_conn import HEAD_TIMEOUT_S, Refused, response, serve
 from .slot import Slot
 
 log = logging.getLogger("lcp_sandbox.egress")
 
 MAX_PER_WORKER = 64
 MAX_CONNECTIONS = 4096
-HEAD_LIMIT = 64 * 1024
-HEAD_TIMEOUT_S = 10.0
-CONNECT_TIMEOUT_S = 10.0
-RESOLVE_TIMEOUT_S = 10.0
 _FDS_PER_MESSAGE = 8
-_LOGGED_PER_WORKER = 20          # refusals logged per worker (then counted only)
+TOKEN_BYTES = 32                 # hex digits of a dialer's token (128 bits)
+_LOGGED_PER_WORKER = 20
+_IDLE_THREADS = 32          # refusals logged per worker (then counted only)
 
 
 @dataclass
@@ -62,14 +61,6 @@ class Identity:
     policy: Policy
     active: int = 0
     refused: int = 0
-
-
-class Refused(Exception):
-    """A connection not made: the HTTP status and the text the tool reads."""
-
-    def __init__(self, status: int, text: str) -> None:
-        super().__init__(text)
-        self.status = status
 
 
 class EgressProxy:
@@ -86,6 +77,8 @@ class EgressProxy:
         self.path = ""
         self.connections = 0
         self._tasks: set[asyncio.Task[None]] = set()
+        self._open: set[socket.socket] = set()        # connections being served
+        self._pool = _Threads()
 
     def give(self, init: P.Init, slot: Slot) -> P.Init:
         """The INIT of ``slot``'s next worker with what it dials the proxy with: the
@@ -96,7 +89,7 @@ class EgressProxy:
                 self._start()
             token = self._tokens.get(id(slot))
             if token is None:
-                token = self._tokens[id(slot)] = secrets.token_hex(16)
+                token = self._tokens[id(slot)] = secrets.token_hex(TOKEN_BYTES // 2)
                 rules = slot.limits.network
                 assert isinstance(rules, dict), "only a worker with a network policy dials"
                 self._ids[token] = Identity(slot.tenant, slot.library.name, policy_of(rules))
@@ -143,6 +136,11 @@ class EgressProxy:
     def close(self) -> None:
         with self._lock:
             loop, thread, self._loop = self._loop, self._thread, None
+            for sock in self._open:                # their threads' reads end
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
         if loop is not None and thread is not None:
             loop.call_soon_threadsafe(loop.stop)
             thread.join(5)
@@ -159,8 +157,9 @@ class EgressProxy:
         """One worker's dialer: its token, then the sockets it hands over, until it ends."""
         with dialer:
             loop = asyncio.get_running_loop()
-            try:
-                line = await asyncio.wait_for(loop.sock_recv(dialer, 64), HEAD_TIMEOUT_S)
+            try:           # exactly the token's line: what follows may carry descriptors
+                line = await asyncio.wait_for(_exactly(loop, dialer, TOKEN_BYTES + 1),
+                                              HEAD_TIMEOUT_S)
             except (asyncio.TimeoutError, OSError):
                 return
             ident = self._ids.get(line.strip().decode("ascii", "replace"))
@@ -178,87 +177,67 @@ class EgressProxy:
                 if not data and not fds:
                     return                                      # the worker ended
                 for fd in fds:
-                    self._take(loop, ident, fd)
+                    self._take(ident, fd)
 
-    def _take(self, loop: asyncio.AbstractEventLoop, ident: Identity, fd: int) -> None:
-        """A descriptor a worker sent: served if it is a connected stream socket."""
+    def _take(self, ident: Identity, fd: int) -> None:
+        """A descriptor a worker sent: served, in a thread of the pool, if it is a
+        connected stream socket and the worker and the host are under their caps."""
         sock = _stream_socket(fd)
         if sock is None:
             return
-        if ident.active >= MAX_PER_WORKER or self.connections >= MAX_CONNECTIONS:
-            limit = "this worker's" if ident.active >= MAX_PER_WORKER else "the host's"
-            self._spawn(loop, self._answer_only(sock, 429 if limit[0] == "t" else 503,
-                                                f"{limit} limit of connections at once is reached"))
+        with self._lock:
+            full = ("this worker's" if ident.active >= MAX_PER_WORKER else
+                    "the host's" if self.connections >= MAX_CONNECTIONS else "")
+            if not full:
+                ident.active += 1
+                self.connections += 1
+                self._open.add(sock)
+        if full:
+            with sock:
+                try:                       # (non-blocking: a 200-byte answer fits at once)
+                    sock.send(response(429 if full[0] == "t" else 503,
+                                       f"{full} limit of connections at once is reached"))
+                except OSError:
+                    pass
             return
-        ident.active += 1
-        self.connections += 1
-        self._spawn(loop, self._serve(ident, sock))
-
-    async def _answer_only(self, sock: socket.socket, status: int, text: str) -> None:
-        with sock:
-            await _send(sock, _response(status, text))
+        self._pool.submit(self._serve, ident, sock)
 
     # ------------------------------------------------------------ one connection
-    async def _serve(self, ident: Identity, sock: socket.socket) -> None:
-        writers: list[asyncio.StreamWriter] = []       # closed at the end (with their socket)
+    def _serve(self, ident: Identity, sock: socket.socket) -> None:
+        """A connection (egress_conn.serve) on the socket, under ``ident``'s policy."""
         try:
-            reader, writer = await asyncio.open_connection(sock=sock, limit=HEAD_LIMIT)
-            writers.append(writer)
-            try:
-                up_reader, up_writer, first = await self._open(ident, reader)
-            except Refused as exc:
-                writer.write(_response(exc.status, str(exc)))
-                await writer.drain()
-                return
-            writers.append(up_writer)
-            if first is None:
-                writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
-            else:
-                up_writer.write(first)
-            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
-        except (OSError, ValueError):
+            sock.setblocking(True)
+            serve(sock, lambda host, port: self._admit(ident, host, port))
+        except OSError:
             pass
+        except Exception:                                   # noqa: BLE001 (a bug: say it)
+            log.exception("egress proxy: a connection of tenant %s, library %s failed",
+                          ident.tenant, ident.library)
         finally:
-            ident.active -= 1
-            self.connections -= 1
-            for w in writers:
-                w.close()
-            if not writers:
-                sock.close()
+            with self._lock:
+                ident.active -= 1
+                self.connections -= 1
+                self._open.discard(sock)
+            sock.close()
 
-    async def _open(self, ident: Identity, reader: asyncio.StreamReader
-                    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, Optional[bytes]]:
-        """Read the request head, decide, connect: the upstream stream and the head to send
-        it (None: a CONNECT tunnel).  Refused when the policy (or the request) says no."""
-        try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT_S)
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError):
-            raise Refused(400, "no complete request head (CONNECT host:port, or a request "
-                               "with an absolute http:// URL)") from None
-        host, port, first = _request(head)
-        addresses = await self._resolve(host, port)
-        self._decide(ident, ident.policy.check(host, port, addresses), host, port)
-        up_reader, up_writer = await _connect(addresses, port)
-        return up_reader, up_writer, first
+    def _admit(self, ident: Identity, host: str, port: int) -> list[Address]:
+        """The addresses (host, port) may be reached at, or Refused.  The name first: a
+        name no rule admits is never resolved (no lookups on the host's resolver for
+        names a tool chose); then every address it resolved to."""
+        self._decide(ident, ident.policy.check(host, port, []), host, port)
+        addresses = _resolve(host, port)
+        self._decide(ident, ident.policy.check(host, port, addresses), host, port, count=True)
+        return addresses
 
-    async def _resolve(self, host: str, port: int) -> list[Address]:
-        try:
-            return [ipaddress.ip_address(host)]
-        except ValueError:
-            pass
-        loop = asyncio.get_running_loop()
-        try:
-            infos = await asyncio.wait_for(loop.getaddrinfo(host, port, type=socket.SOCK_STREAM),
-                                           RESOLVE_TIMEOUT_S)
-        except (OSError, asyncio.TimeoutError) as exc:
-            raise Refused(502, f"{host} cannot be resolved ({exc or 'timed out'})") from None
-        return list(dict.fromkeys(ipaddress.ip_address(str(i[4][0]).split("%")[0])
-                                  for i in infos))
-
-    def _decide(self, ident: Identity, decision: Decision, host: str, port: int) -> None:
-        self.metrics.egress(decision.admitted, decision.rule)
+    def _decide(self, ident: Identity, decision: Decision, host: str, port: int,
+                count: bool = False) -> None:
+        """Go on if ``decision`` admits (counted when ``count``: the last check); else
+        count, log (the first few of a worker) and refuse: 403 naming the rule."""
         if decision.admitted:
+            if count:
+                self.metrics.egress(True, decision.rule)
             return
+        self.metrics.egress(False, decision.rule)
         ident.refused += 1
         if ident.refused <= _LOGGED_PER_WORKER:
             log.warning("egress refused: tenant %s, library %s, to %s port %d: %s%s",
@@ -266,6 +245,17 @@ class EgressProxy:
                         " (further refusals of this worker are counted, not logged)"
                         if ident.refused == _LOGGED_PER_WORKER else "")
         raise Refused(403, f"lcp-sandbox network policy: {decision.why}")
+
+
+async def _exactly(loop: asyncio.AbstractEventLoop, sock: socket.socket, n: int) -> bytes:
+    """``n`` bytes from ``sock``, not one more."""
+    got = b""
+    while len(got) < n:
+        data = await loop.sock_recv(sock, n - len(got))
+        if not data:
+            raise ConnectionResetError("the dialer closed before its token")
+        got += data
+    return got
 
 
 async def _readable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
@@ -279,6 +269,49 @@ async def _readable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> Non
         await ready
     finally:
         loop.remove_reader(sock.fileno())
+
+
+class _Threads:
+    """Daemon threads that serve connections, reused: a connection waits for no thread
+    (one is started when none is idle), and at most _IDLE_THREADS stay idle."""
+
+    def __init__(self) -> None:
+        self._work: queue.SimpleQueue[tuple[Callable[..., None], tuple[Any, ...]]] = (
+            queue.SimpleQueue())
+        self._lock = threading.Lock()
+        self._idle = 0
+
+    def submit(self, fn: Callable[..., None], *args: Any) -> None:
+        self._work.put((fn, args))
+        with self._lock:
+            start = self._idle == 0
+            if not start:
+                self._idle -= 1                   # (that idle thread takes it)
+        if start:
+            threading.Thread(target=self._serve, name="lcp-sandbox-egress-conn",
+                             daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            fn, args = self._work.get()
+            fn(*args)
+            with self._lock:
+                if self._idle >= _IDLE_THREADS:
+                    return
+                self._idle += 1
+
+
+def _resolve(host: str, port: int) -> list[Address]:
+    """Every address of ``host`` (the host's resolver, in the connection's own thread)."""
+    try:
+        return [ipaddress.ip_address(host)]
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise Refused(502, f"{host} cannot be resolved ({exc})") from None
+    return list(dict.fromkeys(ipaddress.ip_address(str(i[4][0]).split("%")[0]) for i in infos))
 
 
 def _stream_socket(fd: int) -> Optional[socket.socket]:
@@ -296,71 +329,3 @@ def _stream_socket(fd: int) -> Optional[socket.socket]:
         pass
     os.close(fd)
     return None
-
-
-def _request(head: bytes) -> tuple[str, int, Optional[bytes]]:
-    """(host, port, the head to send upstream: None for CONNECT) of a request head."""
-    lines = head.decode("latin-1").split("\r\n")
-    parts = lines[0].split(" ")
-    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-        raise Refused(400, f"not an HTTP/1 request line: {lines[0][:200]!r}")
-    method, target, version = parts
-    if method == "CONNECT":
-        host, sep, port = target.rpartition(":")
-        if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-            raise Refused(400, f"CONNECT needs host:port, not {target[:200]!r}")
-        return host.strip("[]"), int(port), None
-    url = urlsplit(target)
-    try:
-        to = url.port or 80
-    except ValueError:
-        to = 0
-    if url.scheme != "http" or not url.hostname or not to:
-        raise Refused(400, f"a plain-HTTP request through the proxy names an absolute http:// "
-                           f"URL, not {target[:200]!r} (https goes through CONNECT)")
-    path = (url.path or "/") + (f"?{url.query}" if url.query else "")
-    drop = ("connection", "proxy-connection", "keep-alive", "proxy-authorization")
-    headers = [h for h in lines[1:] if h and h.split(":", 1)[0].strip().lower() not in drop]
-    return url.hostname, to, "\r\n".join(
-        [f"{method} {path} {version}", *headers, "Connection: close", "", ""]).encode("latin-1")
-
-
-async def _connect(addresses: list[Address], port: int
-                   ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """A connection to the first of ``addresses`` (each checked) that answers."""
-    last: Optional[BaseException] = None
-    for address in addresses:
-        try:
-            return await asyncio.wait_for(asyncio.open_connection(str(address), port),
-                                          CONNECT_TIMEOUT_S)
-        except (OSError, asyncio.TimeoutError) as exc:
-            last = exc
-    raise Refused(502, f"could not connect to port {port} of "
-                       f"{', '.join(map(str, addresses))}: {last or 'timed out'}")
-
-
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-        if writer.can_write_eof():
-            writer.write_eof()
-    except OSError:
-        writer.close()
-
-
-async def _send(sock: socket.socket, data: bytes) -> None:
-    try:
-        await asyncio.get_running_loop().sock_sendall(sock, data)
-    except OSError:
-        pass
-
-
-def _response(status: int, text: str) -> bytes:
-    reason = {400: "Bad Request", 403: "Forbidden", 429: "Too Many Requests",
-              502: "Bad Gateway", 503: "Service Unavailable"}[status]
-    body = (text + "\n").encode()
-    return (f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain; charset=utf-8\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n"
-            f"X-Lcp-Sandbox-Egress: refused\r\n\r\n").encode() + body

@@ -236,7 +236,8 @@ def _processes(own: str, filesystem: str) -> str:
         return f"on ({own}" + ("; Landlock scope too)" if scoped else ")")
     if scoped:
         return ("on (Landlock scope: no signal nor abstract socket outside its own domain; "
-                "no PID namespace: other processes' priorities and affinity are not scoped)")
+                "no PID namespace: priorities and affinity of itself only, by the system "
+                "call filter)")
     why = own or "in no PID namespace of its own"
     if filesystem.startswith(SWITCHED_OFF):
         return f"{SWITCHED_OFF}; {why}"
