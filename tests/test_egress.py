@@ -9,13 +9,12 @@ import time
 
 import pytest
 
-from conftest import HERE, fork_only, poll
+from conftest import HERE, poll
 from lcp_sandbox import SandboxedBinding, Supervisor
 from lcp_sandbox.backends.local import egress
 from lcp_sandbox.core.egress_rules import policy_of
 
-LIBS = HERE / "egress_libs"
-pytestmark = fork_only("network namespaces and a network policy")
+LIBS = HERE / "egress_libs"          # (CI runs these on the spawn start path too)
 
 
 class Recorder(http.server.BaseHTTPRequestHandler):
@@ -82,9 +81,11 @@ def test_clients_reach_the_allowed_port_and_nothing_else(one_port, servers, sup)
                                                                 "body": "allowed /u"}
     assert out(one_port, "tool_requests", url=allowed + "/r") == {"status": 200,
                                                                   "body": "allowed /r"}
+    assert out(one_port, "tool_httpx", url=allowed + "/h") == {"status": 200,
+                                                              "body": "allowed /h"}
     assert out(one_port, "tool_tunnel", host="127.0.0.1", port=ports["allowed"]) == {
         "status": 200, "body": "allowed /tunnel"}
-    for tool in ("tool_urllib", "tool_requests"):
+    for tool in ("tool_urllib", "tool_requests", "tool_httpx"):
         refused = out(one_port, tool, url=other + "/x")
         assert refused["status"] == 403 and f"no allow rule matches 127.0.0.1:{ports['other']}" \
             in refused["body"]
@@ -94,7 +95,7 @@ def test_clients_reach_the_allowed_port_and_nothing_else(one_port, servers, sup)
         assert out(one_port, "tool_raw", host="127.0.0.1", port=port) == "ConnectionRefusedError"
     assert out(one_port, "tool_unix", path=sup.egress.path) == "PermissionError"
     assert made["other"].seen == []
-    assert made["allowed"].seen == ["/u", "/r", "/tunnel"]
+    assert made["allowed"].seen == ["/u", "/r", "/h", "/tunnel"]
     prot = sup.stats(tenant="one-port")[0]["protections"]
     assert prot["network"].startswith("policy (1 rules: own network namespace")
     assert prot["unix_sockets"].startswith("blocked")

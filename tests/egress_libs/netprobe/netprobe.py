@@ -39,6 +39,17 @@ def tool_requests(url: str) -> dict:
     return {"success": True, "output": {"status": r.status_code, "body": r.text}}
 
 
+def tool_httpx(url: str) -> dict:
+    """GET url with httpx (which reads the proxy settings of the environment).
+
+    Args:
+        url (str): the URL
+    """
+    import httpx
+    r = httpx.get(url, timeout=20)
+    return {"success": True, "output": {"status": r.status_code, "body": r.text}}
+
+
 def tool_tunnel(host: str, port: int) -> dict:
     """A CONNECT tunnel to host:port through the announced proxy, then a GET inside it.
 
