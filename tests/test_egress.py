@@ -8,8 +8,8 @@ import threading
 import time
 
 import pytest
-
 from conftest import HERE, poll
+
 from lcp_sandbox import SandboxedBinding, Supervisor
 from lcp_sandbox.backends.local import egress
 from lcp_sandbox.core.egress_rules import policy_of
