@@ -16,6 +16,8 @@ from .outcomes import CallFailed
 from .policy import BEST_EFFORT, run_as_setting
 from .syscalls import check_setting
 
+MIN_DISK_MB = 8                             # (an ext4 file system's own needs)
+
 
 def confine_setting(value: Any) -> Union[bool, str]:
     """A ``confine`` setting checked: True, False or "best-effort"."""
@@ -55,6 +57,8 @@ class Limits:
                                             # (False: imports after its own confinement)
     max_processes: Optional[int] = None     # processes and threads of a confined worker's tree
                                             # (a pids cgroup of its own; it starts fresh)
+    disk_mb: Optional[int] = None           # bytes its confinement root may hold: a file
+                                            # system of its own (backends/local/disks.py)
     syscalls: Optional[dict[str, Any]] = None   # {"allow": [names], "allow_dangerous": bool}: calls
                                             # a confined worker adds to the allowlist
                                             # (core/syscalls.py; checked here)
@@ -96,7 +100,7 @@ _KINDS = {"timeout_s": "number|None", "grace_s": "number", "memory_mb": "number|
           "cpu_s": "int|None", "max_open_files": "int", "max_file_size_mb": "number|None",
           "max_result_mb": "number", "log_bytes_per_s": "int",
           "env": "env|None", "read_paths": "paths", "template": "bool",
-          "trusted_import": "bool", "max_processes": "int|None"}
+          "trusted_import": "bool", "max_processes": "int|None", "disk_mb": "int|None"}
 
 
 def _check_kind(name: str, value: Any, kind: str) -> None:
@@ -144,6 +148,9 @@ def check_together(limits: Limits) -> Limits:
     if limits.max_processes is not None and (limits.max_processes < 1 or not limits.confine):
         raise ValueError(f"'max_processes' is {limits.max_processes!r}: it caps a confined "
                          f"worker's processes (confine=True) and is at least 1")
+    if limits.disk_mb is not None and (limits.disk_mb < MIN_DISK_MB or not limits.confine):
+        raise ValueError(f"'disk_mb' is {limits.disk_mb!r}: it caps a confined worker's root "
+                         f"(confine=True) and is at least {MIN_DISK_MB}")
     if isinstance(limits.network, dict) and not limits.confine:
         raise ValueError("'network' is a policy, which only a confined worker can be held "
                          "to (confine=True): unconfined, a tool reaches the network past "

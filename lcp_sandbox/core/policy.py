@@ -118,7 +118,7 @@ def may_hand_over(path: str) -> bool:
 
 #: The protections a worker's READY reports, as stats()[i]["protections"] shows them.
 PROTECTIONS = ("env", "network", "filesystem", "processes", "privileges", "unix_sockets",
-               "syscalls", "max_processes")
+               "syscalls", "max_processes", "disk")
 #: What provides each protection of a confined (or network-off) worker on Linux, for the
 #: refusal that names what is missing.
 PROVIDERS = {
@@ -136,6 +136,8 @@ PROVIDERS = {
     "unix_sockets": "seccomp filters (CONFIG_SECCOMP_FILTER) on x86_64 or aarch64",
     "max_processes": "a pids cgroup: a root host (cgroup v1 with the pids controller, or "
                      "v2), or a cgroup v2 subtree delegated to the host's user",
+    "disk": "a file system of its own for the tenant's root (disk_mb): a root host with loop "
+            "devices (/dev/loop-control) and mkfs.ext4 (e2fsprogs)",
     "network": "network namespaces: CAP_SYS_ADMIN, or unprivileged user namespaces "
                "(kernel.unprivileged_userns_clone=1; on Ubuntu 24.04 also "
                "kernel.apparmor_restrict_unprivileged_userns=0)",
@@ -156,10 +158,12 @@ def in_force(kind: str, state: str) -> bool:
 
 
 def not_in_force(report: dict[str, Any], confined: bool, network: "bool | dict[str, Any]",
-                 max_processes: Optional[int] = None) -> list[tuple[str, str]]:
+                 max_processes: Optional[int] = None,
+                 disk_mb: Optional[int] = None) -> list[tuple[str, str]]:
     """The protections a worker was asked for that its READY report does not show
     in force, as (kind, what the report says).  ``network``: True, False or a policy."""
     wanted = ["max_processes"] if max_processes else []
+    wanted += ["disk"] if disk_mb else []
     if confined:
         wanted += ["filesystem", "processes", "privileges", "syscalls"]
         wanted += [] if network is True else ["unix_sockets"]
@@ -176,7 +180,7 @@ def refused(report: dict[str, Any], limits: dict[str, Any],
     if limits.get("confine") == BEST_EFFORT:
         return []
     return not_in_force(report, confined, limits.get("network", True),
-                        limits.get("max_processes"))
+                        limits.get("max_processes"), limits.get("disk_mb"))
 
 
 def refusal_text(missing: list[tuple[str, str]]) -> str:

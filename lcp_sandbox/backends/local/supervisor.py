@@ -46,10 +46,9 @@ from ...core.policy import (
 from ...protocol import OK, Call, invalid_answer
 from ..base import Closing, Lent, WorkerSpec, emit
 from ..metrics import Metrics
-from .cgroups import WorkerCgroups
 from .descriptors import out_of_descriptors, raise_open_files_limit
-from .egress import EgressProxy
 from .endings import CallEnds, NotConfined
+from .extras import WorkerExtras
 from .handover import hand_over_root
 from .output import OutputPump
 from .platforms import start_method as start_method_of
@@ -122,8 +121,8 @@ class Supervisor(CallEnds, Reports, Starts, Closing):
         self._warned: set[str] = set()
         self.protections_off: frozenset[str] = frozenset()   # tests only: lcp_sandbox.testing
         self.counters = Metrics()                 # metrics(): kept as events happen
-        self.cgroups = WorkerCgroups()            # pids cgroups of workers (max_processes)
-        self.egress = EgressProxy(self.counters)  # network policies (started when needed)
+        self.extras = WorkerExtras(self.counters)  # pids cgroups, disks, the egress proxy
+        self.egress = self.extras.egress
         _live_supervisors.add(self)
 
     def _event(self, kind: str, slot: Slot, **details: Any) -> None:
@@ -256,11 +255,9 @@ class Supervisor(CallEnds, Reports, Starts, Closing):
                     run_as, own = self.uids.worker_ids(slot.limits.run_as or self.run_as,
                                                        slot.tenant, slot.limits.confine,
                                                        name, tool)
+                    self.extras.disk(init, slot, tool)
                     init = hand_over_root(init, run_as, name, tool, private=own)
-                    if slot.limits.max_processes:
-                        init = self.cgroups.give(init, slot)
-                    if isinstance(slot.limits.network, dict):
-                        init = self.egress.give(init, slot)
+                    init = self.extras.give(init, slot)
                 proc = self._launch(slot, init, deadline, tool)
             except (ZygoteGone, OSError) as exc:
                 raise Unavailable.not_run(name, tool, f"could not start a worker: {exc}" + (
@@ -284,7 +281,7 @@ class Supervisor(CallEnds, Reports, Starts, Closing):
         self.counters.started(proc.start_kind)
         self._event("start", slot, pid=proc.pid, protections=proc.protections)
         missing = not_in_force(proc.report, init.confine is not None, slot.limits.network,
-                               slot.limits.max_processes)
+                               slot.limits.max_processes, slot.limits.disk_mb)
         if missing and slot.limits.confine != BEST_EFFORT:
             raise NotConfined(refusal_text(missing))
         for kind, state in missing:
@@ -340,6 +337,5 @@ class Supervisor(CallEnds, Reports, Starts, Closing):
         if self._pump is not None:
             self._pump.close()
         self.templates.close()
-        self.cgroups.close()
-        self.egress.close()
+        self.extras.close()
         _live_supervisors.discard(self)

@@ -60,7 +60,7 @@ from ...core.policy import (
 )
 from ..portable import environment_of, set_environment  # noqa: F401  (also for loop, template)
 from ..rlimits import apply_in_worker
-from .caps import join_pids_cgroup
+from .caps import disk_state, join_pids_cgroup
 from .egress import relay_to_proxy, start_relay
 from .landlock import ABI_CAP, DEVICES, SCOPED, add_rules, apply_landlock, enforce, open_ruleset
 from .mounts import make_reachable, own_root
@@ -160,6 +160,8 @@ def _confine(init: P.Init, report: dict, disabled: set, shared: bool) -> None:
     if lim.get("max_processes"):             # first: its tree's processes, all counted
         report["max_processes"] = join_pids_cgroup(conf.get("pids_cgroup"),
                                                    lim["max_processes"], conf.get("pids_why"))
+    if lim.get("disk_mb"):
+        report["disk"] = disk_state(conf["root"], lim["disk_mb"])
     ro = _read_only(conf, shared)
     # in a PID namespace of its own (a fresh worker): its own /proc and its own root
     own, root = own_root([conf["root"], tmp], ro, DEVICES, build="root" not in disabled)

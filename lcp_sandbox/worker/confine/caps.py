@@ -1,4 +1,4 @@
-"""A confined worker's caps that the kernel keeps per process tree: its pids cgroup."""
+"""A confined worker's caps that the kernel keeps: its pids cgroup, its root's file system."""
 from __future__ import annotations
 
 import os
@@ -20,3 +20,18 @@ def join_pids_cgroup(path: Optional[str], limit: int, why: Optional[str] = None)
     if os.path.basename(path) not in mine:
         return "unavailable (not in its pids cgroup after joining it)"
     return f"on (a pids cgroup of its own: at most {limit} processes and threads)"
+
+
+def disk_state(root: str, mb: int) -> str:
+    """Whether ``root`` is a file system of at most ``mb`` MiB (the host made it so:
+    backends/local/disks.py), as the kernel says."""
+    try:
+        st = os.statvfs(root)
+    except OSError as exc:
+        return f"unavailable (its root: {exc.strerror or exc})"
+    total = st.f_blocks * st.f_frsize / 2**20
+    if total > mb:
+        return (f"unavailable (its root is on a file system of {total:.0f} MB, not one of its "
+                f"own of {mb} MB)")
+    return (f"on (its root is a file system of its own: {mb} MB, "
+            f"{st.f_bavail * st.f_frsize / 2**20:.1f} MB free)")
