@@ -47,7 +47,8 @@ def test_every_keyword_is_in_the_table(cls):
 def test_every_sandbox_key_is_in_the_table_with_its_default():
     table = _rows()
     for field in dataclasses.fields(Limits):
-        assert f"| `{field.name}` | `{field.default!r}` |" in table, field.name
+        default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+        assert f"| `{field.name}` | `{default!r}` |" in table, field.name
 
 
 def test_every_serve_mcp_flag_is_in_the_table():

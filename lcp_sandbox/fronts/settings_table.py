@@ -186,8 +186,15 @@ def _sandbox_keys() -> Iterator[tuple[str, str, str]]:
                           f"or OTHER_KINDS here)")
         words = OTHER_KINDS.get(f.name) or " or ".join(
             _KIND_WORDS.get(k, k) for k in (kind or "").split("|"))
-        default = "required" if f.default is dataclasses.MISSING else _literal(f.default)
-        yield f"`{f.name}`", default, f"*{words}*: {described[f.name]}"
+        yield f"`{f.name}`", _field_default(f), f"*{words}*: {described[f.name]}"
+
+
+def _field_default(f: "dataclasses.Field[Any]") -> str:
+    if f.default is not dataclasses.MISSING:
+        return _literal(f.default)
+    if f.default_factory is not dataclasses.MISSING:
+        return _literal(f.default_factory())
+    return "required"
 
 
 def serve_mcp_parser() -> argparse.ArgumentParser:
