@@ -32,6 +32,7 @@ class BenchConfig:
     density_rounds: int = 6               # density: rounds, the two conditions alternating
     density_window_s: float = 1.0         # density: each batch's calls spread over this long
     confined_tenants: int = 200           # confined: tenants x (numpy + plain library) at once
+    egress_gets: int = 200                # egress: GETs per kind and round
     ray_calls: int = 300                  # ray: warm calls per path and round
     ray_rounds: int = 8                   # ray: warm rounds (the paths interleaved)
     ray_cold_reps: int = 10               # ray: first calls of a new library on the other node
@@ -49,7 +50,7 @@ class BenchConfig:
                     duration_s=0.4, throughput_rounds=3, mem_calls=5000, discovery_reps=2,
                     routing_workers=40, routing_calls=1200, routing_rounds=4, routing_window_s=0.5,
                     density_tenants=50, density_idle_tenants=25, density_idle_s=1.0, density_calls=400,
-                    density_rounds=2, density_window_s=0.3, confined_tenants=40,
+                    density_rounds=2, density_window_s=0.3, confined_tenants=40, egress_gets=60,
                     ray_calls=150, ray_rounds=4, ray_cold_reps=6,
                     mcp_calls=80, mcp_rounds=3, mcp_sessions=20)
         base.update(kw)
@@ -57,7 +58,8 @@ class BenchConfig:
 
 
 SKIPPABLE = ("floor", "pickle", "inprocess", "ppe", "subprocess", "spawn", "spawn_path", "breakdown", "routing",
-             "density", "throughput", "memory", "discovery", "templates", "syscalls", "confined", "mcp", "ray")
+             "density", "throughput", "memory", "discovery", "templates", "syscalls", "confined", "egress", "mcp",
+             "ray")
 
 TARGETS = {
     "warm_p50": 1.05, "warm_p99": 1.25, "warm_p50_inprocess": 1.0, "cold_vs_spawn": 0.06, "parallel": 1.9,
@@ -72,6 +74,7 @@ TARGETS = {
     "confined_np_p50_ms": 5.0, "confined_np_ratio": 1.5, "uss_confined_np_mb": 4.0,
     "confined_plain_ratio": 1.5, "confined_density_uss_mb": 1536.0,
     "confined_namespaces_ratio": 1.5,
+    "egress_ratio": 1.2,
     # the spawn start path (Supervisor(start_method="spawn"), what macOS and Windows run)
     "spawn_path_cold_vs_spawn": 0.25, "spawn_path_warm_vs_zygote": 1.2,
 }

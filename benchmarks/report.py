@@ -310,6 +310,9 @@ def render_table(result: dict) -> str:
     if result.get("confined"):
         from .confined import render as render_confined
         lines += ["", render_confined(result["confined"])]
+    if result.get("egress"):
+        from .egress import render as render_egress
+        lines += ["", render_egress(result["egress"])]
     if result.get("mcp"):
         lines += ["", *_mcp_lines(result["mcp"])]
     return "\n".join(lines)

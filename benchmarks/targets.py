@@ -131,6 +131,11 @@ def run(ctx: Any) -> None:
         sc.get("warm_ratio_paired") or sc.get("warm_ratio"), T["syscalls_warm_p50"], "<=",
         note="" if sc.get("warm_ratio") is None else f"pooled {x(sc['warm_ratio'])}")
     confined(res.get("confined") or {}, add)
+    eg = res.get("egress") or {}
+    add("egress_ratio", "a small GET on loopback, new connection each: through a network policy's "
+        "proxy / direct, p50", eg.get("ratio_paired") or eg.get("ratio"), T["egress_ratio"], "<=",
+        note="" if eg.get("ratio") is None else
+        f"pooled {x(eg['ratio'])}; {eg['added_us']:.0f} us added a connection")
     mcp = (res.get("mcp") or {}).get("warm_ms", {})
     for client, label in (("sdk", "the SDK's client"), ("plain", "a kept-alive plain HTTP client")):
         row = mcp.get(f"ours_{client}", {})

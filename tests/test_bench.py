@@ -19,7 +19,7 @@ TINY = dict(calls=40, rounds=2, subprocess_calls=2, cold_reps=2, zygote_reps=1, 
             throughput_rounds=1, mem_calls=200, discovery_files=30, discovery_reps=1,
             routing_workers=8, routing_calls=40, routing_rounds=2, routing_window_s=0.05,
             density_tenants=3, density_idle_tenants=1, density_idle_s=0.1, density_calls=40, density_rounds=1,
-            density_window_s=0.05, confined_tenants=3, mcp_calls=10, mcp_rounds=1, mcp_sessions=3,
+            density_window_s=0.05, confined_tenants=3, egress_gets=10, mcp_calls=10, mcp_rounds=1, mcp_sessions=3,
             skip=("ray",))
 
 TARGET_NAMES = {"warm_p50", "warm_p99", "warm_p50_inprocess", "cold_vs_spawn", "parallel", "uss_first", "uss_after",
@@ -27,7 +27,7 @@ TARGET_NAMES = {"warm_p50", "warm_p99", "warm_p50_inprocess", "cold_vs_spawn", "
                 "density_pool_idle_runs", "density_stats_ms", "cold_p50", "cold_p99", "uss_plain", "template_p50",
                 "fresh_over_template", "uss_template", "syscalls_warm_p50", "confined_np_p50",
                 "confined_np_ratio", "uss_confined_np", "confined_plain_ratio", "confined_density_uss",
-                "confined_namespaces_ratio", "mcp_warm_sdk", "mcp_warm_plain", "metrics_share", "density_metrics_ms",
+                "confined_namespaces_ratio", "egress_ratio", "mcp_warm_sdk", "mcp_warm_plain", "metrics_share", "density_metrics_ms",
                 "spawn_path_cold_vs_spawn", "spawn_path_warm_vs_zygote"}
 
 
@@ -133,6 +133,12 @@ def test_bench_end_to_end(tmp_path, new_processes):
     assert _number(mcp["warm_ms"]["ours_plain"]["x_bare_p50"]) and mcp["sessions_per_s"]["per_s"] > 0
     assert _number(mcp["metrics"]["share_of_warm_call"])
     assert "MCP  warm tools/call" in out.getvalue()
+    # egress: a GET through a network policy's proxy against a direct one; its memory
+    eg = data["egress"]
+    assert "egress" not in data["skipped"]
+    assert _number(eg["ratio"]) and eg["connections_per_s"]["policy"] > 0
+    assert eg["memory"]["workers"] == 1000 and eg["network"].startswith("policy (1 rules")
+    assert "EGRESS" in out.getvalue()
     # confined: a new confined tenant's first call against the same unconfined; density
     cf = data["confined"]
     assert "confined" not in data["skipped"]

@@ -23,7 +23,7 @@ tools as ./tools and ./.venv, this interpreter's environment.  By language:
 - json: MCP client configurations.  The command is an absolute path to lcp-sandbox and every
   path given to it is absolute; with this test folder's paths, the configuration starts a
   server from another folder ("/"), as a client would, which lists the tools and runs one.
-- no language: the diagram of docs/internals.md ("How it is built"), checked to be it.
+- no language: the diagrams (DIAGRAMS, by page and section), checked to be them.
 
 EXPECTED_OUTPUT says what a block's run must print, by page and section, beyond exiting 0.
 """
@@ -56,6 +56,10 @@ BIN = Path(sys.executable).parent
 ENTRY_POINT = BIN / "lcp-sandbox"
 INSPECTOR = "@modelcontextprotocol/inspector"
 
+# The fenced blocks that are not code: (page, section) -> words each must hold.
+DIAGRAMS = {("internals.md", "How it is built"): ("host thread", "worker process"),
+            ("network.md", "How it runs"): ("worker (its own network namespace", "SCM_RIGHTS")}
+
 # What a block's run must print, by (page, section) (beyond exiting 0).
 EXPECTED_OUTPUT = {
     ("README.md", "With lollms"): ["'status_code': 200", "'success': True"],
@@ -74,6 +78,9 @@ EXPECTED_OUTPUT = {
     ("security.md", "Security"): ["200\n", "env: clean (allowlist)", "privileges: uid ",
                                   "(did you mean 'mq_unlink'?)"],
     ("platforms.md", "Platforms and start methods"): ["200\n", "spawn fork-only"],
+    ("network.md", "An example: a tool that calls one web API"): [
+        "403: lcp-sandbox network policy: no allow rule matches 169.254.169.254:80", "policy (1 rules",
+        "'refused': {'no allow rule': 1}"],
     ("ray.md", "More than one machine (Ray)"): ["'status_code': 200", "\nship\n",
                                                 "'library': 'workspace_tools', 'calls': 2, 'node': '"],
 }
@@ -139,14 +146,15 @@ def test_the_pages_have_the_blocks_this_test_knows():
     for b in BLOCKS:
         langs.setdefault(b.lang, []).append((b.page.name, b.section))
     assert set(langs) == {"python", "bash", "", "json"}, langs
-    assert langs[""] == [("internals.md", "How it is built")]          # the diagram: not code
+    assert sorted(langs[""]) == sorted(DIAGRAMS)                          # the diagrams: not code
     assert set(EXPECTED_OUTPUT) <= set(langs["python"]), set(EXPECTED_OUTPUT) - set(langs["python"])
     assert {p.name for p in PAGES} >= {"README.md", "index.md", "quickstart.md", "configuration.md"}
 
 
-def test_the_diagram_is_not_code():
-    (diagram,) = [b for b in BLOCKS if not b.lang]
-    assert "host thread" in diagram.code and "worker process" in diagram.code
+def test_the_diagrams_are_the_diagrams():
+    for diagram in [b for b in BLOCKS if not b.lang]:
+        for words in DIAGRAMS[(diagram.page.name, diagram.section)]:
+            assert words in diagram.code, (diagram.id, words)
 
 
 def test_every_page_is_in_the_site_nav():
@@ -392,7 +400,7 @@ def test_the_pages_mention_only_commands_the_cli_has():
     helps = subprocess.run([str(ENTRY_POINT), "--help"], capture_output=True, text=True, timeout=60).stdout
     used = set()
     for page in PAGES:
-        used |= set(re.findall(r"lcp-sandbox ([\w-]+)", page.read_text(encoding="utf-8")))
+        used |= set(re.findall(r"(?:^|`)lcp-sandbox ([\w-]+)", page.read_text(encoding="utf-8"), flags=re.M))
     assert used and used <= {"tools", "call", "demo", "bench", "serve-mcp"}, used
     for name in used:
         assert f"    {name} " in helps, name

@@ -10,8 +10,9 @@ from lcp_sandbox.core.outcomes import CallFailed
 @pytest.mark.parametrize("sandbox, named", [
     ({"networks": False}, "'networks' is no sandbox setting (did you mean 'network'?)"),
     ({"timeout": 5}, "did you mean 'timeout_s'?"),
-    ({"network": {"allow": ["example.com"]}}, "'network' must be true or false"),
-    ({"network": "off"}, "'network' must be true or false"),
+    ({"network": {"allow": ["example.com"]}}, "'network' is a policy, which only a confined"),
+    ({"network": {"allow": ["example.com"], "confine": True}}, "'network' has 'confine'"),
+    ({"network": "off"}, "'network' must be true, false or a dict of rules"),
     ({"timeout_s": "5"}, "'timeout_s' must be a number"),
     ({"timeout_s": True}, "'timeout_s' must be a number"),
     ({"memory_mb": -1}, "'memory_mb' is -1: it cannot be negative"),
@@ -43,12 +44,12 @@ def test_right_settings_pass_and_keep_their_values():
 
 def test_a_library_with_a_mistyped_setting_starts_no_worker_and_others_run(make_binding):
     b = make_binding(host_tool_configs={"faults": {"sandbox": {"networks": False}},
-                                        "stateful": {"sandbox": {"network": {"allow": []}}}})
+                                        "stateful": {"sandbox": {"network": "off"}}})
     r = b.execute_tool("tool_get_state")
     assert r["status_code"] == 500 and r["success"] is False
     assert "'networks' is no sandbox setting (did you mean 'network'?)" in r["error"]
     r = b.execute_tool("tool_increment")
-    assert r["status_code"] == 500 and "'network' must be true or false" in r["error"]
+    assert r["status_code"] == 500 and "'network' must be true, false or a dict" in r["error"]
     assert b.stats() == []                         # no worker of either library started
     b.host_tool_configs["faults"] = {"sandbox": {"network": True}}
     b.discover_tools(force_refresh=True)

@@ -34,7 +34,9 @@ pytestmark = pytest.mark.skipif(MACHINE not in ("x86_64", "aarch64"),
 #: EPERM there): a worker that answers EPERM to them has the filter.
 TELLTALE = {"setns", "clone_newuser", "clone3", "bpf", "keyctl", "open_tree", "unshare",
             "process_vm_readv", "kcmp", "pidfd_getfd", "name_to_handle_at", "ioctl_tiocsti",
-            "prlimit64_other", "personality_set"}
+            "prlimit64_other", "personality_set", "setpriority_pid",
+            "sched_setaffinity_pid", "sched_setscheduler_pid", "sched_setparam_pid",
+            "ioprio_set_pid"}
 
 
 def violations(refused: dict) -> set:
@@ -276,6 +278,14 @@ def test_the_program_answers_every_number_as_the_tables_say(machine, network):
     assert run_bpf(rows, prctl, arch, (35,)) == EPERM                      # PR_SET_MM
     pl = number("prlimit64", machine)
     assert run_bpf(rows, pl, arch, (0,)) == ALLOW and run_bpf(rows, pl, arch, (1,)) == EPERM
+    sp, io = number("setpriority", machine), number("ioprio_set", machine)
+    assert run_bpf(rows, sp, arch, (0, 0, 5)) == ALLOW                      # os.nice
+    assert run_bpf(rows, sp, arch, (0, 4242, 5)) == run_bpf(rows, sp, arch, (2, 0, 5)) == EPERM
+    assert run_bpf(rows, io, arch, (1, 0)) == ALLOW
+    assert run_bpf(rows, io, arch, (1, 4242)) == run_bpf(rows, io, arch, (2, 0)) == EPERM
+    for name in ("sched_setaffinity", "sched_setscheduler", "sched_setparam", "sched_setattr"):
+        nr = number(name, machine)
+        assert run_bpf(rows, nr, arch, (0,)) == ALLOW and run_bpf(rows, nr, arch, (7,)) == EPERM
 
 
 def test_denylist_without_the_allowlist_keeps_the_unix_socket_rules():

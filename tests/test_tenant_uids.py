@@ -94,12 +94,14 @@ def test_a_host_that_is_not_root_refuses_a_uid_per_tenant(monkeypatch):
 
 
 @needs_root
-def test_a_templated_worker_cannot_renice_another_tenants_worker(open_tmp):
+@pytest.mark.parametrize("run_as", ["per-tenant", (65534, 65534)])
+def test_a_templated_worker_cannot_renice_another_tenants_worker(open_tmp, run_as):
     """A worker forked from a template has no PID namespace of its own (Landlock scopes its
-    signals, not priorities or affinity); with a uid per tenant the kernel refuses both."""
+    signals, not priorities or affinity): with a uid per tenant the kernel refuses both;
+    with the uid they share, the system call filter (by pid, only the caller itself)."""
     import time
     libs = HERE / "host_kind_libs"
-    with Supervisor(confine=True, run_as="per-tenant", uid_range=RANGE,
+    with Supervisor(confine=True, run_as=run_as, uid_range=RANGE,
                     tenants_root=str(open_tmp)) as sup:
         made = {}
         for name in ("a", "b"):
@@ -112,11 +114,13 @@ def test_a_templated_worker_cannot_renice_another_tenants_worker(open_tmp):
         while any(t["state"] == "starting" for t in sup.pool_stats()["templates"]):
             assert time.monotonic() < deadline
             time.sleep(0.02)
-        made["a"].restart_library("attacker")
+        for name in ("a", "b"):                           # both now forked from templates
+            made[name].restart_library("attacker")
+        made["b"].execute_tool("tool_count")
         b_pid = sup.stats(tenant="b")[0]["pid"]
         got = made["a"].execute_tool("tool_attack", {"other_root": str(open_tmp / "b"),
                                                      "other_pid": b_pid, "host_pid": os.getpid()})
-        assert sup.stats(tenant="a")[0]["start"] == "template"
+        assert [sup.stats(tenant=t)[0]["start"] for t in "ab"] == ["template"] * 2
         out = got["output"]
         assert out["renice_other"] == out["pin_other"] == out["signal_other"] == "PermissionError"
         assert out["read_secret"] in ("PermissionError", "FileNotFoundError")

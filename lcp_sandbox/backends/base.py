@@ -74,6 +74,8 @@ class Backend(Protocol):
     worker counts against ``timeout_s`` (default: ``spec.limits.timeout_s``)."""
 
     confine: Union[bool, str]   # the confinement of bindings that do not choose ("best-effort")
+    #: The network of bindings that do not choose: True, False or a policy (core/egress_rules.py)
+    network: Union[bool, dict[str, Any]] = True
 
     def start(self) -> None:
         """Get ready now rather than at the first call."""

@@ -4,6 +4,8 @@
     worker started ──► started(kind)        template, forked ahead, fresh, spawn
     worker ended   ──► ended(cause)         crash, timeout kill, memory, idle, eviction, ...
     refused call   ──► refused(reason)      pool full, quarantine, closed, ...
+    egress proxy   ──► egress(admitted, rule)   a worker's connection through the host's
+                                            proxy, admitted or refused, by rule
     snapshot()     ──► plain dicts: what metrics() returns, what a front exports
 
 A call costs a dict lookup and two list additions in a table of the calling
@@ -36,6 +38,7 @@ class Metrics:
         self._starts: dict[str, int] = {}
         self._ends: dict[str, int] = {}
         self._refusals: dict[str, int] = {}
+        self._egress: dict[str, dict[str, int]] = {"admitted": {}, "refused": {}}
 
     def call(self, library: str, tool: str, status: int, seconds: float) -> None:
         """One call ended with ``status`` after ``seconds`` (from the caller's view)."""
@@ -63,6 +66,10 @@ class Metrics:
         """A call was refused before it ran (pool full, quarantine, closed...)."""
         self._bump(self._refusals, reason)
 
+    def egress(self, admitted: bool, rule: str) -> None:
+        """A connection through the egress proxy: ``rule`` is what decided it."""
+        self._bump(self._egress["admitted" if admitted else "refused"], rule)
+
     def _bump(self, table: dict[str, int], key: str) -> None:
         with self._lock:
             table[key] = table.get(key, 0) + 1
@@ -72,6 +79,7 @@ class Metrics:
         with self._lock:
             tables = [dict(t) for t in self._tables]     # (a dict copies in one step)
             starts, ends, refusals = dict(self._starts), dict(self._ends), dict(self._refusals)
+            egress = {k: dict(v) for k, v in self._egress.items()}
         calls: dict[tuple[str, str, int], int] = {}
         buckets = [0] * _SLOTS
         total = 0.0
@@ -88,4 +96,5 @@ class Metrics:
         return {"calls": [{"library": lib, "tool": tool, "status": status, "count": n}
                           for (lib, tool, status), n in sorted(calls.items())],
                 "call_duration_s": {"buckets": cumulative, "sum": total, "count": running},
-                "worker_starts": starts, "worker_ends": ends, "refusals": refusals}
+                "worker_starts": starts, "worker_ends": ends, "refusals": refusals,
+                "egress": egress}

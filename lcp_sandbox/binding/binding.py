@@ -32,7 +32,7 @@ from .. import protocol as P
 from ..backends.base import Backend, WorkerSpec
 from ..backends.local.supervisor import Supervisor
 from ..core import discovery, normalize
-from ..core.limits import Limits, library_limits
+from ..core.limits import Limits, check_together, library_limits
 from ..core.outcomes import SandboxEvent
 from ..protocol import HANDLER_CONFIRM, HANDLER_UI, HOST_PARAMS
 from .lcp_surface import LcpSurface
@@ -101,6 +101,13 @@ class SandboxedBinding(LcpSurface):
     workspace_root
         A call whose workspace is not inside this folder is refused with 403;
         confined workers are confined to it.
+    network
+        The network of its libraries: True (the host's), False (none: a network
+        namespace of its own with loopback only), or a policy for confined workers,
+        ``{"allow": [rules], "deny": [rules]}``: only the hosts the rules admit, through
+        the supervisor's egress proxy (rules: ``host``, ``host:port``, ``*.domain``, an
+        address or CIDR, each with an optional ``:port``; core/egress_rules.py).  Default:
+        the supervisor's ``network`` (True).
     other keywords
         Load flags, as ``LCPBinding``: a library declaring
         ``TOOL_LIBRARY_LOAD_FLAG = "X"`` loads only when ``X=True`` is given here
@@ -136,7 +143,8 @@ class SandboxedBinding(LcpSurface):
                  workspace: Optional[PathLike] = None, tenant: str = "default",
                  timeout_s: Optional[float] = 60.0, memory_mb: Optional[float] = None,
                  supervisor: Optional[Backend] = None, confine: Optional[Union[bool, str]] = None,
-                 workspace_root: Optional[PathLike] = None, **kwargs: Any) -> None:
+                 workspace_root: Optional[PathLike] = None,
+                 network: Union[bool, dict[str, Any], None] = None, **kwargs: Any) -> None:
         self.binding_name = "sandboxed"
         self.host_tool_configs: dict = host_tool_configs if host_tool_configs is not None else {}
         self.confirm_handler = confirm_handler
@@ -150,8 +158,10 @@ class SandboxedBinding(LcpSurface):
         self.workspace_root = os.path.realpath(workspace_root) if workspace_root else None
         self._own_supervisor = supervisor is None
         self.supervisor = supervisor or Supervisor()
-        self.limits = Limits(timeout_s=timeout_s, memory_mb=memory_mb,
-                             confine=self.supervisor.confine if confine is None else confine)
+        self.limits = check_together(Limits(
+            timeout_s=timeout_s, memory_mb=memory_mb,
+            confine=self.supervisor.confine if confine is None else confine,
+            network=self.supervisor.network if network is None else network))
         self._lib_limits: dict[str, Limits] = {}
         self._specs: dict[tuple, WorkerSpec] = {}      # (library key, root) -> its worker's spec
         self.catalog = ToolCatalog(folders, files, self.host_tool_configs, kwargs,

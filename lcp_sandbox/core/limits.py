@@ -11,6 +11,7 @@ import numbers
 from dataclasses import dataclass, replace
 from typing import Any, Optional, Union
 
+from .egress_rules import policy_of
 from .outcomes import CallFailed
 from .policy import BEST_EFFORT, run_as_setting
 from .syscalls import check_setting
@@ -38,7 +39,9 @@ class Limits:
     log_bytes_per_s: int = 256 * 1024       # tool stdout/stderr forwarded to logging
     # confinement (worker/confine/); None: the binding's / supervisor's setting
     confine: Optional[Union[bool, str]] = None    # True, False or "best-effort"
-    network: bool = True                    # False: own network namespace, loopback only
+    network: Union[bool, dict[str, Any]] = True   # False: own network namespace, loopback
+                                            # only; {"allow": [...], "deny": [...]}: that,
+                                            # and the host's egress proxy (egress_rules.py)
     env: Optional[dict[str, Any]] = None    # extra environment variables for the worker
     read_paths: tuple[str, ...] = ()        # extra read-only paths for a confined worker
     run_as: Optional[Union[tuple[int, int], str]] = None  # (uid, gid) of a confined worker of
@@ -66,6 +69,8 @@ class Limits:
             self.run_as = run_as_setting(self.run_as)
         if self.syscalls is not None:
             self.syscalls = check_setting(self.syscalls)
+        if not isinstance(self.network, bool):
+            policy_of(self.network)                       # (ValueError/TypeError naming it)
 
     @classmethod
     def merged(cls, base: "Limits", override: Optional[dict[str, Any]]) -> "Limits":
@@ -86,10 +91,10 @@ def _unknown(key: Any) -> str:
 
 
 #: What each plain setting holds: "number", "int", "bool", "env", "paths", optionally "|None".
-#: (confine, run_as and syscalls are checked by their own functions.)
+#: (confine, run_as, syscalls and network are checked by their own functions.)
 _KINDS = {"timeout_s": "number|None", "grace_s": "number", "memory_mb": "number|None",
           "cpu_s": "int|None", "max_open_files": "int", "max_file_size_mb": "number|None",
-          "max_result_mb": "number", "log_bytes_per_s": "int", "network": "bool",
+          "max_result_mb": "number", "log_bytes_per_s": "int",
           "env": "env|None", "read_paths": "paths", "template": "bool",
           "trusted_import": "bool", "max_processes": "int|None"}
 
@@ -127,11 +132,20 @@ def library_limits(base: Limits, override: Optional[dict[str, Any]], library: st
     """A library's limits; settings the host got wrong (an unknown system call name...)
     end the call before any worker starts, with a 500 that says what is wrong."""
     try:
-        merged = Limits.merged(base, override)
-        if merged.max_processes is not None and (merged.max_processes < 1 or not merged.confine):
-            raise ValueError(f"'max_processes' is {merged.max_processes!r}: it caps a confined "
-                             f"worker's processes (confine=True) and is at least 1")
-        return merged
+        return check_together(Limits.merged(base, override))
     except (ValueError, TypeError) as exc:
         raise CallFailed(f"[{library}] not run: host_tool_configs[{library!r}][\"sandbox\"] "
                          f"is invalid: {exc}") from None
+
+
+def check_together(limits: Limits) -> Limits:
+    """``limits``, if its settings make sense together (ValueError naming the one that
+    does not)."""
+    if limits.max_processes is not None and (limits.max_processes < 1 or not limits.confine):
+        raise ValueError(f"'max_processes' is {limits.max_processes!r}: it caps a confined "
+                         f"worker's processes (confine=True) and is at least 1")
+    if isinstance(limits.network, dict) and not limits.confine:
+        raise ValueError("'network' is a policy, which only a confined worker can be held "
+                         "to (confine=True): unconfined, a tool reaches the network past "
+                         "any proxy")
+    return limits

@@ -150,18 +150,20 @@ def in_force(kind: str, state: str) -> bool:
         return state.startswith("blocked")
     if kind == "syscalls":
         return state.startswith("allowlist")
+    if kind == "network":
+        return state.startswith(("on", "policy"))
     return state.startswith("on")
 
 
-def not_in_force(report: dict[str, Any], confined: bool, network: bool,
+def not_in_force(report: dict[str, Any], confined: bool, network: "bool | dict[str, Any]",
                  max_processes: Optional[int] = None) -> list[tuple[str, str]]:
     """The protections a worker was asked for that its READY report does not show
-    in force, as (kind, what the report says)."""
+    in force, as (kind, what the report says).  ``network``: True, False or a policy."""
     wanted = ["max_processes"] if max_processes else []
     if confined:
         wanted += ["filesystem", "processes", "privileges", "syscalls"]
-        wanted += [] if network else ["unix_sockets"]
-    if not network:
+        wanted += [] if network is True else ["unix_sockets"]
+    if network is not True:
         wanted.append("network")
     return [(kind, state) for kind in wanted
             if not in_force(kind, state := str(report.get(kind, "unknown")))]

@@ -9,7 +9,10 @@ Pure: names and numbers only; worker/confine/seccomp.py turns them into a BPF fi
                  ``newfstatat``...); the suite's confined tests were traced the same way.
     FILTERED     calls allowed only with some arguments (the rule is in seccomp.py):
                  clone without namespace flags, socket/socketpair by family and type,
-                 prctl, personality and ioctl narrowed, prlimit64 on this process only
+                 prctl, personality and ioctl narrowed, prlimit64 and the calls that
+                 set a priority, a scheduler or an affinity on this process (or thread)
+                 only: a process of the same uid (another tenant's templated worker) is
+                 out of their reach
     ENOSYS       calls answered ENOSYS, so the C library falls back (clone3 -> clone)
     DANGEROUS    families refused whatever a library's settings say, unless the host
                  also sets ``allow_dangerous``: the kernel surface a tool has no use for
@@ -106,7 +109,9 @@ GROUPS: tuple[tuple[str, str, str], ...] = (
 #: Allowed only with some arguments (the rules: worker/confine/seccomp.py).  Naming one of
 #: these in a library's "allow" lifts its rule, except socket and socketpair, whose rules
 #: follow the "network" setting, and clone, which is DANGEROUS (namespaces).
-FILTERED = ("clone", "socket", "socketpair", "prctl", "personality", "ioctl", "prlimit64")
+FILTERED = ("clone", "socket", "socketpair", "prctl", "personality", "ioctl", "prlimit64",
+            "setpriority", "sched_setaffinity", "sched_setscheduler", "sched_setparam",
+            "sched_setattr", "ioprio_set")
 FIXED = ("socket", "socketpair")
 #: Answered ENOSYS: glibc then uses the older call (clone3 -> clone, filtered above).
 ENOSYS = ("clone3",)

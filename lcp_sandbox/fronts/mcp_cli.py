@@ -11,6 +11,8 @@ import os
 import sys
 from typing import Any, Optional
 
+from ..core.egress_rules import policy_of
+
 TOKEN_ENV = "LCP_SANDBOX_MCP_TOKEN"
 
 DESCRIPTION = """\
@@ -54,6 +56,14 @@ def add_parser(sub: Any, parents: list) -> None:
     confine.add_argument("--confine-best-effort", dest="confine", action="store_const",
                          const="best-effort", help="confine with what this host has (stats() "
                          "and a warning say what is missing) instead of refusing with 503")
+    p.add_argument("--network-allow", action="append", default=[], metavar="RULE",
+                   help="let confined workers reach only the hosts these rules admit, through "
+                        "the engine's egress proxy (repeatable; host, host:port, *.domain, an "
+                        "address or CIDR, each with an optional :port)")
+    p.add_argument("--network-deny", action="append", default=[], metavar="RULE",
+                   help="with --network-allow: hosts refused even when a rule allows them")
+    p.add_argument("--no-network", action="store_true",
+                   help="no network at all for the workers (their own network namespace)")
     p.add_argument("--timeout", type=float, default=60.0, metavar="S",
                    help="timeout of a tool call in seconds; 0: none (default: 60)")
     p.add_argument("--memory-mb", type=float, default=None, metavar="N",
@@ -162,6 +172,26 @@ def cmd_serve_mcp(args: argparse.Namespace) -> int:
         return 2
 
 
+def _network(args: argparse.Namespace, confine: object) -> "bool | dict[str, list[str]]":
+    """The sessions' network setting from --no-network and --network-allow/--network-deny."""
+    if args.network_deny and not args.network_allow:
+        raise _usage("--network-deny needs --network-allow (with no allow rule, give "
+                     "--no-network)")
+    if args.no_network and args.network_allow:
+        raise _usage("--no-network and --network-allow contradict each other")
+    if not args.network_allow:
+        return not args.no_network
+    if not confine:
+        raise _usage("--network-allow holds only confined workers: serve over http, or add "
+                     "--confine")
+    policy = {"allow": args.network_allow, "deny": args.network_deny}
+    try:
+        policy_of(policy)
+    except ValueError as exc:
+        raise _usage(str(exc)) from None
+    return policy
+
+
 def _serve(args: argparse.Namespace) -> int:
     for folder in args.folders:
         if not os.path.isdir(folder):
@@ -178,10 +208,11 @@ def _serve(args: argparse.Namespace) -> int:
         raise _usage(f"refusing to serve on {args.host!r} without a bearer token: anyone who can "
                      f"reach it could run the tools. Give --token-file FILE (or set {TOKEN_ENV}), "
                      f"or bind to 127.0.0.1.")
+    confine = (args.transport == "http") if args.confine is None else args.confine
     options = mcp_server.ServeOptions(
         folders=[os.path.realpath(f) for f in args.folders], host_tool_configs=configs,
         workspace=args.workspace, workspace_root=os.path.realpath(args.workspace_root),
-        confine=(args.transport == "http") if args.confine is None else args.confine,
+        confine=confine, network=_network(args, confine),
         timeout_s=args.timeout or None, memory_mb=args.memory_mb,
         auto_confirm=args.auto_confirm, max_sessions=args.max_sessions,
         session_idle_timeout_s=args.session_idle_timeout, max_workers=args.max_workers,

@@ -66,6 +66,7 @@ class ServeOptions:
     workspace: Optional[str] = None          # stdio: the one session's workspace (default: CWD)
     workspace_root: str = "mcp-workspaces"   # http: <root>/<session id> per session
     confine: Union[bool, str] = False        # True, False or "best-effort"
+    network: Union[bool, dict] = True        # True, False or a policy (core/egress_rules.py)
     timeout_s: Optional[float] = 60.0
     memory_mb: Optional[float] = None
     auto_confirm: Optional[str] = None       # the answer when the client cannot be asked
@@ -200,7 +201,8 @@ class McpFront:
                                    host_tool_configs=copy.deepcopy(o.host_tool_configs),
                                    workspace=workspace, workspace_root=workspace_root,
                                    tenant=tenant, timeout_s=o.timeout_s, memory_mb=o.memory_mb,
-                                   supervisor=self.supervisor, confine=o.confine)
+                                   supervisor=self.supervisor, confine=o.confine,
+                                   network=o.network)
         binding.set_confirm_handler(self._confirm)
         binding.set_user_interaction_handler(self._ask)
         log.info("session %s: workspace %s", tenant, workspace)

@@ -59,6 +59,9 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "supervisor's `confine`",
         "workspace_root": "a call whose workspace is not inside this folder is refused with "
         "403; confined workers are confined to it",
+        "network": "the network of its libraries: `True` (the host's), `False` (none: loopback "
+        'only) or, for confined workers, a policy `{"allow": [rules], "deny": [rules]}` '
+        "([Network by policy](network.md)); `None`: the supervisor's `network`",
         "kwargs": "load flags, as `LCPBinding`: a library declaring "
         '`TOOL_LIBRARY_LOAD_FLAG = "X"` loads only with `X=True` here or in its '
         "`host_tool_configs` entry",
@@ -85,6 +88,8 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "start_method": '`"zygote"` (fork; Linux) or `"spawn"` (a fresh interpreter per '
         "worker); `None`: `LCP_SANDBOX_START_METHOD`, else zygote on Linux, spawn elsewhere",
         "uid_range": '`(first uid, count)` the `"per-tenant"` uids come from',
+        "network": "the default `network` of bindings that do not say: `True`, `False` or a "
+        "policy ([Network by policy](network.md))",
     },
     "RaySupervisor": {
         "address": "the Ray cluster: `None` joins the one Ray finds (`RAY_ADDRESS`, or `ray "
@@ -108,8 +113,10 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "log_bytes_per_s": "what the tools print, forwarded to logging at most this fast "
         "(256 KiB a second); the rest is counted",
         "confine": '`True`, `False` or `"best-effort"`; `None`: the binding\'s',
-        "network": "`False`: a network namespace of its own, loopback only (confined: no "
-        "`AF_INET`, `AF_INET6` nor unix sockets either)",
+        "network": "`True`: the host's network; `False`: a network namespace of its own, "
+        "loopback only (confined: no `AF_INET`, `AF_INET6` nor unix sockets either); "
+        '`{"allow": [...], "deny": [...]}`: only the hosts the rules admit, through the '
+        "host's egress proxy (confined workers only: [Network by policy](network.md))",
         "env": "environment variables added to the worker's",
         "read_paths": "more paths a confined worker may read",
         "run_as": '`[uid, gid]` of a confined worker of a root host, or `"per-tenant"`; '
@@ -127,7 +134,8 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
 #: The kind of "sandbox" keys that core.limits._KINDS does not list (checked by their own
 #: functions there).
 OTHER_KINDS = {"confine": 'bool or "best-effort", or None', "run_as": '[uid, gid] or '
-               '"per-tenant", or None', "syscalls": "dict or None"}
+               '"per-tenant", or None', "syscalls": "dict or None",
+               "network": "bool or dict (a policy)"}
 
 #: serve-mcp defaults that depend on the machine, as the table says them.
 MACHINE_DEFAULTS = {"--max-sessions": "one per 32 MiB of memory, 16 to 4,096"}
@@ -227,7 +235,7 @@ def _flags() -> Iterator[tuple[str, str, str]]:
         if not help_text.strip() or action.help == argparse.SUPPRESS:
             raise Missing(f"serve-mcp: the flag {key!r} has no help text (its description)")
         default = MACHINE_DEFAULTS.get(key) or (said.group(1) if said else _flag_default(action))
-        yield f"`{names}`", default, help_text.strip()
+        yield f"`{names}`", default, help_text.strip().replace("*", "\\*")   # plain text
 
 
 def _flag_default(action: argparse.Action) -> str:

@@ -40,6 +40,8 @@ def why_fresh(tenants_root: Optional[str], limits: Limits, init: P.Init) -> str:
         return "templates off for this library"
     if limits.max_processes:
         return "max_processes: a worker of its own pids cgroup starts fresh"
+    if isinstance(limits.network, dict):
+        return "a network policy: a worker of its own network namespace starts fresh"
     if tenants_root is None:
         return "confined, and the host declared no tenants_root"
     root = os.path.realpath((init.confine or {})["root"])

@@ -46,18 +46,18 @@ def start_method(value: Optional[str] = None) -> str:
     return chosen
 
 
-def missing_confinement(confined: bool, network: bool) -> list[str]:
-    """The mechanisms a worker needs (confined, and/or with the network off) that this
-    system does not have."""
+def missing_confinement(confined: bool, network: object) -> list[str]:
+    """The mechanisms a worker needs (confined, and/or with the network off or a network
+    policy) that this system does not have."""
     if linux():
         return []
     wanted = ["filesystem", "privileges", "syscalls"] if confined else []
-    if not network:
+    if network is not True:
         wanted.append("network")
     return [LINUX_CONFINEMENT[kind] for kind in wanted]
 
 
-def refusal(confined: bool, network: bool, confine: object) -> str:
+def refusal(confined: bool, network: object, confine: object) -> str:
     """Why a worker must not start here ("" when it may): fail closed, unless the host
     asked for best effort."""
     lacking = missing_confinement(confined, network)

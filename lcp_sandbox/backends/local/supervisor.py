@@ -32,7 +32,7 @@ from concurrent.futures import Future
 from typing import Any, Callable, Optional, Union
 
 from ... import protocol as P
-from ...core.limits import confine_setting
+from ...core.limits import Limits, confine_setting
 from ...core.outcomes import SandboxEvent, Unavailable
 from ...core.policy import (
     BEST_EFFORT,
@@ -48,6 +48,7 @@ from ..base import Closing, Lent, WorkerSpec, emit
 from ..metrics import Metrics
 from .cgroups import WorkerCgroups
 from .descriptors import out_of_descriptors, raise_open_files_limit
+from .egress import EgressProxy
 from .endings import CallEnds, NotConfined
 from .handover import hand_over_root
 from .output import OutputPump
@@ -84,7 +85,8 @@ class Supervisor(CallEnds, Reports, Starts, Closing):
                  crash_policy: Optional[CrashPolicy] = None, watch_interval_s: float = 0.05,
                  run_as: Union[tuple[int, int], str] = DEFAULT_RUN_AS,
                  tenants_root: Optional[str] = None, start_method: Optional[str] = None,
-                 uid_range: tuple[int, int] = DEFAULT_UID_RANGE) -> None:
+                 uid_range: tuple[int, int] = DEFAULT_UID_RANGE,
+                 network: Union[bool, dict[str, Any]] = True) -> None:
         """``confine`` is the default for bindings that do not say (see worker/confine/;
         True, False or "best-effort"); ``run_as`` is the (uid, gid) a confined worker of a
         root host runs as, or "per-tenant" (a uid of its own per tenant, from ``uid_range``,
@@ -95,10 +97,12 @@ class Supervisor(CallEnds, Reports, Starts, Closing):
         dict per lifecycle event (start, stop, evict, idle, crash, violation, timeout,
         interrupt, memory, quarantine), also logged on ``lcp_sandbox.events``;
         ``start_method`` "zygote" or "spawn" (platforms.py; None: LCP_SANDBOX_START_METHOD,
-        else "zygote" on Linux, "spawn" elsewhere)."""
+        else "zygote" on Linux, "spawn" elsewhere); ``network`` the default of bindings that
+        do not say (True, False, or a policy: core/egress_rules.py, egress.py)."""
         self.start_method = start_method_of(start_method)
         self.crash_policy = crash_policy or CrashPolicy()
         self.confine = confine_setting(confine)
+        self.network = Limits(confine=True, network=network).network      # (checked)
         self.run_as = run_as_setting(run_as)
         self.uids = TenantUids(uid_range_setting(uid_range), tenants_root)
         self.idle_timeout_s = idle_timeout_s
@@ -119,6 +123,7 @@ class Supervisor(CallEnds, Reports, Starts, Closing):
         self.protections_off: frozenset[str] = frozenset()   # tests only: lcp_sandbox.testing
         self.counters = Metrics()                 # metrics(): kept as events happen
         self.cgroups = WorkerCgroups()            # pids cgroups of workers (max_processes)
+        self.egress = EgressProxy(self.counters)  # network policies (started when needed)
         _live_supervisors.add(self)
 
     def _event(self, kind: str, slot: Slot, **details: Any) -> None:
@@ -254,6 +259,8 @@ class Supervisor(CallEnds, Reports, Starts, Closing):
                     init = hand_over_root(init, run_as, name, tool, private=own)
                     if slot.limits.max_processes:
                         init = self.cgroups.give(init, slot)
+                    if isinstance(slot.limits.network, dict):
+                        init = self.egress.give(init, slot)
                 proc = self._launch(slot, init, deadline, tool)
             except (ZygoteGone, OSError) as exc:
                 raise Unavailable.not_run(name, tool, f"could not start a worker: {exc}" + (
@@ -334,4 +341,5 @@ class Supervisor(CallEnds, Reports, Starts, Closing):
             self._pump.close()
         self.templates.close()
         self.cgroups.close()
+        self.egress.close()
         _live_supervisors.discard(self)

@@ -8,6 +8,9 @@ this order (prepare(), below); each step needs what the later ones give up:
                           sent, plus the library's env
     isolate_network()     unshare(CLONE_NEWNET): CAP_SYS_ADMIN as root, else a
                           user namespace (needs /proc writes)
+    relay_to_proxy()      (a network policy) dials the host's egress proxy, listens on
+                          its namespace's loopback, announces HTTP_PROXY... (its thread
+                          starts last, start_relay(): one thread drops its privileges)
     private_tmpdir()      created as the host's user, owned by the worker's uid-to-be
     join_pids_cgroup()    (max_processes) into the pids cgroup the host made for it
     own_root()            (a fresh worker, in a PID namespace of its own: the zygote
@@ -34,6 +37,7 @@ hand_over() gives the confinement root to the worker's uid before the worker
 starts, and private_tmpdir() makes its temp dir.
 
     network.py      isolate_network()
+    egress.py       relay_to_proxy()
     mounts.py       make_reachable()
     landlock.py     apply_landlock()  (its rules are described there)
     privileges.py   drop_privileges()
@@ -57,11 +61,12 @@ from ...core.policy import (
 from ..portable import environment_of, set_environment  # noqa: F401  (also for loop, template)
 from ..rlimits import apply_in_worker
 from .caps import join_pids_cgroup
+from .egress import relay_to_proxy, start_relay
 from .landlock import ABI_CAP, DEVICES, SCOPED, add_rules, apply_landlock, enforce, open_ruleset
 from .mounts import make_reachable, own_root
 from .network import isolate_network
 from .privileges import drop_privileges
-from .seccomp import restrict_syscalls
+from .seccomp import POLICY, restrict_syscalls
 
 #: In a confined template (worker/template.py): what it applied for every worker it forks
 #: (its report, and "covered": make_reachable()'s).  A worker forked from it finds it here
@@ -119,10 +124,13 @@ def prepare(init: P.Init, shared: bool = False) -> dict:
         _stack(init, report, disabled)         # forked from a confined template
         apply_in_worker(lim)
         return report
-    if lim.get("network", True):
+    network = lim.get("network", True)
+    if network is True:
         report["network"] = "host network"
     else:
         report["network"] = SWITCHED_OFF if "netns" in disabled else isolate_network()
+        if isinstance(network, dict) and report["network"].startswith("on"):
+            report["network"] = _egress(conf, network)
     if conf is not None:
         _confine(init, report, disabled, shared)
         if shared:
@@ -136,6 +144,7 @@ def prepare(init: P.Init, shared: bool = False) -> dict:
         report["unix_sockets"] = "not blocked (not confined)"
         report["syscalls"] = "not confined"
     apply_in_worker(lim)
+    start_relay()
     return report
 
 
@@ -165,9 +174,18 @@ def _confine(init: P.Init, report: dict, disabled: set, shared: bool) -> None:
     report["covered"] = covered
     report["privileges"] = drop_privileges(conf.get("run_as"))
     wanted = lim.get("syscalls") or {}
+    network = lim.get("network", True)
     report["syscalls"], report["unix_sockets"] = restrict_syscalls(
-        lim.get("network", True), tuple(wanted.get("allow", ())),
+        POLICY if isinstance(network, dict) else network, tuple(wanted.get("allow", ())),
         bool(wanted.get("allow_dangerous")), allowlist="syscalls" not in disabled)
+
+
+def _egress(conf: Any, rules: dict) -> str:
+    """A network policy: the relay to the host's egress proxy, in the namespace just made."""
+    egress = (conf or {}).get("egress")
+    if not egress:
+        return "unavailable (a network policy needs a confined worker, and the host's proxy)"
+    return relay_to_proxy(egress, len(rules.get("allow", ())) + len(rules.get("deny", ())))
 
 
 def _stack(init: P.Init, report: dict, disabled: set) -> None:
@@ -218,7 +236,8 @@ def _processes(own: str, filesystem: str) -> str:
         return f"on ({own}" + ("; Landlock scope too)" if scoped else ")")
     if scoped:
         return ("on (Landlock scope: no signal nor abstract socket outside its own domain; "
-                "no PID namespace: other processes' priorities and affinity are not scoped)")
+                "no PID namespace: priorities and affinity of itself only, by the system "
+                "call filter)")
     why = own or "in no PID namespace of its own"
     if filesystem.startswith(SWITCHED_OFF):
         return f"{SWITCHED_OFF}; {why}"

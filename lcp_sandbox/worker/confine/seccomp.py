@@ -16,13 +16,19 @@ The filter, from core/syscalls.py's data:
       clone        flags with any CLONE_NEW*      EPERM, else ALLOW
       socket       network on: AF_INET, AF_INET6, AF_NETLINK, AF_UNIX; network off:
                    AF_NETLINK with NETLINK_ROUTE only (no loopback: workers of one
-                   confined template share its namespace); any other family
+                   confined template share its namespace); a network policy (a fresh
+                   worker: its namespace its own): AF_INET, AF_INET6 and NETLINK_ROUTE,
+                   no AF_UNIX (its dialer to the host's proxy was opened before); any other family
                    (AF_VSOCK reaches the hypervisor from any namespace, AF_ALG the
                    kernel's crypto, AF_PACKET...) or protocol                        EACCES
-      socketpair   network off: datagram type EACCES (an AF_UNIX datagram socket can
+      socketpair   network off or a policy: datagram type EACCES (an AF_UNIX datagram socket can
                    sendto() any path even when paired); stream/seqpacket ALLOW
       prctl, personality, ioctl   the options/requests of core/syscalls.py, else EPERM
       prlimit64    pid 0 (this process: glibc's getrlimit/setrlimit), else EPERM
+      setpriority (PRIO_PROCESS, 0), sched_set{affinity,scheduler,param,attr} (0),
+      ioprio_set (IOPRIO_WHO_PROCESS, 0)    the caller itself (os.nice, a thread's own
+                   affinity), else EPERM: workers forked from one template share a uid,
+                   and a PID namespace of their own is what fresh workers have instead
       anything else                               EPERM
 With the network off this is also what keeps pathname unix sockets out of reach
 (Landlock ABI <= 7 and a network namespace do not cover them); io_uring (its
@@ -56,6 +62,7 @@ import os
 import socket
 import struct
 import sys
+from typing import Union
 
 from ...core import syscalls as S
 from ...core.policy import SWITCHED_OFF
@@ -70,6 +77,8 @@ _RET_ALLOW, _RET_ERRNO = 0x7FFF0000, 0x00050000
 _SECCOMP_SET_MODE_FILTER, _SECCOMP_FILTER_FLAG_TSYNC, _SECCOMP_MODE_FILTER = 1, 1, 2
 _LD, _JA, _JEQ, _JGE, _JSET, _AND, _RET = 0x20, 0x05, 0x15, 0x35, 0x45, 0x54, 0x06
 _OFF_NR, _OFF_ARCH = 0, 4                                  # struct seccomp_data (little endian)
+_SCHED_SETTERS = ("sched_setaffinity", "sched_setscheduler", "sched_setparam", "sched_setattr")
+_IOPRIO_WHO_PROCESS = 1
 _NS_FLAGS = 0x7E020000       # CLONE_NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET
 #: With the network on.  With it off, only AF_NETLINK's NETLINK_ROUTE: network-off workers
 #: of one confined template share its network namespace, where loopback (TCP, UDP) and
@@ -80,6 +89,11 @@ ALLOW, EPERM = _RET_ALLOW, _RET_ERRNO | errno.EPERM
 _EACCES, _ENOSYS = _RET_ERRNO | errno.EACCES, _RET_ERRNO | errno.ENOSYS
 
 Row = tuple[int, int, int, int]
+#: The "network" of a worker with a policy (core/egress_rules.py): restrict_syscalls(POLICY)
+POLICY = "policy"
+Network = Union[bool, str]
+UNIX_BLOCKED_POLICY = ("blocked (seccomp: no unix socket can be created; TCP and UDP reach only "
+                       "its own namespace's loopback, where the relay to the host's proxy is)")
 UNIX_BLOCKED = ("blocked (seccomp: no socket can be created but AF_NETLINK's NETLINK_ROUTE; "
                 "no loopback either)")                            # (code, jt, jf, k)
 
@@ -98,6 +112,14 @@ def _arg(i: int) -> int:
     return 16 + 8 * i
 
 
+def _args_are(*values: int) -> list[Row]:
+    """ALLOW if argument i is ``values[i]`` for each i, else EPERM."""
+    rows: list[Row] = []
+    for i, value in enumerate(values):          # a mismatch jumps past the rest to EPERM
+        rows += [(_LD, 0, 0, _arg(i)), (_JEQ, 0, 2 * (len(values) - 1 - i) + 1, value)]
+    return rows + [(_RET, 0, 0, ALLOW), (_RET, 0, 0, EPERM)]
+
+
 def _one_of(arg: int, values: tuple, match: int, other: int) -> list[Row]:
     """Load argument ``arg``; ``match`` if it is one of ``values``, else ``other``."""
     n = len(values)
@@ -106,10 +128,14 @@ def _one_of(arg: int, values: tuple, match: int, other: int) -> list[Row]:
     return rows + [(_RET, 0, 0, other), (_RET, 0, 0, match)]
 
 
-def _blocks(network: bool, lifted: frozenset) -> dict[str, list[Row]]:
+def _blocks(network: Network, lifted: frozenset) -> dict[str, list[Row]]:
     """The argument checks of the FILTERED calls (none for a lifted one)."""
-    if network:
+    if network is True:
         sock = _one_of(0, _SOCKET_FAMILIES_ON, ALLOW, _EACCES)
+    elif network == POLICY:   # TCP/UDP in its own namespace (to the relay), NETLINK_ROUTE
+        sock = [(_LD, 0, 0, _arg(0)), (_JEQ, 4, 0, socket.AF_INET), (_JEQ, 3, 0, socket.AF_INET6),
+                (_JEQ, 0, 3, socket.AF_NETLINK), (_LD, 0, 0, _arg(2)), (_JEQ, 0, 1, 0),
+                (_RET, 0, 0, ALLOW), (_RET, 0, 0, _EACCES)]
     else:       # AF_NETLINK with NETLINK_ROUTE (0) only: see _SOCKET_FAMILIES_ON
         sock = [(_LD, 0, 0, _arg(0)), (_JEQ, 0, 3, socket.AF_NETLINK), (_LD, 0, 0, _arg(2)),
                 (_JEQ, 0, 1, 0), (_RET, 0, 0, ALLOW), (_RET, 0, 0, _EACCES)]
@@ -120,16 +146,19 @@ def _blocks(network: bool, lifted: frozenset) -> dict[str, list[Row]]:
         "prctl": _one_of(0, tuple(S.PRCTL_OPTIONS.values()), ALLOW, EPERM),
         "personality": _one_of(0, S.PERSONALITIES, ALLOW, EPERM),
         "ioctl": _one_of(1, tuple(S.IOCTL_REQUESTS.values()), ALLOW, EPERM),
-        "prlimit64": _one_of(0, (0,), ALLOW, EPERM),
+        "prlimit64": _args_are(0),
+        "setpriority": _args_are(0, 0),                  # PRIO_PROCESS, who: the caller
+        "ioprio_set": _args_are(_IOPRIO_WHO_PROCESS, 0),
+        **{name: _args_are(0) for name in _SCHED_SETTERS},
     }
-    if not network:
+    if network is not True:
         out["socketpair"] = [(_LD, 0, 0, _arg(1)), (_AND, 0, 0, 0xF),      # SOCK_TYPE_MASK
                              (_JEQ, 1, 0, socket.SOCK_STREAM), (_JEQ, 0, 1, socket.SOCK_SEQPACKET),
                              (_RET, 0, 0, ALLOW), (_RET, 0, 0, _EACCES)]
     return {k: v for k, v in out.items() if k not in lifted}
 
 
-def _answers(machine: str, network: bool, allowlist: bool, allow: tuple,
+def _answers(machine: str, network: Network, allowlist: bool, allow: tuple,
              dangerous: bool) -> tuple[dict, object, dict]:
     """{number: RET value or block name}, the answer for other numbers, the blocks."""
     allow = tuple(n for n in allow
@@ -166,11 +195,13 @@ def _search(runs: list[tuple[int, int]]) -> list[Row]:
 
 
 #: The filtered calls, most frequent first (ioctl: isatty() on each open() in text mode).
-_CHAIN = ("ioctl", "clone", "prctl", "socket", "prlimit64", "socketpair", "personality")
+_CHAIN = ("ioctl", "clone", "prctl", "socket", "prlimit64", "socketpair", "personality",
+          "sched_setaffinity", "setpriority", "sched_setscheduler", "sched_setparam",
+          "sched_setattr", "ioprio_set")
 
 
 @functools.lru_cache(maxsize=32)
-def filter_program(machine: str, network: bool, allowlist: bool = True, allow: tuple = (),
+def filter_program(machine: str, network: Network, allowlist: bool = True, allow: tuple = (),
                    dangerous: bool = False) -> tuple[Row, ...]:
     """The filter for ``machine``: (code, jt, jf, k) rows.  ``allowlist`` False gives
     only the socket and io_uring rules (a confined worker whose allowlist was switched
@@ -204,7 +235,7 @@ def filter_program(machine: str, network: bool, allowlist: bool = True, allow: t
 
 
 @functools.lru_cache(maxsize=32)
-def _packed(machine: str, network: bool, allowlist: bool, allow: tuple,
+def _packed(machine: str, network: Network, allowlist: bool, allow: tuple,
             dangerous: bool) -> bytes:
     """filter_program() as struct sock_filter bytes (what seccomp(2) reads)."""
     rows = filter_program(machine, network, allowlist, allow, dangerous)
@@ -249,23 +280,26 @@ def _refused(name: str, machine: str, *args: int) -> bool:
     return rc < 0 and ctypes.get_errno() == errno.EPERM
 
 
-def restrict_syscalls(network: bool, allow: tuple = (), dangerous: bool = False,
+def restrict_syscalls(network: Network, allow: tuple = (), dangerous: bool = False,
                       allowlist: bool = True) -> tuple[str, str]:
     """Install the filter; (what holds for system calls, what holds for unix sockets),
-    as stats() shows them.  ``allow``/``dangerous``: a library's "syscalls" setting
-    (core/syscalls.py checked it).  ``allowlist`` False: only the unix-socket rules of
-    the network off (nothing at all with the network on)."""
+    as stats() shows them.  ``network``: True, False or POLICY (its own namespace, the
+    host's proxy through the relay: TCP and UDP there, no unix socket).
+    ``allow``/``dangerous``: a library's "syscalls" setting (core/syscalls.py checked
+    it).  ``allowlist`` False: only the unix-socket rules of the network off (nothing at
+    all with the network on)."""
     machine = os.uname().machine
     unix = "not blocked (network on)"
+    on = network is True
     if machine not in _AUDIT_ARCH or sys.byteorder != "little":
         why = f"unavailable (no filter for the {machine} architecture)"
-        return why, unix if network else why
-    if not allowlist and network:
+        return why, unix if on else why
+    if not allowlist and on:
         return SWITCHED_OFF, unix
     allow = tuple(sorted(allow))
     failed = _install(_packed(machine, network, allowlist, allow, dangerous), machine)
     if failed:
-        return failed, unix if network else failed
+        return failed, unix if on else failed
     state = SWITCHED_OFF
     if allowlist:                           # trust, but check: unshare(0) is a no-op otherwise
         if not _refused("unshare", machine, 0):
@@ -276,9 +310,11 @@ def restrict_syscalls(network: bool, allow: tuple = (), dangerous: bool = False,
             lifted = sorted(set(allow) & set(S.FILTERED))
             state = (f"allowlist ({n} calls, {machine}"
                      + (f"; the library's: {', '.join(extra + lifted)}" if allow else "") + ")")
-    if not network:
-        unix = UNIX_BLOCKED
-        for family, name in ((socket.AF_UNIX, "AF_UNIX"), (socket.AF_INET, "AF_INET")):
+    if not on:
+        unix = UNIX_BLOCKED if network is False else UNIX_BLOCKED_POLICY
+        refused = ((socket.AF_UNIX, "AF_UNIX"),) + (((socket.AF_INET, "AF_INET"),)
+                                                    if network is False else ())
+        for family, name in refused:
             try:
                 socket.socket(family, socket.SOCK_STREAM).close()
                 unix = f"failed (the filter is installed but socket({name}) still works)"

@@ -32,6 +32,7 @@ def tool_refused() -> dict:
     """Each family the allowlist refuses, called with harmless arguments: {name: [rc, errno]}."""
     me = os.getpid()
     null = os.open("/dev/null", os.O_RDONLY)
+    mask, param = _own_affinity(), ctypes.c_int(0)
     out = {
         "unshare": _call("unshare", CLONE_NEWUSER),
         "setns": _call("setns", -1, 0),
@@ -72,6 +73,14 @@ def tool_refused() -> dict:
         "prctl_set_ptracer": _call("prctl", PR_SET_PTRACER, 0, 0, 0, 0),
         "ioctl_tiocsti": _call("ioctl", null, TIOCSTI, 0),
         "prlimit64_other": _call("prlimit64", me, 7, 0, 0),            # by pid, not 0
+        # priority, scheduler and affinity by pid: a same-uid process is reachable by them
+        # (each sets what is already set, so the call is harmless where it is let through)
+        "setpriority_pid": _call("setpriority", 0, me, os.getpriority(os.PRIO_PROCESS, 0)),
+        "sched_setaffinity_pid": _call("sched_setaffinity", me, ctypes.sizeof(mask),
+                                       ctypes.addressof(mask)),
+        "sched_setscheduler_pid": _call("sched_setscheduler", me, 0, ctypes.addressof(param)),
+        "sched_setparam_pid": _call("sched_setparam", me, ctypes.addressof(param)),
+        "ioprio_set_pid": _call("ioprio_set", 1, me, 0),
         "shmctl": _call("shmctl", -1, 0, 0),
         "iopl": _call("iopl", 0),
         "ioperm": _call("ioperm", 0, 0, 0),
@@ -80,9 +89,17 @@ def tool_refused() -> dict:
     return {"success": True, "output": {k: v for k, v in out.items() if v[0] is not None}}
 
 
+def _own_affinity() -> ctypes.Array:
+    """This process's CPU mask as sched_getaffinity(2) gives it."""
+    mask = ctypes.create_string_buffer(128)
+    _call("sched_getaffinity", 0, ctypes.sizeof(mask), ctypes.addressof(mask))
+    return mask
+
+
 def tool_allowed() -> dict:
     """Calls with an argument rule, in their allowed forms: {name: [rc, errno]}."""
     buf = ctypes.create_string_buffer(16)
+    mask, param = _own_affinity(), ctypes.c_int(0)
     return {"success": True, "output": {
         "personality_query": _call("personality", 0xFFFFFFFF),
         "prctl_get_name": _call("prctl", 16, ctypes.addressof(buf), 0, 0, 0),
@@ -92,6 +109,10 @@ def tool_allowed() -> dict:
             ctypes.create_string_buffer(16))),
         "mbind_nothing": _call("mbind", 0, 0, 0, 0, 0, 0),
         "getppid": _call("getppid"),
+        "nice": _call("setpriority", 0, 0, os.getpriority(os.PRIO_PROCESS, 0)),
+        "sched_setaffinity_self": _call("sched_setaffinity", 0, 128, ctypes.addressof(mask)),
+        "sched_setscheduler_self": _call("sched_setscheduler", 0, 0, ctypes.addressof(param)),
+        "ioprio_set_self": _call("ioprio_set", 1, 0, 0),
     }}
 
 

@@ -1,0 +1,331 @@
+"""The host's egress proxy: all that a confined worker with a network policy reaches.
+
+    worker (own network namespace: loopback only)     host process (one proxy per supervisor)
+    tool ──TCP──► 127.0.0.1:P, the relay thread ──────► its dialer: a unix stream connected
+         (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY)            before the worker confined itself; its
+                      │ accept(), then the accepted      first line, the token the host gave it
+                      └ socket itself, by SCM_RIGHTS ──► (so: which tenant and library, which
+                                                          Policy), then one socket per message
+    each socket received: read the request head (CONNECT host:port, or a plain-HTTP request with
+    an absolute URL), resolve the name, Policy.check() every address: 403 naming the rule, or
+    connect to an address that was checked and relay both ways until either side ends
+
+The proxy never listens on an address of the host's interfaces: its one listening socket is
+a unix socket in a folder only the host's user may enter, and a worker reaches it only through
+the dialer it opened before its confinement (its system call filter then refuses new unix
+sockets).  The worker is hostile: what it sends on its dialer may be anything (garbage, a file,
+a pipe, a listening socket, a flood); a received descriptor that is not a connected stream
+socket is closed unread; each worker has at most MAX_PER_WORKER connections at once (further
+ones are answered 429 at once), the proxy at most MAX_CONNECTIONS (503); a request head is
+read within HEAD_TIMEOUT_S and HEAD_LIMIT bytes.  Plain HTTP requests are forwarded with
+``Connection: close``, so a kept-alive connection cannot carry a second request to another host.
+"""
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import os
+import queue
+import secrets
+import shutil
+import socket
+import stat
+import tempfile
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, Coroutine, Optional
+
+from ... import protocol as P
+from ...core.egress_rules import Address, Decision, Policy, policy_of
+from ..metrics import Metrics
+from .egress_conn import HEAD_TIMEOUT_S, Refused, response, serve
+from .slot import Slot
+
+log = logging.getLogger("lcp_sandbox.egress")
+
+MAX_PER_WORKER = 64
+MAX_CONNECTIONS = 4096
+_FDS_PER_MESSAGE = 8
+TOKEN_BYTES = 32                 # hex digits of a dialer's token (128 bits)
+_LOGGED_PER_WORKER = 20
+_IDLE_THREADS = 32          # refusals logged per worker (then counted only)
+
+
+@dataclass
+class Identity:
+    """Whose connections come in on a dialer: the worker's tenant and library, its policy."""
+    tenant: str
+    library: str
+    policy: Policy
+    active: int = 0
+    refused: int = 0
+
+
+class EgressProxy:
+    """One per supervisor, started by the first worker with a network policy."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+        self._ids: dict[str, Identity] = {}
+        self._tokens: dict[int, str] = {}         # id(slot): its token, while it lives
+        self._lock = threading.Lock()
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._thread: Optional[threading.Thread] = None
+        self._folder = ""
+        self.path = ""
+        self.connections = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._open: set[socket.socket] = set()        # connections being served
+        self._pool = _Threads()
+
+    def give(self, init: P.Init, slot: Slot) -> P.Init:
+        """The INIT of ``slot``'s next worker with what it dials the proxy with: the
+        proxy's socket and the slot's token (the proxy starts now if it has not).  The
+        token names the slot's tenant, library and policy for as long as the slot lives."""
+        with self._lock:
+            if self._loop is None:
+                self._start()
+            token = self._tokens.get(id(slot))
+            if token is None:
+                token = self._tokens[id(slot)] = secrets.token_hex(TOKEN_BYTES // 2)
+                rules = slot.limits.network
+                assert isinstance(rules, dict), "only a worker with a network policy dials"
+                self._ids[token] = Identity(slot.tenant, slot.library.name, policy_of(rules))
+                weakref.finalize(slot, self._forget, id(slot), token)
+        egress = {"socket": self.path, "token": token}
+        return init._replace(confine={**(init.confine or {}), "egress": egress})
+
+    def _forget(self, slot_id: int, token: str) -> None:
+        """A slot is gone: its token dials no more."""
+        self._tokens.pop(slot_id, None)
+        self._ids.pop(token, None)
+
+    def _start(self) -> None:
+        self._folder = tempfile.mkdtemp(prefix="lcp-sandbox-egress-")     # mode 0700
+        self.path = os.path.join(self._folder, "proxy.sock")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(self.path)
+        listener.listen(512)
+        listener.setblocking(False)
+        loop = self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, args=(loop, listener),
+                                        name="lcp-sandbox-egress", daemon=True)
+        self._thread.start()
+
+    def _run(self, loop: asyncio.AbstractEventLoop, listener: socket.socket) -> None:
+        asyncio.set_event_loop(loop)
+        self._spawn(loop, self._accept(listener))
+        try:
+            loop.run_forever()
+        finally:
+            listener.close()
+            tasks = asyncio.all_tasks(loop)
+            for task in tasks:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            loop.close()
+
+    def _spawn(self, loop: asyncio.AbstractEventLoop, work: Coroutine[Any, Any, None]) -> None:
+        """A task of the proxy's, held until it ends (the loop keeps only weak references)."""
+        task = loop.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def close(self) -> None:
+        with self._lock:
+            loop, thread, self._loop = self._loop, self._thread, None
+            for sock in self._open:                # their threads' reads end
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+        if loop is not None and thread is not None:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(5)
+            shutil.rmtree(self._folder, ignore_errors=True)
+
+    # ------------------------------------------------------------ dialers
+    async def _accept(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            dialer, _ = await loop.sock_accept(listener)
+            self._spawn(loop, self._dialer(dialer))
+
+    async def _dialer(self, dialer: socket.socket) -> None:
+        """One worker's dialer: its token, then the sockets it hands over, until it ends."""
+        with dialer:
+            loop = asyncio.get_running_loop()
+            try:           # exactly the token's line: what follows may carry descriptors
+                line = await asyncio.wait_for(_exactly(loop, dialer, TOKEN_BYTES + 1),
+                                              HEAD_TIMEOUT_S)
+            except (asyncio.TimeoutError, OSError):
+                return
+            ident = self._ids.get(line.strip().decode("ascii", "replace"))
+            if ident is None:
+                return
+            while True:
+                await _readable(loop, dialer)
+                try:
+                    data, fds, _, _ = socket.recv_fds(dialer, 64, _FDS_PER_MESSAGE,
+                                                      socket.MSG_CMSG_CLOEXEC)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    return
+                if not data and not fds:
+                    return                                      # the worker ended
+                for fd in fds:
+                    self._take(ident, fd)
+
+    def _take(self, ident: Identity, fd: int) -> None:
+        """A descriptor a worker sent: served, in a thread of the pool, if it is a
+        connected stream socket and the worker and the host are under their caps."""
+        sock = _stream_socket(fd)
+        if sock is None:
+            return
+        with self._lock:
+            full = ("this worker's" if ident.active >= MAX_PER_WORKER else
+                    "the host's" if self.connections >= MAX_CONNECTIONS else "")
+            if not full:
+                ident.active += 1
+                self.connections += 1
+                self._open.add(sock)
+        if full:
+            with sock:
+                try:                       # (non-blocking: a 200-byte answer fits at once)
+                    sock.send(response(429 if full[0] == "t" else 503,
+                                       f"{full} limit of connections at once is reached"))
+                except OSError:
+                    pass
+            return
+        self._pool.submit(self._serve, ident, sock)
+
+    # ------------------------------------------------------------ one connection
+    def _serve(self, ident: Identity, sock: socket.socket) -> None:
+        """A connection (egress_conn.serve) on the socket, under ``ident``'s policy."""
+        try:
+            sock.setblocking(True)
+            serve(sock, lambda host, port: self._admit(ident, host, port))
+        except OSError:
+            pass
+        except Exception:                                   # noqa: BLE001 (a bug: say it)
+            log.exception("egress proxy: a connection of tenant %s, library %s failed",
+                          ident.tenant, ident.library)
+        finally:
+            with self._lock:
+                ident.active -= 1
+                self.connections -= 1
+                self._open.discard(sock)
+            sock.close()
+
+    def _admit(self, ident: Identity, host: str, port: int) -> list[Address]:
+        """The addresses (host, port) may be reached at, or Refused.  The name first: a
+        name no rule admits is never resolved (no lookups on the host's resolver for
+        names a tool chose); then every address it resolved to."""
+        self._decide(ident, ident.policy.check(host, port, []), host, port)
+        addresses = _resolve(host, port)
+        self._decide(ident, ident.policy.check(host, port, addresses), host, port, count=True)
+        return addresses
+
+    def _decide(self, ident: Identity, decision: Decision, host: str, port: int,
+                count: bool = False) -> None:
+        """Go on if ``decision`` admits (counted when ``count``: the last check); else
+        count, log (the first few of a worker) and refuse: 403 naming the rule."""
+        if decision.admitted:
+            if count:
+                self.metrics.egress(True, decision.rule)
+            return
+        self.metrics.egress(False, decision.rule)
+        ident.refused += 1
+        if ident.refused <= _LOGGED_PER_WORKER:
+            log.warning("egress refused: tenant %s, library %s, to %s port %d: %s%s",
+                        ident.tenant, ident.library, host, port, decision.why,
+                        " (further refusals of this worker are counted, not logged)"
+                        if ident.refused == _LOGGED_PER_WORKER else "")
+        raise Refused(403, f"lcp-sandbox network policy: {decision.why}")
+
+
+async def _exactly(loop: asyncio.AbstractEventLoop, sock: socket.socket, n: int) -> bytes:
+    """``n`` bytes from ``sock``, not one more."""
+    got = b""
+    while len(got) < n:
+        data = await loop.sock_recv(sock, n - len(got))
+        if not data:
+            raise ConnectionResetError("the dialer closed before its token")
+        got += data
+    return got
+
+
+async def _readable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
+    ready = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+    loop.add_reader(sock.fileno(), wake)
+    try:
+        await ready
+    finally:
+        loop.remove_reader(sock.fileno())
+
+
+class _Threads:
+    """Daemon threads that serve connections, reused: a connection waits for no thread
+    (one is started when none is idle), and at most _IDLE_THREADS stay idle."""
+
+    def __init__(self) -> None:
+        self._work: queue.SimpleQueue[tuple[Callable[..., None], tuple[Any, ...]]] = (
+            queue.SimpleQueue())
+        self._lock = threading.Lock()
+        self._idle = 0
+
+    def submit(self, fn: Callable[..., None], *args: Any) -> None:
+        self._work.put((fn, args))
+        with self._lock:
+            start = self._idle == 0
+            if not start:
+                self._idle -= 1                   # (that idle thread takes it)
+        if start:
+            threading.Thread(target=self._serve, name="lcp-sandbox-egress-conn",
+                             daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            fn, args = self._work.get()
+            fn(*args)
+            with self._lock:
+                if self._idle >= _IDLE_THREADS:
+                    return
+                self._idle += 1
+
+
+def _resolve(host: str, port: int) -> list[Address]:
+    """Every address of ``host`` (the host's resolver, in the connection's own thread)."""
+    try:
+        return [ipaddress.ip_address(host)]
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise Refused(502, f"{host} cannot be resolved ({exc})") from None
+    return list(dict.fromkeys(ipaddress.ip_address(str(i[4][0]).split("%")[0]) for i in infos))
+
+
+def _stream_socket(fd: int) -> Optional[socket.socket]:
+    """A received descriptor as a socket, if it is a connected stream socket; else closed."""
+    try:
+        if stat.S_ISSOCK(os.fstat(fd).st_mode):
+            sock = socket.socket(fileno=fd)
+            if (sock.type == socket.SOCK_STREAM
+                    and not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)):
+                sock.setblocking(False)
+                return sock
+            sock.close()
+            return None
+    except OSError:
+        pass
+    os.close(fd)
+    return None

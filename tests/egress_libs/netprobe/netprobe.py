@@ -1,0 +1,153 @@
+"""Reaches out through the network, the ways tools do, and the ways a hostile tool would."""
+import gc
+import http.client
+import os
+import select
+import socket
+import time
+import urllib.error
+import urllib.request
+
+
+def tool_env() -> dict:
+    """The proxy settings a tool finds in its environment."""
+    names = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "http_proxy", "no_proxy")
+    return {"success": True, "output": {n: os.environ.get(n) for n in names}}
+
+
+def tool_urllib(url: str) -> dict:
+    """GET url with urllib.
+
+    Args:
+        url (str): the URL
+    """
+    try:
+        with urllib.request.urlopen(url, timeout=20) as r:
+            return {"success": True, "output": {"status": r.status, "body": r.read().decode()}}
+    except urllib.error.HTTPError as e:
+        return {"success": True, "output": {"status": e.code, "body": e.read().decode()}}
+
+
+def tool_requests(url: str) -> dict:
+    """GET url with requests.
+
+    Args:
+        url (str): the URL
+    """
+    import requests
+    r = requests.get(url, timeout=20)
+    return {"success": True, "output": {"status": r.status_code, "body": r.text}}
+
+
+def tool_httpx(url: str) -> dict:
+    """GET url with httpx (which reads the proxy settings of the environment).
+
+    Args:
+        url (str): the URL
+    """
+    import httpx
+    r = httpx.get(url, timeout=20)
+    return {"success": True, "output": {"status": r.status_code, "body": r.text}}
+
+
+def tool_tunnel(host: str, port: int) -> dict:
+    """A CONNECT tunnel to host:port through the announced proxy, then a GET inside it.
+
+    Args:
+        host (str): host
+        port (int): port
+    """
+    proxy = urllib.request.getproxies()["https"].rsplit(":", 1)
+    conn = http.client.HTTPConnection(proxy[0].split("//")[1], int(proxy[1]), timeout=20)
+    conn.set_tunnel(host, port)
+    try:
+        conn.request("GET", "/tunnel")
+        r = conn.getresponse()
+        return {"success": True, "output": {"status": r.status, "body": r.read().decode()}}
+    except OSError as e:
+        return {"success": True, "output": {"status": None, "body": str(e)}}
+
+
+def tool_raw(host: str, port: int) -> dict:
+    """A plain TCP connection to host:port, past the proxy.
+
+    Args:
+        host (str): host
+        port (int): port
+    """
+    try:
+        socket.create_connection((host, port), timeout=5).close()
+        return {"success": True, "output": "connected"}
+    except OSError as e:
+        return {"success": True, "output": type(e).__name__}
+
+
+def tool_unix(path: str) -> dict:
+    """Connect to a pathname unix socket (the proxy's own, say).
+
+    Args:
+        path (str): socket path
+    """
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(path)
+        return {"success": True, "output": "connected"}
+    except OSError as e:
+        return {"success": True, "output": type(e).__name__}
+
+
+def _proxy():
+    url = os.environ["HTTP_PROXY"].rsplit(":", 1)
+    return url[0].split("//")[1], int(url[1])
+
+
+def tool_flood(n: int, refusals: int, release: str) -> dict:
+    """Open n connections to the proxy at once, each naming nothing: count those turned away
+    at once (until ``refusals`` were, or 20 s), then hold the rest until the file
+    ``release`` exists (at most 60 s).
+
+    Args:
+        n (int): connections
+        refusals (int): how many answers of 429 to wait for
+        release (str): the file whose existence lets the connections go
+    """
+    held = [socket.create_connection(_proxy(), timeout=20) for _ in range(n)]
+    turned_away, waiting = 0, set(held)
+    deadline = time.monotonic() + 20
+    while turned_away < refusals and time.monotonic() < deadline:
+        for s in select.select(list(waiting), [], [], 1)[0]:
+            waiting.discard(s)
+            turned_away += s.recv(64).startswith(b"HTTP/1.1 429")
+    deadline = time.monotonic() + 60
+    while not os.path.exists(release) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for s in held:
+        s.close()
+    return {"success": True, "output": turned_away}
+
+
+def _peer(sock: socket.socket) -> str:
+    try:
+        return str(sock.getpeername())
+    except OSError:
+        return ""
+
+
+def tool_garbage() -> dict:
+    """What a hostile worker sends the proxy: bytes that are no request on a connection,
+    then on its dialer bytes, a pipe, a file and a listening socket instead of connections."""
+    with socket.create_connection(_proxy(), timeout=20) as s:
+        s.sendall(b"\x00\xffGARBAGE\r\n\r\n")
+        answer = s.recv(200).decode("latin-1")
+    dialers = [o for o in gc.get_objects() if isinstance(o, socket.socket)
+               and o.family == socket.AF_UNIX and _peer(o).endswith("proxy.sock")]
+    r, w = os.pipe()
+    f = os.open("/dev/null", os.O_RDONLY)
+    listening = socket.socket()
+    listening.bind(("127.0.0.1", 0))
+    listening.listen()
+    for d in dialers:
+        d.sendall(os.urandom(4096))
+        socket.send_fds(d, [b"x"], [r, w, f, listening.fileno()])
+    return {"success": True, "output": {"answer": answer.split("\r\n")[0],
+                                        "dialers": len(dialers)}}
