@@ -27,7 +27,7 @@ def mem_row(what: str, pid: Optional[int], calls: Optional[int], key: str) -> di
 
 
 def parent_pid(pid: Optional[int]) -> Optional[int]:
-    """The zygote forks every worker (README, "Process tree"): a worker's parent is it."""
+    """The zygote forks every worker (docs/results.md, "Process tree"): a worker's parent is it."""
     try:
         return psutil.Process(pid).ppid() if pid else None
     except psutil.Error:

@@ -1,14 +1,15 @@
-"""The README's speed table, made from a run's JSON: no figure in it is typed by hand.
+"""The speed table of docs/performance.md, made from a run's JSON: no figure in it is typed
+by hand.  (The module keeps its name from when the table was in the README.)
 
     python -m benchmarks --json bench.json                   # a full run
     python -m benchmarks.readme_table bench.json             # print the table
-    python -m benchmarks.readme_table bench.json --write     # and put it in README.md
+    python -m benchmarks.readme_table bench.json --write     # and put it in docs/performance.md
                                                              # (between its speed-table markers),
                                                              # with the run's summary in RUN_FILE
 
-``RUN_FILE`` keeps the numbers of the run the README shows (samples and this
-machine's paths dropped); tests/test_readme.py checks the README's table is
-``render()`` of it, so the table cannot drift from a run.
+``RUN_FILE`` keeps the numbers of the run the page shows (samples and this machine's
+paths dropped); tests/test_readme.py checks the page's table is ``render()`` of it, so
+the table cannot drift from a run.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from .report import fmt, x
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN_FILE = ROOT / "benchmarks" / "readme_run.json"
+PAGE = ROOT / "docs" / "performance.md"
 BEGIN = "<!-- speed table: made by `python -m benchmarks.readme_table`; do not edit by hand -->"
 END = "<!-- end of speed table -->"
 
@@ -262,13 +264,13 @@ def _val(t: dict) -> str:
 
 
 def readme_block(text: str) -> Optional[str]:
-    """The table as it stands in a README's text, None without the markers."""
+    """The table as it stands in a page's text, None without the markers."""
     if BEGIN not in text or END not in text:
         return None
     return text.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n")
 
 
-def write_readme(result: dict, readme: Path = ROOT / "README.md", run_file: Path = RUN_FILE,
+def write_readme(result: dict, readme: Path = PAGE, run_file: Path = RUN_FILE,
                  out: Callable[[str], Any] = print) -> None:
     s = summary(result)
     run_file.write_text(json.dumps(s, indent=1, sort_keys=True, default=str) + "\n")
@@ -281,12 +283,16 @@ def write_readme(result: dict, readme: Path = ROOT / "README.md", run_file: Path
     out(f"wrote the speed table into {readme.name} and the run into {run_file.relative_to(ROOT)}")
 
 
-def main(argv: Optional[list] = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.readme_table", description=__doc__.split("\n")[0])
     ap.add_argument("json_path", help="a run's JSON (python -m benchmarks --json PATH)")
-    ap.add_argument("--write", action="store_true", help="put the table into README.md and the run into "
-                    f"{RUN_FILE.relative_to(ROOT)}")
-    args = ap.parse_args(argv)
+    ap.add_argument("--write", action="store_true", help=f"put the table into {PAGE.relative_to(ROOT)} and "
+                    f"the run into {RUN_FILE.relative_to(ROOT)}")
+    return ap
+
+
+def main(argv: Optional[list] = None) -> None:
+    args = build_parser().parse_args(argv)
     result = json.loads(Path(args.json_path).read_text())
     if args.write:
         write_readme(result)

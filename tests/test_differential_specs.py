@@ -244,7 +244,7 @@ def test_diff_e_regex_fallback_star_parameters(up, ours, name):
 
 def test_diff_f_tools_nested_in_functions(up, ours):
     # (f) upstream's _iter_functions_ordered does not descend into a FunctionDef;
-    # ours finds tool_* functions at any depth, nested ones included (README, "Differences").
+    # ours finds tool_* functions at any depth, nested ones included (docs/lollms.md, "Differences").
     assert ours["tool_inner_of_outer"]["description"] == "Inner function of tool_outer."
     assert ours["tool_inner_of_helper"]["input_schema"]["properties"]["z"]["default"] == 1
     assert not NESTED_IN_FUNCTION & set(up)

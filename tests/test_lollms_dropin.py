@@ -15,7 +15,7 @@
 
 The one deliberate difference that shows here: a prompt provider
 (``tool_execute_shell_command_prompt``) is not a tool in lcp_sandbox (see
-README), so it is left out of the comparisons.
+docs/lollms.md), so it is left out of the comparisons.
 """
 from __future__ import annotations
 

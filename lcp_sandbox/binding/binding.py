@@ -94,8 +94,8 @@ class SandboxedBinding(LcpSurface):
         A ``Supervisor`` shared with other bindings.  Default: one of the
         binding's own, closed by ``close()``.
     confine
-        Confine the workers (clean environment, file rules, own namespaces, see the
-        README): True (a worker whose protections are not all in force runs nothing:
+        Confine the workers (clean environment, file rules, own namespaces, see
+        docs/security.md): True (a worker whose protections are not all in force runs nothing:
         503), False, or "best-effort" (run with what the system has).  Default: the
         supervisor's ``confine``.
     workspace_root
@@ -291,7 +291,7 @@ class SandboxedBinding(LcpSurface):
         ``workspace=`` is this call's working directory (resolved against the
         host's CWD, created if missing; default: the binding's); ``timeout_s=`` this
         call's timeout.  Failures come back as result dicts with a
-        ``status_code`` (see the README's "Result codes"); only a ``params`` that is
+        ``status_code`` (see docs/results.md); only a ``params`` that is
         not a mapping raises (``TypeError``)."""
         route = self.catalog.routes.get(tool_name)
         if route is None:

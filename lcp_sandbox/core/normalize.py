@@ -21,7 +21,7 @@ _META_KEYS = frozenset({"success", "status", "error", "message", "return_code", 
 _FAILED_STATUSES = ("error", "failure", "failed")
 _LOOKED_AT = _META_KEYS | {"output", "context_files", *_PAYLOAD_KEYS, *PASSTHROUGH_KEYS}
 
-# Status codes of sandbox events (see README "Result codes").
+# Status codes of sandbox events (see docs/results.md).
 NOT_FOUND = 404
 TOOL_FAILED = 500
 FORBIDDEN = 403

@@ -99,7 +99,7 @@ def schema_from_function(node: ast.FunctionDef) -> ToolDef:
     a = node.args
     # Defaults cover the last positional parameters, positional-only ones included;
     # those cannot be passed by keyword, so they are not in the schema. Keyword-only
-    # parameters follow (upstream drops them; we show them, see README "Differences").
+    # parameters follow (upstream drops them; we show them, see docs/lollms.md).
     positional = a.posonlyargs + a.args
     pos_defaults: list[Optional[ast.expr]] = [None] * (len(positional) - len(a.defaults))
     pos_defaults += a.defaults

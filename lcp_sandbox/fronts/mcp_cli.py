@@ -31,11 +31,13 @@ def add_parser(sub: Any, parents: list) -> None:
                        description=DESCRIPTION, parents=parents)
     p.add_argument("folders", nargs="+", metavar="FOLDER", help="folder of tool libraries")
     p.add_argument("--transport", choices=("stdio", "http"), default="stdio",
-                   help="default: stdio")
+                   help="stdio: one client starts the server and talks to it over its stdin and "
+                        "stdout; http: Streamable HTTP at /mcp, every session a tenant "
+                        "(default: stdio)")
     p.add_argument("--host", default="127.0.0.1",
                    help="http: address to bind (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000,
-                   help="http: port (default: 8000; 0: any free port)")
+                   help="http: port; 0: any free port (default: 8000)")
     p.add_argument("--workspace", metavar="DIR",
                    help="stdio: the tools' workspace (default: the current folder)")
     p.add_argument("--workspace-root", metavar="DIR", default="mcp-workspaces",
@@ -46,8 +48,8 @@ def add_parser(sub: Any, parents: list) -> None:
                         "({\"host_tool_configs\": {...}} or the dict itself)")
     confine = p.add_mutually_exclusive_group()
     confine.add_argument("--confine", dest="confine", action="store_const", const=True,
-                         default=None, help="confine the workers (see the README); the default "
-                         "over http, where every session is a tenant")
+                         default=None, help="confine the workers (see the docs' security page); "
+                         "the default over http, where every session is a tenant")
     confine.add_argument("--no-confine", dest="confine", action="store_const", const=False,
                          help="run the sessions' workers unconfined (the default over stdio, "
                               "one local client)")
@@ -63,12 +65,12 @@ def add_parser(sub: Any, parents: list) -> None:
     p.add_argument("--no-network", action="store_true",
                    help="no network at all for the workers (their own network namespace)")
     p.add_argument("--timeout", type=float, default=60.0, metavar="S",
-                   help="timeout of a tool call in seconds (default: 60; 0: none)")
+                   help="timeout of a tool call in seconds; 0: none (default: 60)")
     p.add_argument("--memory-mb", type=float, default=None, metavar="N",
-                   help="memory limit of each worker")
+                   help="memory limit of each worker (default: none)")
     p.add_argument("--auto-confirm", choices=("allow", "reject"), default=None,
                    help="the answer to a tool's confirmation request when the client cannot be "
-                        "asked (no elicitation capability); default: reject")
+                        "asked (no elicitation capability) (default: reject)")
     p.add_argument("--token-file", metavar="FILE",
                    help=f"http: clients must send 'Authorization: Bearer <the file's content>' "
                         f"(or set {TOKEN_ENV}); required unless bound to loopback")
@@ -86,8 +88,8 @@ def _add_load_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("load (http; --rate-limit over stdio too)")
     g.add_argument("--max-sessions", type=_positive_int, default=default_max_sessions(),
                    metavar="N", help="live sessions at most; past it a new session gets 503 "
-                   "with Retry-After and nothing is started (default here: %(default)s, one per "
-                   "32 MiB of this machine's memory)")
+                   "with Retry-After and nothing is started (default: one per 32 MiB of this "
+                   "machine's memory, 16 to 4,096: %(default)s here)")
     g.add_argument("--session-idle-timeout", type=_positive_float, default=1800.0, metavar="S",
                    help="a session idle this long ends and its workers stop (default: 1800)")
     g.add_argument("--max-workers", type=_positive_int, default=None, metavar="N",

@@ -70,7 +70,7 @@ class ServeOptions:
     timeout_s: Optional[float] = 60.0
     memory_mb: Optional[float] = None
     auto_confirm: Optional[str] = None       # the answer when the client cannot be asked
-    # What keeps one client from taking the server (README "MCP server"; mcp_limits.py)
+    # What keeps one client from taking the server (docs/mcp.md; mcp_limits.py)
     max_sessions: int = field(default_factory=default_max_sessions)
     session_idle_timeout_s: float = 1800.0
     max_workers: Optional[int] = None                 # the supervisor's pool

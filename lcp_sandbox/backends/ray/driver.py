@@ -30,7 +30,7 @@ import queue
 import threading
 import time
 import weakref
-from typing import Any, Callable, Optional, overload
+from typing import Any, Callable, Optional, Union, overload
 
 from ... import protocol as P
 from ...core.normalize import UNAVAILABLE, failure
@@ -123,6 +123,10 @@ class RaySupervisor(Closing):
     used.  ``max_workers_per_node`` and ``max_workers_per_tenant`` are each node's
     pool limits; ``idle_timeout_s``, ``confine`` and ``on_event`` as for
     ``Supervisor`` (events carry ``"node"`` and arrive from a background thread)."""
+
+    #: The network of bindings that do not choose (Backend.network): the host's.  A
+    #: binding's or a library's own setting travels in its WorkerSpec's limits.
+    network: Union[bool, dict] = True
 
     def __init__(self, address: Optional[str] = None,
                  max_workers_per_node: Optional[int] = None,
