@@ -8,17 +8,23 @@
                      os.environb has them
         confine      {root, read_paths} when confined (the host adds run_as and
                      the temp dir it made, just before the fork)
+        environment  the requirements the library declares, and where (None: the
+                     host's environment); the backend has them built before it starts
+                     the worker (backends/envs/)
 """
 from __future__ import annotations
 
 import os
 import sys
 from pathlib import Path
+from typing import Optional
 
 from .. import protocol as P
 from ..core.discovery import Library
 from ..core.limits import Limits
+from ..core.outcomes import CallFailed
 from ..core.policy import allowed_environment, host_environment
+from ..core.requirements import DeclarationError, declared
 from ..protocol import Ref, sendable
 
 
@@ -45,4 +51,19 @@ def build_init(library: Library, limits: Limits, root: str, host_tool_configs: d
         env = _allowed(env)
     return P.Init(library.name, [str(f) for f in library.files], library.source, configs, handlers,
                   list(sys.path), env, confine, None, [],
-                  {k: getattr(limits, k) for k in limits.__dataclass_fields__})
+                  {k: getattr(limits, k) for k in limits.__dataclass_fields__},
+                  environment_of(library))
+
+
+def environment_of(library: Library) -> Optional[dict]:
+    """What the library declares it needs (None: nothing; it uses the host's environment);
+    a declaration that cannot be read ends the call with a 500 naming the file."""
+    try:
+        found = declared([str(f) for f in library.files],
+                         str(library.root) if library.root else None)
+    except DeclarationError as exc:
+        raise CallFailed(f"[{library.name}] not run: its dependencies cannot be read: "
+                         f"{exc}") from None
+    if found is None or not found.requirements:
+        return None
+    return {"requirements": list(found.requirements), "where": found.where}
