@@ -12,7 +12,7 @@
 
 ``ready(key)`` believes a folder only when its marker matches its lock and its
 site-packages exist: a half-made or damaged environment is never used, it is made
-again.  Folders are made private (0700 folders in a 0700 store) when the store is new.
+again.  Only the host writes the store; a confined worker reads its own environment.
 """
 from __future__ import annotations
 
@@ -101,7 +101,10 @@ class Store:
             Path(self.path(key), LAST_USE).touch()
 
     def make_dirs(self) -> None:
-        for sub in ("", ".building", ".locks"):
+        # An environment holds public packages only: the store may be passed by a confined
+        # worker's uid (Landlock lets each read its own environment, nothing else of it).
+        os.makedirs(self.root, mode=0o755, exist_ok=True)
+        for sub in (".building", ".locks"):
             os.makedirs(os.path.join(self.root, sub), mode=0o700, exist_ok=True)
 
     @contextlib.contextmanager

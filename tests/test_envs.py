@@ -1,0 +1,224 @@
+"""Per-library environments: declared beside the library, built by uv (wheels only, offline
+here, from wheels the tests make), used by that library's workers and nobody else's."""
+import importlib.util
+import json
+import os
+import shutil
+import site
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, fork_only, poll
+from envs_support import (
+    PLAIN_TOOL,
+    VERSION_TOOL,
+    library,
+    offline,
+    script_block,
+    wheelhouse,
+)
+from lcp_sandbox import SandboxedBinding, Supervisor
+from lcp_sandbox.backends.envs import Store
+from lcp_sandbox.core.requirements import DeclarationError, declared, env_key
+
+
+@pytest.fixture(scope="module")
+def house(tmp_path_factory):
+    return wheelhouse(tmp_path_factory.mktemp("wheelhouse"))
+
+
+@pytest.fixture
+def uv_offline(monkeypatch, house, tmp_path):
+    offline(monkeypatch, house, tmp_path / "uv-cache")
+    return house
+
+
+@pytest.fixture
+def tools(tmp_path):
+    folder = tmp_path / "tools"
+    library(folder, "lib_one", VERSION_TOOL.format(name="one"), script_block("alpha==1.0"))
+    library(folder, "lib_two", VERSION_TOOL.format(name="two"), requirements_txt="alpha==2.0\n")
+    (folder / "plain.py").write_text(PLAIN_TOOL)
+    return folder
+
+
+def host_environment():
+    """What the host's own environment holds: its path and its site-packages' listing."""
+    listing = {d: sorted(os.listdir(d)) for d in site.getsitepackages() if os.path.isdir(d)}
+    return list(sys.path), listing
+
+
+def test_declarations_are_read_where_the_library_lives(tmp_path):
+    loose = tmp_path / "loose.py"
+    loose.write_text(script_block("b>=1", "a==1") + "def tool_x():\n    pass\n")
+    found = declared([str(loose)], str(tmp_path))
+    assert found is not None and found.requirements == ("a==1", "b>=1")
+    (tmp_path / "requirements.txt").write_text("zzz\n")          # not a loose file's
+    plain = tmp_path / "plain.py"
+    plain.write_text("def tool_y():\n    pass\n")
+    assert declared([str(plain)], str(tmp_path)) is None
+    folder = tmp_path / "lib"
+    folder.mkdir()
+    (folder / "lib.py").write_text("def tool_z():\n    pass\n")
+    (folder / "pyproject.toml").write_text('[project]\nname = "x"\ndependencies = ["c  <2"]\n')
+    assert declared([str(folder / "lib.py")], str(folder)).requirements == ("c <2",)
+    (folder / "requirements.txt").write_text("# pins\nd==1  # why\n\n")
+    assert declared([str(folder / "lib.py")], str(folder)).requirements == ("d==1",)
+    for bad in ("--index-url https://evil.example/simple\n", "-e .\n",
+                "https://example.org/x.whl\n"):
+        (folder / "requirements.txt").write_text(bad)
+        with pytest.raises(DeclarationError, match="requirements.txt, line 1"):
+            declared([str(folder / "lib.py")], str(folder))
+    py = {"version": "3"}
+    assert env_key(("a==1", "b"), py) == env_key(("a==1", "b"), dict(py))
+    assert env_key(("a==1",), py) != env_key(("a==2",), py)
+    assert env_key(("a==1",), py) != env_key(("a==1",), {"version": "4"})
+
+
+def test_two_libraries_of_one_binding_each_answer_with_their_own_version(uv_offline, tools,
+                                                                         tmp_path):
+    before = host_environment()
+    store = tmp_path / "store"
+    with Supervisor(envs_dir=str(store)) as sup, \
+            SandboxedBinding(tools_folders=[tools], supervisor=sup, workspace=tmp_path) as b:
+        one, two = b.execute_tool("tool_one", {}), b.execute_tool("tool_two", {})
+        assert one["output"]["version"] == "1.0", one
+        assert two["output"]["version"] == "2.0", two
+        for out in (one["output"], two["output"]):
+            assert out["file"].startswith(str(store)) and out["prefix"].startswith(str(store))
+        plain = b.execute_tool("tool_plain", {})["output"]
+        assert plain == {"imported": False, "why": "No module named 'alpha'"}
+        by_lib = {s["library"]: s["environment"] for s in b.stats()}
+        assert by_lib["plain"] is None
+        assert by_lib["lib_one"]["versions"] == {"alpha": "1.0"}
+        assert by_lib["lib_two"]["where"] == str(tools / "lib_two" / "requirements.txt")
+        assert by_lib["lib_one"]["prefix"] == one["output"]["prefix"]
+        assert sup.metrics()["env_builds"]["ok"] == 2
+        entries = {e["key"]: e for e in Store(str(store)).entries()}
+        assert {e["libraries"][0] for e in entries.values()} == {
+            str(tools / "lib_one" / "lib_one.py"), str(tools / "lib_two" / "requirements.txt")}
+        for e in entries.values():
+            lock = (store / e["key"] / "lock.txt").read_text()
+            assert e["complete"] and "--hash=sha256:" in lock
+    assert importlib.util.find_spec("alpha") is None
+    assert host_environment() == before
+
+
+def test_a_requirement_with_only_an_sdist_is_refused_by_name(uv_offline, tmp_path):
+    folder = tmp_path / "tools"
+    library(folder, "needs_sdist", VERSION_TOOL.format(name="s"), script_block("onlysdist"))
+    library(folder, "fine", VERSION_TOOL.format(name="fine"), script_block("alpha==2.0"))
+    store = tmp_path / "store"
+    with Supervisor(envs_dir=str(store)) as sup, \
+            SandboxedBinding(tools_folders=[folder], supervisor=sup, workspace=tmp_path) as b:
+        out = b.execute_tool("tool_s", {})
+        assert out["status_code"] == 500 and not out["success"]
+        assert "[needs_sdist] tool 'tool_s' not run" in out["error"]
+        assert "onlysdist" in out["error"] and "wheels only" in out["error"]
+        assert [e for e in Store(str(store)).entries()] == []       # nothing was built
+        assert b.execute_tool("tool_fine", {})["output"]["version"] == "2.0"   # unaffected
+        assert sup.metrics()["env_builds"]["failed"] == 1
+    unresolvable = tmp_path / "more"
+    library(unresolvable, "too_new", VERSION_TOOL.format(name="new"), script_block("alpha>=9"))
+    with Supervisor(envs_dir=str(store)) as sup, \
+            SandboxedBinding(tools_folders=[unresolvable], supervisor=sup, workspace=tmp_path) as b:
+        out = b.execute_tool("tool_new", {})
+        assert out["status_code"] == 500 and "alpha>=9" in out["error"], out
+
+
+def test_a_second_host_process_reuses_the_store_with_the_network_off(uv_offline, tools,
+                                                                     tmp_path):
+    store = tmp_path / "store"
+    with Supervisor(envs_dir=str(store)) as sup, \
+            SandboxedBinding(tools_folders=[tools], supervisor=sup, workspace=tmp_path) as b:
+        assert b.execute_tool("tool_one", {})["output"]["version"] == "1.0"
+    code = ("import json, sys\nfrom lcp_sandbox import SandboxedBinding, Supervisor\n"
+            "sup = Supervisor(envs_dir=sys.argv[2])\n"
+            "with SandboxedBinding(tools_folders=[sys.argv[1]], supervisor=sup) as b:\n"
+            "    out = b.execute_tool('tool_one', {})\n"
+            "    print(json.dumps([out, sup.metrics()['env_builds']]))\n"
+            "sup.close()\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UV_")}
+    env.update(UV_OFFLINE="1", UV_NO_INDEX="1", UV_FIND_LINKS=str(tmp_path / "no-wheels"),
+               UV_CACHE_DIR=str(tmp_path / "empty-cache"), PYTHONPATH=str(REPO))
+    done = subprocess.run([sys.executable, "-c", code, str(tools), str(store)], env=env,
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    out, builds = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["output"]["version"] == "1.0", (out, done.stderr)
+    assert builds["ok"] == 0 and builds["failed"] == 0
+    assert not (tmp_path / "empty-cache").exists()      # uv was never asked
+
+
+def test_a_broken_lock_or_a_vanished_store_is_rebuilt_not_half_used(uv_offline, tools,
+                                                                    tmp_path):
+    store = tmp_path / "store"
+    with Supervisor(envs_dir=str(store)) as sup, \
+            SandboxedBinding(tools_folders=[tools], supervisor=sup, workspace=tmp_path) as b:
+        first = b.execute_tool("tool_one", {})["output"]
+        prefix = first["prefix"]
+        with open(os.path.join(prefix, "lock.txt"), "a") as f:
+            f.write("alpha==6.6\n")                      # no longer what .complete says
+        assert Store(str(store)).ready(os.path.basename(prefix)) is None
+        b.restart_library("lib_one")
+        assert b.execute_tool("tool_one", {})["output"] == first
+        assert sup.metrics()["env_builds"]["ok"] == 2
+        shutil.rmtree(store)                             # the whole store, mid-run
+        b.restart_library("lib_one")
+        assert b.execute_tool("tool_one", {})["output"] == first
+        assert sup.metrics()["env_builds"]["ok"] == 3
+        os.remove(os.path.join(prefix, ".complete"))     # a build that never finished
+        b.restart_library("lib_one")
+        assert b.execute_tool("tool_one", {})["output"] == first
+        assert sup.metrics()["env_builds"]["ok"] == 4
+
+
+def test_the_wait_for_an_environment_has_its_own_limit(uv_offline, tools, tmp_path):
+    store = tmp_path / "store"
+    with Supervisor(envs_dir=str(store), env_wait_s=0) as sup, \
+            SandboxedBinding(tools_folders=[tools], supervisor=sup, workspace=tmp_path) as b:
+        out = b.execute_tool("tool_one", {})
+        assert out["status_code"] == 503, out
+        assert "environment" in out["error"] and "not ready within 0 s" in out["error"]
+        assert "alpha==1.0" in out["error"]
+        assert sup.metrics()["refusals"].get("env_pending") == 1
+        assert poll(lambda: sup.metrics()["env_builds"]["ok"] == 1)   # the build went on
+        assert b.execute_tool("tool_one", {})["output"]["version"] == "1.0"
+
+
+def test_spawned_workers_use_their_environments(uv_offline, tools, tmp_path):
+    with Supervisor(envs_dir=str(tmp_path / "store"), start_method="spawn") as sup, \
+            SandboxedBinding(tools_folders=[tools], supervisor=sup, workspace=tmp_path) as b:
+        assert b.execute_tool("tool_one", {})["output"]["version"] == "1.0"
+        assert b.execute_tool("tool_two", {})["output"]["version"] == "2.0"
+        assert b.execute_tool("tool_plain", {})["output"]["imported"] is False
+        assert sup.pool_stats()["start_method"] == "spawn"
+
+
+@fork_only("library templates")
+def test_a_template_per_environment_serves_new_tenants(uv_offline, tools, tmp_path):
+    with Supervisor(envs_dir=str(tmp_path / "store")) as sup:
+        answers, starts = {}, {}
+        for tenant in ("a", "b", "c"):
+            with SandboxedBinding(tools_folders=[tools], supervisor=sup, tenant=tenant,
+                                  workspace=tmp_path) as b:
+                answers[tenant] = (b.execute_tool("tool_one", {})["output"]["version"],
+                                   b.execute_tool("tool_two", {})["output"]["version"])
+                starts[tenant] = {s["library"]: s["start"] for s in b.stats()}
+        assert set(answers.values()) == {("1.0", "2.0")}
+        assert starts["c"] == {"lib_one": "template", "lib_two": "template"}, starts
+        assert {t["library"] for t in sup.pool_stats()["templates"]} >= {"lib_one", "lib_two"}
+
+
+def test_a_package_the_engine_already_runs_at_another_version_is_refused_by_name(
+        uv_offline, tmp_path):
+    folder = tmp_path / "tools"
+    library(folder, "old_msgpack", "import msgpack\n\ndef tool_m() -> str:\n"
+                                   "    return msgpack.V\n", script_block("msgpack==0.0.1"))
+    with Supervisor(envs_dir=str(tmp_path / "store")) as sup, \
+            SandboxedBinding(tools_folders=[folder], supervisor=sup, workspace=tmp_path) as b:
+        out = b.execute_tool("tool_m", {})
+        assert out["status_code"] == 500, out
+        assert "msgpack 0.0.1" in out["error"] and "cannot be layered" in out["error"]
+        assert b.stats()[0]["environment"]["versions"] == {"msgpack": "0.0.1"}
