@@ -222,3 +222,100 @@ def test_a_package_the_engine_already_runs_at_another_version_is_refused_by_name
         assert out["status_code"] == 500, out
         assert "msgpack 0.0.1" in out["error"] and "cannot be layered" in out["error"]
         assert b.stats()[0]["environment"]["versions"] == {"msgpack": "0.0.1"}
+
+
+PIPMASTER_TOOL = '''
+import pipmaster as pm
+
+AT_IMPORT = pm.ensure_packages({"alpha": "==1.0"})
+
+
+def tool_ask(requirements: list) -> dict:
+    """What pipmaster answers in the worker."""
+    try:
+        return {"ensured": pm.ensure_packages(requirements)}
+    except ImportError as exc:
+        return {"refused": str(exc), "kind": type(exc).__name__}
+
+
+def tool_facts() -> dict:
+    """pipmaster's questions, answered from the environment."""
+    return {"at_import": AT_IMPORT, "alpha": pm.get_installed_version("alpha"),
+            "has_2": pm.is_installed("alpha", ">=2"), "has_1": pm.is_installed("alpha"),
+            "manager": pm.get_pip_manager().is_installed("alpha", "==1.*")}
+'''
+
+PIPMASTER_PLAIN = '''
+import pipmaster
+
+
+def tool_install_x() -> dict:
+    """What an undeclared install does in a worker of the host's environment."""
+    try:
+        return {"installed": pipmaster.ensure_packages({"alpha": "==1.0"})}
+    except ImportError as exc:
+        return {"refused": str(exc)}
+'''
+
+
+def test_pipmaster_answers_from_the_workers_environment_and_never_installs(uv_offline,
+                                                                          tmp_path):
+    before = host_environment()
+    folder = tmp_path / "tools"
+    library(folder, "asks", PIPMASTER_TOOL, script_block("alpha==1.0"))
+    (folder / "undeclared.py").write_text(PIPMASTER_PLAIN)
+    with Supervisor(envs_dir=str(tmp_path / "store")) as sup, \
+            SandboxedBinding(tools_folders=[folder], supervisor=sup, workspace=tmp_path) as b:
+        assert b.execute_tool("tool_facts", {})["output"] == {
+            "at_import": True, "alpha": "1.0", "has_2": False, "has_1": True, "manager": True}
+        assert b.execute_tool("tool_ask", {"requirements": ["alpha>=1,<2"]})["output"] == {
+            "ensured": True}
+        out = b.execute_tool("tool_ask", {"requirements": ["alpha>=2", "gamma"]})["output"]
+        assert out["kind"] == "NotInEnvironment"
+        assert "alpha>=2 (1.0 is installed), gamma not in its environment" in out["refused"]
+        assert "declare them with the library" in out["refused"]
+        plain = b.execute_tool("tool_install_x", {})["output"]
+        assert "alpha==1.0 not in the host's environment" in plain["refused"]
+    assert importlib.util.find_spec("alpha") is None
+    assert host_environment() == before
+
+
+CONFINED_TOOL = '''
+import os
+import alpha
+
+
+def tool_look(store: str, other: str) -> dict:
+    """Its alpha, and what it can see of the rest of the store."""
+    seen = {}
+    for what, path in (("store", store), ("other", os.path.join(other, "lock.txt"))):
+        try:
+            seen[what] = os.listdir(path) if what == "store" else open(path).read()[:20]
+        except OSError as exc:
+            seen[what] = type(exc).__name__
+    return {"version": alpha.V, "uid": os.getuid(), **seen}
+'''
+
+
+def test_a_confined_worker_reads_its_environment_and_nothing_else_of_the_store(
+        uv_offline, tools, open_tmp, tmp_path):
+    store = open_tmp / "store"
+    folder = open_tmp / "tools"
+    library(folder, "peek", CONFINED_TOOL, script_block("alpha==2.0"))
+    shutil.copytree(tools / "lib_one", folder / "lib_one")
+    (open_tmp / "ws").mkdir()
+    with Supervisor(envs_dir=str(store)) as sup, \
+            SandboxedBinding(tools_folders=[folder], supervisor=sup, workspace=tmp_path) as b:
+        other = b.execute_tool("tool_one", {})["output"]["prefix"]      # unconfined: built
+    with Supervisor(envs_dir=str(store), confine=True) as sup, \
+            SandboxedBinding(tools_folders=[folder], supervisor=sup,
+                             workspace=open_tmp / "ws") as b:
+        out = b.execute_tool("tool_look", {"store": str(store), "other": other})
+        assert out["status_code"] == 200, out
+        seen = out["output"]
+        assert seen["version"] == "2.0"
+        assert seen["store"] in ("PermissionError", "FileNotFoundError"), seen
+        assert seen["other"] in ("PermissionError", "FileNotFoundError"), seen
+        if os.geteuid() == 0:
+            assert seen["uid"] != 0
+        assert b.stats()[0]["environment"]["versions"] == {"alpha": "2.0"}
