@@ -319,3 +319,30 @@ def test_a_confined_worker_reads_its_environment_and_nothing_else_of_the_store(
         if os.geteuid() == 0:
             assert seen["uid"] != 0
         assert b.stats()[0]["environment"]["versions"] == {"alpha": "2.0"}
+
+
+def test_envs_build_list_prune_from_the_command_line(uv_offline, tools, tmp_path, capsys):
+    from lcp_sandbox.fronts.cli import main
+    store = str(tmp_path / "store")
+    assert main(["envs", "build", str(tools), "--store", store]) == 0
+    built = capsys.readouterr().out
+    assert "lib_one: " in built and "(alpha==1.0)" in built and "(alpha==2.0)" in built
+    assert "plain" not in built                           # declares nothing: nothing built
+    assert main(["envs", "list", "--store", store, "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert sorted(e["versions"]["alpha"] for e in listed) == ["1.0", "2.0"]
+    assert all(e["complete"] and e["size"] > 0 for e in listed)
+    with Supervisor(envs_dir=store) as sup, \
+            SandboxedBinding(tools_folders=[tools], supervisor=sup, workspace=tmp_path) as b:
+        assert b.execute_tool("tool_two", {})["output"]["version"] == "2.0"
+        assert sup.metrics()["env_builds"]["ok"] == 0     # built ahead: the call built nothing
+    (tools / "lib_two" / "requirements.txt").write_text("alpha==1.0\n")   # now shares lib_one's
+    assert main(["envs", "prune", "--store", store, "--dry-run"]) == 0
+    assert capsys.readouterr().out.startswith("would remove ")
+    assert len(Store(store).entries()) == 2
+    assert main(["envs", "prune", "--store", store]) == 0
+    assert [e["versions"] for e in Store(store).entries()] == [{"alpha": "1.0"}]
+    library(tools, "bad", VERSION_TOOL.format(name="bad"), script_block("onlysdist"))
+    assert main(["envs", "build", str(tools), "--store", store]) == 1
+    out = capsys.readouterr().out
+    assert "bad: " in out and "onlysdist" in out

@@ -7,6 +7,7 @@
                # ///
         2. a folder library: ``requirements.txt`` beside it (requirement lines only)
         3. a folder library: ``pyproject.toml``'s ``[project] dependencies``
+    declared_in(path) ─► what that one file declares (``envs prune`` checks a user still does)
     env_key(requirements, interpreter) ─► the name of the environment in the store
 
 Pure: files are read, nothing is run.  Requirements are kept as written, one per
@@ -57,6 +58,14 @@ def declared(files: Sequence[str], root: Optional[str]) -> Optional[Declared]:
             if found is not None:
                 return found
     return None
+
+
+def declared_in(path: str) -> Optional[Declared]:
+    """What the file ``path`` (a module, requirements.txt or pyproject.toml) declares."""
+    name = os.path.basename(path)
+    reader = {"requirements.txt": _requirements_txt, "pyproject.toml": _pyproject}.get(name)
+    found = _cached(path, reader or _pep723)
+    return found if found is not None and found.requirements else None
 
 
 def _cached(path: str, reader: Any) -> Optional[Declared]:

@@ -20,7 +20,7 @@ from concurrent.futures import Future
 from typing import Any, Optional
 
 from ...core.outcomes import CallFailed, Unavailable
-from ...core.requirements import env_key
+from ...core.requirements import DeclarationError, declared_in, env_key
 from .build import BuildFailed, build
 from .store import Built, Store, interpreter
 
@@ -48,7 +48,7 @@ class Environments:
         key = self.key(requirements)
         found = self.store.ready(key)
         if found is not None:
-            self.store.used(key)
+            self.store.used(key, where)
             return found
         with self._lock:
             fut = self._building.get(key)
@@ -68,7 +68,7 @@ class Environments:
             raise CallFailed.not_run(library, tool, f"its environment could not be made "
                                      f"from {where} (wheels only, nothing is built from "
                                      f"source); uv said:\n{exc}") from None
-        self.store.used(key)
+        self.store.used(key, where)
         return built
 
     def _build(self, fut: Future[Built], key: str, requirements: tuple[str, ...],
@@ -108,3 +108,31 @@ class Environments:
             durations = list(self._durations)
             return {**self._counts, "seconds_total": sum(durations),
                     "seconds_max": max(durations, default=0.0), "in_flight": len(self._building)}
+
+    def unused(self) -> list[str]:
+        """The environments of the store no declaration uses any more: every file that
+        was built or used with it is gone or now declares something else (or it is not
+        complete)."""
+        out = []
+        for entry in self.store.entries():
+            if not entry["complete"] or not any(
+                    self._still(where, entry) for where in entry["libraries"]):
+                out.append(entry["key"])
+        return out
+
+    @staticmethod
+    def _still(where: str, entry: dict[str, Any]) -> bool:
+        try:
+            found = declared_in(where)
+        except DeclarationError:
+            return False
+        return found is not None and env_key(
+            found.requirements, entry["interpreter"] or interpreter()) == entry["key"]
+
+    def prune(self) -> list[str]:
+        """Remove the unused environments (and leftovers of builds that died); their keys."""
+        gone = self.unused()
+        for key in gone:
+            self.store.remove(key)
+        self.store.sweep()
+        return gone

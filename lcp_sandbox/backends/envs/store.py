@@ -7,6 +7,7 @@
             lcp-env.json          requirements, interpreter, versions, who declared them
             .complete             written last: the sha256 of lock.txt
             .last-use             touched when a worker starts with it
+            .users                the files whose declaration it serves (``envs prune``)
         .building/<key>-<pid>-<n> an environment being made (renamed into place when done)
         .locks/<key>.lock         one builder of a key at a time, across host processes
 
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any, Iterator, NamedTuple, Optional
 
 MARKER, LOCK, META, LAST_USE = ".complete", "lock.txt", "lcp-env.json", ".last-use"
+USERS = ".users"                         # the declaring files that used it, one a line
 ENV_VAR = "LCP_SANDBOX_ENVS_DIR"
 
 
@@ -78,6 +80,7 @@ class Store:
 
     def __init__(self, root: Optional[str] = None) -> None:
         self.root = os.path.abspath(root) if root else default_root()
+        self._noted: set[tuple[str, str]] = set()
 
     def path(self, key: str) -> str:
         return os.path.join(self.root, key)
@@ -95,10 +98,29 @@ class Store:
             return None
         return Built(key, prefix, site, pinned(lock.decode("utf-8", "replace")))
 
-    def used(self, key: str) -> None:
-        """Note that a worker starts with ``key`` now (``envs list``'s last use)."""
+    def used(self, key: str, where: str) -> None:
+        """Note that a worker of the library declared in ``where`` starts with ``key`` now
+        (``envs list``'s last use; ``envs prune`` keeps what a declaration still uses)."""
         with contextlib.suppress(OSError):
             Path(self.path(key), LAST_USE).touch()
+            if (key, where) not in self._noted:
+                users = Path(self.path(key), USERS)
+                if where not in self.users(key):
+                    with open(users, "a", encoding="utf-8") as f:
+                        f.write(where + "\n")
+                self._noted.add((key, where))
+
+    def users(self, key: str) -> list[str]:
+        """The files whose declaration ``key`` was built or used for."""
+        try:
+            meta = json.loads(Path(self.path(key), META).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            meta = {}
+        try:
+            lines = Path(self.path(key), USERS).read_text(encoding="utf-8").splitlines()
+        except OSError:
+            lines = []
+        return list(dict.fromkeys([*meta.get("libraries", []), *filter(None, lines)]))
 
     def make_dirs(self) -> None:
         # An environment holds public packages only: the store may be passed by a confined
@@ -159,7 +181,8 @@ class Store:
             last = None
         return {"key": key, "path": path, "complete": self.ready(key) is not None,
                 "requirements": meta.get("requirements", []),
-                "libraries": meta.get("libraries", []), "versions": meta.get("versions", {}),
+                "libraries": self.users(key), "versions": meta.get("versions", {}),
+                "interpreter": meta.get("interpreter", {}),
                 "size": _size(path), "built": meta.get("built"), "last_use": last}
 
     def remove(self, key: str) -> None:
