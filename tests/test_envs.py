@@ -346,3 +346,21 @@ def test_envs_build_list_prune_from_the_command_line(uv_offline, tools, tmp_path
     assert main(["envs", "build", str(tools), "--store", store]) == 1
     out = capsys.readouterr().out
     assert "bad: " in out and "onlysdist" in out
+
+
+def test_the_host_gives_requirements_to_a_library_that_declares_none(uv_offline, tmp_path):
+    folder = tmp_path / "tools"
+    folder.mkdir()
+    (folder / "undeclared.py").write_text(PIPMASTER_PLAIN)
+    given = {"undeclared": {"sandbox": {"requirements": ["alpha==1.0"]}}}
+    with Supervisor(envs_dir=str(tmp_path / "store")) as sup:
+        with SandboxedBinding(given, tools_folders=[folder], supervisor=sup,
+                              workspace=tmp_path) as b:
+            assert b.execute_tool("tool_install_x", {})["output"] == {"installed": True}
+            env = b.stats()[0]["environment"]
+            assert env["versions"] == {"alpha": "1.0"} and "['requirements']" in env["where"]
+        wrong = {"undeclared": {"sandbox": {"requirements": "alpha==1.0"}}}
+        with SandboxedBinding(wrong, tools_folders=[folder], supervisor=sup,
+                              workspace=tmp_path) as b:
+            out = b.execute_tool("tool_install_x", {})
+            assert out["status_code"] == 500 and "'requirements' must be a list" in out["error"]

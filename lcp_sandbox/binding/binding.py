@@ -60,7 +60,8 @@ class SandboxedBinding(LcpSurface):
         ``memory_mb``, ``cpu_s``, ``max_open_files``, ``max_file_size_mb``,
         ``max_result_mb``, ``grace_s``, ``log_bytes_per_s``, ``confine``,
         ``network``, ``env``, ``read_paths``, ``run_as``, ``syscalls``, ``template``,
-        ``trusted_import``, ``max_processes`` (core/limits.py); an unknown key or a
+        ``trusted_import``, ``max_processes``, ``requirements`` (core/limits.py; the
+        library's dependencies: docs/environments.md); an unknown key or a
         wrong type makes the library's calls answer 500 naming it.
     tools_folders
         A folder or a list of folders to discover libraries in (each ``X/``

@@ -24,7 +24,7 @@ from ..core.discovery import Library
 from ..core.limits import Limits
 from ..core.outcomes import CallFailed
 from ..core.policy import allowed_environment, host_environment
-from ..core.requirements import DeclarationError, declared
+from ..core.requirements import DeclarationError, Declared, declared, normalise
 from ..protocol import Ref, sendable
 
 
@@ -52,15 +52,21 @@ def build_init(library: Library, limits: Limits, root: str, host_tool_configs: d
     return P.Init(library.name, [str(f) for f in library.files], library.source, configs, handlers,
                   list(sys.path), env, confine, None, [],
                   {k: getattr(limits, k) for k in limits.__dataclass_fields__},
-                  environment_of(library))
+                  environment_of(library, limits))
 
 
-def environment_of(library: Library) -> Optional[dict]:
-    """What the library declares it needs (None: nothing; it uses the host's environment);
-    a declaration that cannot be read ends the call with a 500 naming the file."""
+def environment_of(library: Library, limits: Limits) -> Optional[dict]:
+    """What the library needs: the host's ``"sandbox": {"requirements": [...]}``, else what
+    it declares (None: nothing, it uses the host's environment); a declaration that cannot
+    be read ends the call with a 500 naming the file."""
     try:
-        found = declared([str(f) for f in library.files],
-                         str(library.root) if library.root else None)
+        if limits.requirements is not None:
+            found: Optional[Declared] = Declared(
+                normalise(limits.requirements, library.name),
+                f"host_tool_configs[{library.name!r}]['sandbox']['requirements']")
+        else:
+            found = declared([str(f) for f in library.files],
+                             str(library.root) if library.root else None)
     except DeclarationError as exc:
         raise CallFailed(f"[{library.name}] not run: its dependencies cannot be read: "
                          f"{exc}") from None

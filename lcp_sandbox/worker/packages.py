@@ -123,8 +123,9 @@ def ensure(requirements: Requirements, what: str = "ensure_packages") -> bool:
             f"pipmaster.{what}: {', '.join(lacking)} not in {_WHERE['']}. Tools cannot install "
             f"packages in lcp_sandbox: declare them with the library (a '# /// script' block "
             f"with dependencies = [...] in its module, or requirements.txt / pyproject.toml "
-            f"beside a folder library); the library's environment is built before its "
-            f"workers start.")
+            f"beside a folder library, or the host's host_tool_configs[library][\"sandbox\"]"
+            f"[\"requirements\"]); the library's environment is built before its workers "
+            f"start.")
     return True
 
 
