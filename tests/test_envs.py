@@ -364,3 +364,27 @@ def test_the_host_gives_requirements_to_a_library_that_declares_none(uv_offline,
                               workspace=tmp_path) as b:
             out = b.execute_tool("tool_install_x", {})
             assert out["status_code"] == 500 and "'requirements' must be a list" in out["error"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Landlock is Linux's")
+def test_the_builder_writes_only_beneath_the_store_and_uvs_cache(uv_offline, tools, tmp_path):
+    from lcp_sandbox.backends.boot import boot_argv
+    from lcp_sandbox.worker.confine.landlock import landlock_abi
+    if landlock_abi() < 1:
+        pytest.skip("a kernel without Landlock: builds run unconfined, with a warning")
+    inside, outside = tmp_path / "store", tmp_path / "elsewhere"
+    inside.mkdir(), outside.mkdir()
+    steps = [{"argv": ["sh", "-c", f"echo in > {inside}/f"]},
+             {"argv": ["sh", "-c", f"echo out > {outside}/f"]}]
+    done = subprocess.run(boot_argv("from lcp_sandbox.worker.builder import main; main()", ""),
+                          input=json.dumps({"write": [str(inside)], "steps": steps}),
+                          capture_output=True, text=True, timeout=60)
+    answer = json.loads(done.stdout)
+    assert answer["landlock"].startswith("on")
+    assert answer["results"][0]["rc"] == 0 and answer["results"][1]["rc"] != 0
+    assert "Permission denied" in answer["results"][1]["words"]
+    assert (inside / "f").read_text() == "in\n" and not (outside / "f").exists()
+    with Supervisor(envs_dir=str(inside)) as sup, \
+            SandboxedBinding(tools_folders=[tools], supervisor=sup, workspace=tmp_path) as b:
+        assert b.execute_tool("tool_one", {})["output"]["version"] == "1.0"
+        assert sup.metrics()["env_builds"]["builder_landlock"].startswith("on")

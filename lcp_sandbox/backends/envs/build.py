@@ -1,12 +1,14 @@
 """Making one environment with uv: resolve, lock, install, wheels only.
 
     build(store, key, requirements, libraries)      (holding the key's file lock)
-        uv pip compile --generate-hashes --no-build   ─► lock.txt   (the resolution)
-        uv venv --relocatable                         ─► a fresh environment, beside the store
-        uv pip sync --require-hashes --no-build       ─► exactly the lock, nothing else
+        in the builder process (worker/builder.py: Landlock, write only beneath the store,
+        uv's cache and its own temp dir):
+          uv venv --relocatable                       ─► a fresh environment, in .building/
+          uv pip compile --generate-hashes --no-build ─► lock.txt   (the resolution)
+          uv pip sync --require-hashes --no-build     ─► exactly the lock, nothing else
         lcp-env.json, then .complete (the lock's sha256), then renamed into place
 
-uv runs in a process of its own, never in a tool worker, with an allowlisted
+uv runs in processes of its own, never in a tool worker, with an allowlisted
 environment: uv's own settings (``UV_*``: index, find-links, offline, cache...), the
 proxy and certificate settings it needs to reach an index, locale and HOME, and
 nothing else of the host's (no API keys, no tokens).  Its working directory is the
@@ -17,14 +19,16 @@ whose own words name it; nothing is ever built from source.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Sequence
 
+from ..boot import boot_argv, boot_environment
 from .store import LOCK, MARKER, META, Store, interpreter, lock_digest, pinned
 
 #: What the builder keeps of the host's environment (plus every UV_* and LC_* name).
@@ -32,7 +36,10 @@ _KEEP = ("PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TEMP", "TMP", "SYS
          "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_CONFIG_DIRS", "SSL_CERT_FILE",
          "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY",
          "NO_PROXY", "http_proxy", "https_proxy", "all_proxy", "no_proxy", "LD_LIBRARY_PATH")
-_TIMEOUT_S = 1800.0
+_TIMEOUT_S = 3 * 1800.0
+LANDLOCK: list[str] = []                 # what held for the last build (Landlock's report)
+_WARNED: list[bool] = []
+log = logging.getLogger("lcp_sandbox")
 
 
 class BuildFailed(Exception):
@@ -64,17 +71,21 @@ def build(store: Store, key: str, requirements: Sequence[str], libraries: Sequen
     store.make_dirs()
     store.sweep()
     made = store.building(key)
+    tmp = made + "-tmp"
     try:
         uv = uv_binary()
         env = builder_environment()
-        python = sys.executable
-        _run([uv, "venv", "--quiet", "--relocatable", "--python", python, made], env, None)
+        os.makedirs(tmp, mode=0o700)
+        env["TMPDIR"] = env["TEMP"] = env["TMP"] = tmp
+        python = os.path.join(made, _bin(), "python")
         lock = os.path.join(made, LOCK)
-        _run([uv, "pip", "compile", "-", "--quiet", "--no-header", "--generate-hashes",
-              "--no-build", "--python", os.path.join(made, _bin(), "python"), "-o", lock],
-             env, "\n".join(requirements) + "\n")
-        _run([uv, "pip", "sync", "--quiet", "--require-hashes", "--no-build",
-              "--python", os.path.join(made, _bin(), "python"), lock], env, None)
+        _confined(env, [store.root, _cache_dir(uv, env), tmp], [
+            {"argv": [uv, "venv", "--quiet", "--relocatable", "--python", sys.executable, made]},
+            {"argv": [uv, "pip", "compile", "-", "--quiet", "--no-header", "--generate-hashes",
+                      "--no-build", "--python", python, "-o", lock],
+             "stdin": "\n".join(requirements) + "\n"},
+            {"argv": [uv, "pip", "sync", "--quiet", "--require-hashes", "--no-build",
+                      "--python", python, lock]}])
         text = Path(lock).read_bytes()
         meta = {"key": key, "requirements": list(requirements), "libraries": list(libraries),
                 "interpreter": interpreter(), "versions": pinned(text.decode()),
@@ -84,6 +95,7 @@ def build(store: Store, key: str, requirements: Sequence[str], libraries: Sequen
         store.install(key, made)
     finally:
         shutil.rmtree(made, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
     return store.path(key)
 
 
@@ -91,15 +103,40 @@ def _bin() -> str:
     return "Scripts" if os.name == "nt" else "bin"
 
 
-def _run(argv: list[str], env: dict[str, str], stdin: Optional[str]) -> None:
+_CACHE_DIRS: dict[tuple[str, str], str] = {}
+
+
+def _cache_dir(uv: str, env: dict[str, str]) -> str:
+    """uv's cache folder under ``env`` (made now: Landlock grants only what exists)."""
+    settings = (uv, json.dumps(sorted(env.items())))
+    found = _CACHE_DIRS.get(settings)
+    if found is None:
+        try:
+            done = subprocess.run([uv, "cache", "dir"], env=env, capture_output=True,
+                                  text=True, timeout=60, check=True)
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise BuildFailed(f"uv cache dir failed: {exc}") from None
+        found = _CACHE_DIRS[settings] = done.stdout.strip()
+    os.makedirs(found, exist_ok=True)
+    return found
+
+
+def _confined(env: dict[str, str], write: list[str], steps: list[dict[str, Any]]) -> None:
+    """Run uv's ``steps`` in the builder process (worker/builder.py): Landlock lets it
+    write only beneath ``write``.  BuildFailed with the words of the step that failed."""
+    argv = boot_argv("from lcp_sandbox.worker.builder import main; main()", "")
     try:
-        done = subprocess.run(argv, input=stdin, env=env, capture_output=True, text=True,
-                              timeout=_TIMEOUT_S, check=False)
-    except subprocess.TimeoutExpired:
-        raise BuildFailed(f"uv {argv[1]} ran for over {_TIMEOUT_S:g} s and was stopped") \
-            from None
-    except OSError as exc:
-        raise BuildFailed(f"uv could not be run: {exc}") from None
-    if done.returncode:
-        words = (done.stderr or done.stdout).strip()
-        raise BuildFailed(words or f"uv {argv[1]} exited with status {done.returncode}")
+        done = subprocess.run(argv, input=json.dumps({"write": write, "steps": steps}),
+                              env={**env, **boot_environment()}, capture_output=True,
+                              text=True, timeout=_TIMEOUT_S, check=False)
+        answer = json.loads(done.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
+        raise BuildFailed(f"the builder process failed: {exc}") from None
+    LANDLOCK[:] = [answer["landlock"]]
+    if not answer["landlock"].startswith("on") and not _WARNED:
+        _WARNED.append(True)
+        log.warning("environment builds run without Landlock here (%s): uv may write beyond "
+                    "the store and its cache", answer["landlock"])
+    failed = [r for r in answer["results"] if r["rc"]]
+    if failed:
+        raise BuildFailed(failed[0]["words"] or f"uv exited with status {failed[0]['rc']}")

@@ -21,6 +21,7 @@ from typing import Any, Optional
 
 from ...core.outcomes import CallFailed, Unavailable
 from ...core.requirements import DeclarationError, declared_in, env_key
+from . import build as builder
 from .build import BuildFailed, build
 from .store import Built, Store, interpreter
 
@@ -103,11 +104,13 @@ class Environments:
             del self._durations[:-1000]
 
     def snapshot(self) -> dict[str, Any]:
-        """Builds by outcome and their durations (``metrics()["env_builds"]``)."""
+        """Builds by outcome and their durations, and what confined the last builder
+        (``metrics()["env_builds"]``)."""
         with self._lock:
             durations = list(self._durations)
             return {**self._counts, "seconds_total": sum(durations),
-                    "seconds_max": max(durations, default=0.0), "in_flight": len(self._building)}
+                    "seconds_max": max(durations, default=0.0), "in_flight": len(self._building),
+                    "builder_landlock": builder.LANDLOCK[-1] if builder.LANDLOCK else None}
 
     def unused(self) -> list[str]:
         """The environments of the store no declaration uses any more: every file that
