@@ -10,6 +10,7 @@
       syscalls    syscalls.py (confined worker, system call allowlist on vs off: cold, warm)
       confined    confined.py (a new tenant's first call confined vs not; 200 confined tenants)
       mcp         mcp_section.py (serve-mcp beside a bare MCP SDK server; the mcp extra)
+      envs        envs.py (a library with its own environment vs without; a 5-wheel build)
       ray         ray_section.py (the ray extra; --skip ray)
       targets     targets.py     report      report.py
 """
@@ -31,8 +32,8 @@ from typing import Any, Callable, Optional
 
 from lcp_sandbox import SandboxedBinding, Supervisor
 
-from . import (breakdown, cold, confined, density, discovery, mcp_section, memory, ray_section, routing,
-               syscalls, targets, templates, throughput, warm)
+from . import (breakdown, cold, confined, density, discovery, envs, mcp_section, memory, ray_section,
+               routing, syscalls, targets, templates, throughput, warm)
 from .config import TARGETS, BenchConfig
 from .harness import LIBS, Progress, cpu_busy_jiffies, pin_thread, stop_resource_tracker_if_new, timer_overhead_ns
 from .report import render_table, write_json, write_plot
@@ -172,6 +173,8 @@ class Context:
             n += 1
         if "confined" not in cfg.skip:
             n += 1
+        if "envs" not in cfg.skip:
+            n += 1
         if "mcp" not in cfg.skip:
             n += max(1, cfg.mcp_rounds) + 1
         return n
@@ -215,6 +218,7 @@ class Context:
                 self.section("syscalls", lambda: syscalls.run(self, prog), catch=True)
                 self.section("confined", lambda: confined.run(self, prog), catch=True)
                 self.section("mcp", lambda: mcp_section.run(self, prog), catch=True)
+                self.section("envs", lambda: envs.run(self, prog), catch=True)
                 self.section("ray", lambda: ray_section.run(self, prog), catch=True)
             finally:
                 prog.close()

@@ -39,7 +39,7 @@ from .lcp_surface import LcpSurface
 from .locations import as_paths, bundled_tools_dir, lollms_default_tools_dir
 from .objects import HostObjects, NamedRefs
 from .tool_catalog import ToolCatalog
-from .worker_init import build_init
+from .worker_init import build_init, read_declarations
 from .workspaces import Workspaces
 
 log = logging.getLogger("lcp_sandbox")
@@ -164,9 +164,12 @@ class SandboxedBinding(LcpSurface):
         self.catalog.discover()
 
     def _derived_stale(self) -> None:
-        """Discovery ran again: limits and worker specs are derived anew."""
+        """Discovery ran again: limits and worker specs are derived anew; what the
+        libraries declare they need is read now (parsed here, not in a first call)."""
         self._lib_limits.clear()
         self._specs.clear()
+        read_declarations({r.library.key: r.library for r in self.catalog.routes.values()}
+                          .values())
 
     def discover_tools(self, specific_tool_names: Optional[list] = None,
                        **kwargs: Any) -> list[dict]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Iterable, Optional
 
 from .. import protocol as P
 from ..core.discovery import Library
@@ -73,3 +73,16 @@ def environment_of(library: Library, limits: Limits) -> Optional[dict]:
     if found is None or not found.requirements:
         return None
     return {"requirements": list(found.requirements), "where": found.where}
+
+
+def read_declarations(libraries: Iterable[Library]) -> None:
+    """Read what ``libraries`` declare now, at discovery, so a first call finds it parsed
+    (core/requirements.py keeps it while the files are unchanged); a declaration that
+    cannot be read is reported by the library's calls."""
+    for library in libraries:
+        if library.files:
+            try:
+                declared([str(f) for f in library.files],
+                         str(library.root) if library.root else None)
+            except DeclarationError:
+                pass

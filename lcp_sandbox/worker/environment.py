@@ -17,7 +17,6 @@ library would run with a version it did not ask for.  That is refused, by name.
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import os
 import site
 import sys
@@ -84,6 +83,7 @@ def conflicts(environment: dict[str, Any]) -> list[str]:
 
 def _owner(folder: str, top: str) -> tuple[str, str]:
     """(distribution, version) of the wheel in ``folder`` that provides module ``top``."""
+    import importlib.metadata  # (here: 20-40 ms to import, and seldom needed)
     for dist in importlib.metadata.distributions(path=[folder]):
         files = dist.files or ()
         if any(str(f).split("/")[0].split(".")[0] == top for f in files):
@@ -92,6 +92,7 @@ def _owner(folder: str, top: str) -> tuple[str, str]:
 
 
 def _host_version(dist: str) -> Optional[str]:
+    import importlib.metadata
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:

@@ -13,15 +13,14 @@ worker's ``sys.modules["pipmaster"]`` is this stand-in:
 """
 from __future__ import annotations
 
-import importlib.metadata
 import re
 import sys
 import types
-from pathlib import Path
 from typing import Any, Optional, Union
 
-_REQ = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*([^;]*)")
-_CLAUSE = re.compile(r"^\s*(===|==|!=|~=|>=|<=|>|<)\s*([^\s]+)\s*$")
+# (compiled at first use, by re's cache: a spawned worker imports this module at its start)
+_REQ = r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*([^;]*)"
+_CLAUSE = r"^\s*(===|==|!=|~=|>=|<=|>|<)\s*([^\s]+)\s*$"
 Requirements = Union[str, dict[str, Any], list[str], tuple[str, ...]]
 
 
@@ -40,6 +39,8 @@ def install(environment: Optional[dict[str, Any]]) -> None:
 
 
 def version(name: str) -> Optional[str]:
+    """The installed version of ``name`` the worker would import, or None."""
+    import importlib.metadata  # (here: 20-40 ms to import, only for a tool that asks)
     try:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
@@ -68,7 +69,7 @@ def _cmp(a: str, b: str) -> int:
 def satisfies(installed: str, specifier: str) -> bool:
     """Whether version ``installed`` meets ``specifier`` (">=1.2,<2", "==1.*"...)."""
     for clause in filter(None, (c.strip() for c in (specifier or "").split(","))):
-        found = _CLAUSE.match(clause)
+        found = re.match(_CLAUSE, clause)
         if found is None:
             return False
         op, want = found.groups()
@@ -99,7 +100,7 @@ def _pairs(requirements: Requirements) -> list[tuple[str, str]]:
     items = [requirements] if isinstance(requirements, str) else list(requirements)
     pairs = []
     for item in items:
-        found = _REQ.match(str(item))
+        found = re.match(_REQ, str(item))
         if found is None:
             raise NotInEnvironment(f"pipmaster: {item!r} is not a requirement")
         pairs.append((found.group(1), found.group(2).strip()))
@@ -130,7 +131,8 @@ def ensure(requirements: Requirements, what: str = "ensure_packages") -> bool:
 
 
 def _requirements_file(path: str) -> list[str]:
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().splitlines()
     return [ln.split("#")[0].strip() for ln in lines if ln.split("#")[0].strip()
             and not ln.lstrip().startswith("-")]
 

@@ -81,13 +81,23 @@ class Store:
     def __init__(self, root: Optional[str] = None) -> None:
         self.root = os.path.abspath(root) if root else default_root()
         self._noted: set[tuple[str, str]] = set()
+        self._verified: dict[str, tuple[tuple[Any, ...], Built]] = {}
 
     def path(self, key: str) -> str:
         return os.path.join(self.root, key)
 
     def ready(self, key: str) -> Optional[Built]:
-        """The complete environment of ``key``, or None (absent, half-made or damaged)."""
+        """The complete environment of ``key``, or None (absent, half-made or damaged).
+        Verified once (the lock's digest against the marker); then while its marker and
+        lock keep their inode, size and mtime, three stats say it is still there."""
         prefix = self.path(key)
+        try:
+            seen = tuple(_identity(os.stat(os.path.join(prefix, f))) for f in (MARKER, LOCK))
+        except OSError:
+            return None
+        memo = self._verified.get(key)
+        if memo is not None and memo[0] == seen and os.path.isdir(memo[1].site[0]):
+            return memo[1]
         try:
             marker = Path(prefix, MARKER).read_text(encoding="ascii").strip()
             lock = Path(prefix, LOCK).read_bytes()
@@ -96,7 +106,9 @@ class Store:
         site = site_dirs(prefix)
         if marker != lock_digest(lock) or not all(os.path.isdir(d) for d in site):
             return None
-        return Built(key, prefix, site, pinned(lock.decode("utf-8", "replace")))
+        built = Built(key, prefix, site, pinned(lock.decode("utf-8", "replace")))
+        self._verified[key] = (seen, built)
+        return built
 
     def used(self, key: str, where: str) -> None:
         """Note that a worker of the library declared in ``where`` starts with ``key`` now
@@ -214,6 +226,10 @@ def pinned(lock: str) -> dict[str, str]:
             name, _, version = head.partition("==")
             out[name.strip()] = version.strip()
     return out
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def _size(path: str) -> int:
