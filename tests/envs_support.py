@@ -1,37 +1,17 @@
 """Offline wheels and tool libraries for the tests of per-library environments.
 
-``wheel(folder, name, version, source)`` writes a pure-Python wheel (a zip with its
-dist-info: METADATA, WHEEL, RECORD) into ``folder``; ``offline(monkeypatch, house,
-cache)`` points uv at that folder only (UV_FIND_LINKS, UV_NO_INDEX, UV_OFFLINE) with a
-cache of the test's own, so nothing reaches a network or the user's cache.
+``wheel(folder, name, version, source)`` (the benchmark's) writes a pure-Python wheel (a
+zip with its dist-info: METADATA, WHEEL, RECORD) into ``folder``; ``offline_uv(house,
+cache)`` (the benchmark's too) points uv at that folder only (UV_FIND_LINKS, UV_NO_INDEX,
+UV_OFFLINE) with a cache of the test's own, so nothing reaches a network or the user's cache.
 """
 from __future__ import annotations
 
-import base64
-import hashlib
 import tarfile
 import textwrap
-import zipfile
 from pathlib import Path
 
-
-def wheel(folder: Path, name: str, version: str, source: str, requires: tuple = ()) -> Path:
-    dist = f"{name}-{version}.dist-info"
-    files = {f"{name}/__init__.py": source,
-             f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
-                                 + "".join(f"Requires-Dist: {r}\n" for r in requires),
-             f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: lcp-tests\nRoot-Is-Purelib: true\n"
-                              "Tag: py3-none-any\n"}
-    record = []
-    for path, text in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")
-        record.append(f"{path},sha256={digest.decode()},{len(text.encode())}")
-    files[f"{dist}/RECORD"] = "\n".join([*record, f"{dist}/RECORD,,"]) + "\n"
-    out = folder / f"{name}-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(out, "w") as z:
-        for path, text in files.items():
-            z.writestr(path, text)
-    return out
+from benchmarks.envs import offline_uv, wheel  # noqa: F401  (the tests' too)
 
 
 def sdist(folder: Path, name: str, version: str) -> Path:
@@ -55,15 +35,6 @@ def wheelhouse(folder: Path) -> Path:
         wheel(folder, f"five{i}", "1.0", f"N = {i}\n")
     sdist(folder, "onlysdist", "1.0")
     return folder
-
-
-def offline(monkeypatch, house: Path, cache: Path) -> None:
-    for name in ("UV_INDEX_URL", "UV_EXTRA_INDEX_URL", "UV_INDEX", "UV_DEFAULT_INDEX"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("UV_FIND_LINKS", str(house))
-    monkeypatch.setenv("UV_NO_INDEX", "1")
-    monkeypatch.setenv("UV_OFFLINE", "1")
-    monkeypatch.setenv("UV_CACHE_DIR", str(cache))
 
 
 VERSION_TOOL = '''

@@ -15,7 +15,7 @@ from envs_support import (
     PLAIN_TOOL,
     VERSION_TOOL,
     library,
-    offline,
+    offline_uv,
     script_block,
     wheelhouse,
 )
@@ -30,9 +30,9 @@ def house(tmp_path_factory):
 
 
 @pytest.fixture
-def uv_offline(monkeypatch, house, tmp_path):
-    offline(monkeypatch, house, tmp_path / "uv-cache")
-    return house
+def uv_offline(house, tmp_path):
+    with offline_uv(house, tmp_path / "uv-cache"):
+        yield house
 
 
 @pytest.fixture

@@ -174,7 +174,7 @@ def test_bash_block_runs(block, folder):
 def test_readme_mentions_only_commands_the_cli_has():
     helps = subprocess.run([str(ENTRY_POINT), "--help"], capture_output=True, text=True, timeout=60).stdout
     used = set(re.findall(r"lcp-sandbox ([\w-]+)", README.read_text(encoding="utf-8")))
-    assert used and used <= {"tools", "call", "demo", "bench", "serve-mcp"}
+    assert used and used <= {"tools", "call", "demo", "bench", "serve-mcp", "envs"}
     for name in used:
         assert f"    {name} " in helps, name
 

@@ -14,9 +14,11 @@ counters (``metrics()["env_builds"]``) are kept here.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as WaitedTooLong
 from typing import Any, Optional
 
 from ...core.outcomes import CallFailed, Unavailable
@@ -32,7 +34,11 @@ class Environments:
     """A store and the builds in flight for it."""
 
     def __init__(self, root: Optional[str] = None, wait_s: float = 600.0) -> None:
-        self.store = Store(root)
+        if isinstance(wait_s, bool) or not isinstance(wait_s, (int, float)) or wait_s < 0:
+            raise ValueError(f"env_wait_s={wait_s!r}: it is a number of seconds, 0 or more")
+        if root is not None and not isinstance(root, (str, os.PathLike)):
+            raise TypeError(f"envs_dir={root!r}: it is a folder (a path), or None")
+        self.store = Store(os.fspath(root) if root is not None else None)
         self.wait_s = wait_s
         self._lock = threading.Lock()
         self._building: dict[str, Future[Built]] = {}
@@ -60,7 +66,7 @@ class Environments:
         limit = self.wait_s if wait_s is None else wait_s
         try:
             built = fut.result(max(0.0, limit))
-        except TimeoutError:
+        except WaitedTooLong:
             raise Unavailable.not_run(library, tool, f"its environment ({where}: "
                                       f"{', '.join(requirements)}) was not ready within "
                                       f"{limit:g} s; the build goes on and a later call will "
