@@ -10,7 +10,8 @@ without one, and the build of a 5-wheel environment from a warm uv cache.
         first call of a new tenant, from the library's template
         first call of a never-run library in a fresh host process (its own Supervisor:
             its zygote started and a plain library served first, outside the timing)
-        warm calls (a batch per round, p50 of the batch)
+        warm calls (a batch per round, p50 of the batch; host thread and worker pinned to
+            two CPUs)
         the build of the 5-wheel environment into an empty store (uv's cache warm)
     Ratios are within this run.
 
@@ -36,7 +37,7 @@ from typing import Any, Iterator
 from lcp_sandbox import SandboxedBinding, Supervisor
 from lcp_sandbox.backends.envs import Environments
 
-from .harness import paired_ratio, ratio, summarize
+from .harness import paired_ratio, pin_process, pin_thread, ratio, summarize
 
 WHEELS = tuple(f"bench_wheel{i}" for i in range(5))
 LIB = '''{block}
@@ -128,13 +129,24 @@ def _first_calls(sup: Supervisor, folders: dict, ws: str, r: int, out: dict) -> 
 
 
 def _warm(bindings: dict, calls: int, out: dict) -> None:
+    """A batch of warm calls per library, the host thread and the worker on two CPUs (the
+    headline placement of the warm section), the libraries in random order."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     for kind in random.sample(list(bindings), len(bindings)):
         b, tool, xs = bindings[kind], f"tool_env_{kind}", []
+        b.execute_tool(tool, {"x": 2})                 # (its worker exists before pinning)
+        if len(cpus) >= 2:
+            pin_process(b.stats()[0]["pid"], {cpus[1]})
+            pin_thread({cpus[0]})
+        for _ in range(20):
+            b.execute_tool(tool, {"x": 2})
         for _ in range(calls):
             t0 = time.perf_counter()
             b.execute_tool(tool, {"x": 2})
             xs.append(time.perf_counter() - t0)
         out[kind].append(sorted(xs)[len(xs) // 2])
+        if len(cpus) >= 2:
+            pin_thread(set(cpus))
 
 
 def _fresh_host(tmp: Path, store: str, kind: str, r: int, ws: str) -> float:
