@@ -388,3 +388,22 @@ def test_the_builder_writes_only_beneath_the_store_and_uvs_cache(uv_offline, too
             SandboxedBinding(tools_folders=[tools], supervisor=sup, workspace=tmp_path) as b:
         assert b.execute_tool("tool_one", {})["output"]["version"] == "1.0"
         assert sup.metrics()["env_builds"]["builder_landlock"].startswith("on")
+
+
+@pytest.mark.parametrize("kind", ["fresh", "base", "template"])
+def test_confined_workers_of_every_start_kind_use_their_environment(uv_offline, tools, open_tmp,
+                                                                     kind):
+    from confined_kinds import Confined
+    folder = open_tmp / "tools"
+    shutil.copytree(tools, folder)
+    confined = Confined(kind, open_tmp / "tenants", envs_dir=str(open_tmp / "store"))
+    try:
+        for tenant in ("a", "b"):
+            b = confined.binding(folder, tenant)
+            assert b.execute_tool("tool_one", {})["output"]["version"] == "1.0"
+            assert b.execute_tool("tool_two", {})["output"]["version"] == "2.0"
+            assert b.execute_tool("tool_plain", {})["output"]["imported"] is False
+            assert {s["library"]: s["protections"]["filesystem"].startswith("on")
+                    for s in b.stats()} == {"lib_one": True, "lib_two": True, "plain": True}
+    finally:
+        confined.close()                 # (checks every worker started as ``kind``)
