@@ -71,6 +71,13 @@ def test_declarations_are_read_where_the_library_lives(tmp_path):
         (folder / "requirements.txt").write_text(bad)
         with pytest.raises(DeclarationError, match="requirements.txt, line 1"):
             declared([str(folder / "lib.py")], str(folder))
+    for bad in ("x @ https://evil.example/x.whl", "x @ ./local", "x\n--index-url https://e.example",
+                "x --config-settings=a=b", "/abs/path", "-r other.txt"):
+        loose.write_text(script_block(bad))
+        with pytest.raises(DeclarationError, match="not a requirement from an index"):
+            declared([str(loose)], str(tmp_path))
+    loose.write_text(script_block('x[extra]>=1; python_version >= "3.8"'))
+    assert declared([str(loose)], None).requirements == ('x[extra]>=1; python_version >= "3.8"',)
     py = {"version": "3"}
     assert env_key(("a==1", "b"), py) == env_key(("a==1", "b"), dict(py))
     assert env_key(("a==1",), py) != env_key(("a==2",), py)

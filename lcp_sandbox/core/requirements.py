@@ -151,10 +151,12 @@ def normalise(requirements: Sequence[str], where: str = "") -> tuple[str, ...]:
         text = " ".join(req.split())
         if not text:
             continue
-        if "://" in text or text.startswith(("-", ".", "/")):
+        spec = text.split(";", 1)[0]
+        if ("://" in text or "@" in spec or text.startswith((".", "/", "\\"))
+                or any(token.startswith("-") for token in text.split())):
             raise DeclarationError(f"{where}: {text!r} is not a requirement from an index "
-                                   f"(URLs, paths and options are refused: nothing is built "
-                                   f"from source)")
+                                   f"(URLs, direct references, paths and options are refused: "
+                                   f"the index is the host's, nothing is built from source)")
         out.add(text)
     return tuple(sorted(out))
 
