@@ -194,6 +194,15 @@ def test_the_wait_for_an_environment_has_its_own_limit(uv_offline, tools, tmp_pa
         assert b.execute_tool("tool_one", {})["output"]["version"] == "1.0"
 
 
+def test_the_build_does_not_count_against_the_tools_timeout(uv_offline, tools, tmp_path):
+    with Supervisor(envs_dir=str(tmp_path / "store")) as sup, \
+            SandboxedBinding(tools_folders=[tools], supervisor=sup, workspace=tmp_path,
+                             timeout_s=0.05) as b:
+        out = b.execute_tool("tool_one", {})
+        assert out["status_code"] == 200, out
+        assert sup.metrics()["env_builds"]["seconds_max"] > 0.05     # it took longer than that
+
+
 def test_spawned_workers_use_their_environments(uv_offline, tools, tmp_path):
     with Supervisor(envs_dir=str(tmp_path / "store"), start_method="spawn") as sup, \
             SandboxedBinding(tools_folders=[tools], supervisor=sup, workspace=tmp_path) as b:
