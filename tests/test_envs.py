@@ -179,6 +179,13 @@ def test_a_broken_lock_or_a_vanished_store_is_rebuilt_not_half_used(uv_offline, 
         b.restart_library("lib_one")
         assert b.execute_tool("tool_one", {})["output"] == first
         assert sup.metrics()["env_builds"]["ok"] == 4
+        assert b.execute_tool("tool_two", {})["output"]["version"] == "2.0"
+        (tools / "lib_two" / "requirements.txt").unlink()  # it declares nothing any more
+        b.restart_library("lib_two")
+        out = b.execute_tool("tool_two", {})
+        assert out["status_code"] == 500 and "No module named 'alpha'" in out["error"]
+        assert {s["library"]: s["environment"] is None for s in b.stats()} == {
+            "lib_one": False, "lib_two": True}
 
 
 def test_the_wait_for_an_environment_has_its_own_limit(uv_offline, tools, tmp_path):

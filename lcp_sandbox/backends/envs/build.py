@@ -129,14 +129,20 @@ def _confined(env: dict[str, str], write: list[str], steps: list[dict[str, Any]]
         done = subprocess.run(argv, input=json.dumps({"write": write, "steps": steps}),
                               env={**env, **boot_environment()}, capture_output=True,
                               text=True, timeout=_TIMEOUT_S, check=False)
-        answer = json.loads(done.stdout.strip().splitlines()[-1])
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
+    except (OSError, subprocess.SubprocessError) as exc:
         raise BuildFailed(f"the builder process failed: {exc}") from None
+    try:
+        answer = json.loads(done.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise BuildFailed(f"the builder process ended with status {done.returncode} without "
+                          f"an answer: {done.stderr.strip()[-2000:]}") from None
     LANDLOCK[:] = [answer["landlock"]]
     if not answer["landlock"].startswith("on") and not _WARNED:
         _WARNED.append(True)
         log.warning("environment builds run without Landlock here (%s): uv may write beyond "
                     "the store and its cache", answer["landlock"])
-    failed = [r for r in answer["results"] if r["rc"]]
-    if failed:
-        raise BuildFailed(failed[0]["words"] or f"uv exited with status {failed[0]['rc']}")
+    for step, result in zip(steps, answer["results"], strict=False):   # (it stops at a failure)
+        if result["rc"]:
+            what = " ".join(a for a in step["argv"][1:3] if not a.startswith("-"))
+            raise BuildFailed(f"uv {what} said:\n" + (result["words"] or
+                                                      f"(nothing; exit status {result['rc']})"))

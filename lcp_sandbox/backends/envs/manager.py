@@ -74,7 +74,7 @@ class Environments:
         except BuildFailed as exc:
             raise CallFailed.not_run(library, tool, f"its environment could not be made "
                                      f"from {where} (wheels only, nothing is built from "
-                                     f"source); uv said:\n{exc}") from None
+                                     f"source): {exc}") from None
         self.store.used(key, where)
         return built
 

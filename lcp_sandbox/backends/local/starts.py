@@ -79,8 +79,12 @@ class Starts:
     def _environment(self, slot: Slot, init: P.Init, tool: str,
                      deadline: Optional[float]) -> tuple[P.Init, Optional[float]]:
         """INIT with the library's environment built and named, and the call's queue
-        deadline moved by the wait (it does not count against the call's timeout)."""
-        declared = init.environment or {}
+        deadline moved by the wait (it does not count against the call's timeout).  (A
+        library that no longer declares anything: its slot says so, INIT as it is.)"""
+        if init.environment is None:
+            slot.uses_environment(None)
+            return init, deadline
+        declared = init.environment
         start = time.monotonic()
         requirements = tuple(declared["requirements"])
         built = self.environments.ensure(requirements, declared["where"], slot.library.name,

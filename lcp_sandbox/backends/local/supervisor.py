@@ -221,7 +221,7 @@ class Supervisor(CallEnds, Reports, Starts, Closing):
         if proc is None:
             assert spec.init is not None, "a spec run here says how its worker starts"
             init = spec.init()
-            if init.environment is not None:
+            if init.environment is not None or slot.environment is not None:
                 init, queue_deadline = self._environment(slot, init, tool, queue_deadline)
             proc = self._spawn(slot, init, queue_deadline, tool)
         return proc
