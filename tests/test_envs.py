@@ -430,3 +430,30 @@ def test_confined_workers_of_every_start_kind_use_their_environment(uv_offline, 
                     for s in b.stats()} == {"lib_one": True, "lib_two": True, "plain": True}
     finally:
         confined.close()                 # (checks every worker started as ``kind``)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/locks"), reason="reads the kernel's /proc/locks")
+def test_two_host_processes_building_one_environment_build_it_once(uv_offline, tmp_path):
+    from lcp_sandbox.backends.envs import Environments
+    store = str(tmp_path / "store")
+    key = Environments(store).key(("alpha==2.0",))
+    code = ("import json, sys\nfrom lcp_sandbox.backends.envs import Environments\n"
+            "envs = Environments(sys.argv[1])\n"
+            "built = envs.ensure(('alpha==2.0',), 'x.py', 'lib', 'tool')\n"
+            "print(json.dumps([built.versions, envs.snapshot()['ok']]))\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+
+    def waiting(pids) -> bool:              # both blocked on the environment's file lock
+        with open("/proc/locks") as f:
+            blocked = [line.split() for line in f if "->" in line]
+        return {str(p) for p in pids} <= {fields[5] for fields in blocked}
+
+    with Store(store).locked(key):          # held here until both wait for it
+        procs = [subprocess.Popen([sys.executable, "-c", code, store], env=env, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                 for _ in range(2)]
+        assert poll(lambda: waiting([p.pid for p in procs]), 60)
+    answers = [json.loads(p.communicate(timeout=120)[0].strip().splitlines()[-1]) for p in procs]
+    assert [versions for versions, _ in answers] == [{"alpha": "2.0"}] * 2
+    assert sorted(builds for _, builds in answers) == [0, 1]      # one built, one found it
+    assert [e["key"] for e in Store(store).entries()] == [key]
