@@ -304,6 +304,9 @@ def render_table(result: dict) -> str:
     if result.get("templates"):
         from .templates import render
         lines += ["", render(result["templates"])]
+    if result.get("envs"):
+        from .envs import render as render_envs
+        lines += ["", render_envs(result["envs"])]
     if result.get("syscalls"):
         from .syscalls import render as render_syscalls
         lines += ["", render_syscalls(result["syscalls"])]

@@ -74,6 +74,22 @@ def confined(cf: dict, add: Any) -> None:
                  + ("" if ok else " (NOT all answered / something left)"))
 
 
+def environments(ev: dict, add: Any) -> None:
+    """A library with its own environment vs the same without (benchmarks/envs.py)."""
+    if not ev:
+        return
+    T = TARGETS
+    add("envs_first_call", "own environment: new tenant's first call from its template, p50 / without",
+        ev.get("first_ratio"), T["envs_first_call"], "<=")
+    add("envs_fresh_host", "own environment: never-run library's first call in a fresh host, p50 / without",
+        ev.get("fresh_host_ratio"), T["envs_fresh_host"], "<=")
+    add("envs_warm", "own environment: warm call p50 / without (paired by round)",
+        ev.get("warm_ratio_paired") or ev.get("warm_ratio"), T["envs_warm"], "<=",
+        note="" if ev.get("warm_ratio") is None else f"pooled {x(ev['warm_ratio'])}")
+    add("envs_build_5", "5-wheel environment built from a warm uv cache, p50", ev.get("build_5_s"),
+        T["envs_build_5_s"], "<", "s")
+
+
 def run(ctx: Any) -> None:
     T = TARGETS
     res = ctx.result
@@ -136,6 +152,7 @@ def run(ctx: Any) -> None:
         "proxy / direct, p50", eg.get("ratio_paired") or eg.get("ratio"), T["egress_ratio"], "<=",
         note="" if eg.get("ratio") is None else
         f"pooled {x(eg['ratio'])}; {eg['added_us']:.0f} us added a connection")
+    environments(res.get("envs") or {}, add)
     mcp = (res.get("mcp") or {}).get("warm_ms", {})
     for client, label in (("sdk", "the SDK's client"), ("plain", "a kept-alive plain HTTP client")):
         row = mcp.get(f"ours_{client}", {})

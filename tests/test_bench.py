@@ -28,7 +28,8 @@ TARGET_NAMES = {"warm_p50", "warm_p99", "warm_p50_inprocess", "cold_vs_spawn", "
                 "fresh_over_template", "uss_template", "syscalls_warm_p50", "confined_np_p50",
                 "confined_np_ratio", "uss_confined_np", "confined_plain_ratio", "confined_density_uss",
                 "confined_namespaces_ratio", "egress_ratio", "mcp_warm_sdk", "mcp_warm_plain", "metrics_share", "density_metrics_ms",
-                "spawn_path_cold_vs_spawn", "spawn_path_warm_vs_zygote"}
+                "spawn_path_cold_vs_spawn", "spawn_path_warm_vs_zygote", "envs_first_call", "envs_fresh_host",
+                "envs_warm", "envs_build_5"}
 
 
 def _has_matplotlib() -> bool:
@@ -149,6 +150,14 @@ def test_bench_end_to_end(tmp_path, new_processes):
     assert cf["density"]["answered"] == cf["density"]["calls"] == 6
     assert cf["density"]["left"] == {"processes": 0, "descriptors": 0, "temp_dirs": 0}
     assert "CONFINED" in out.getvalue()
+    # envs: a library with its own environment against the same without; a 5-wheel build
+    ev = data["envs"]
+    assert "envs" not in data["skipped"]
+    for k in ("first_env", "first_plain", "fresh_host_env", "fresh_host_plain", "warm_env", "warm_plain",
+              "build_5"):
+        assert _number(ev["rows"][k]["p50"]), k
+    assert _number(ev["first_ratio"]) and _number(ev["fresh_host_ratio"]) and _number(ev["build_5_s"])
+    assert "ENVIRONMENTS" in out.getvalue()
 
     # cold: phases from the stamps, ratios to spawn
     cold = data["cold"]

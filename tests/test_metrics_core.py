@@ -75,8 +75,10 @@ def test_the_exposition_parses_as_prometheus_text_with_the_counts_kept():
     m.started("template")
     m.ended("timeout")
     m.refused("quarantine")
+    builds = {"ok": 2, "failed": 1, "seconds_total": 0.75, "seconds_max": 0.5, "in_flight": 0}
     text = exposition(lambda: {**m.snapshot(), "workers": {"idle": 3, "busy": 1}, "sessions": 2,
-                               "refusals": {"rate": 4, **m.snapshot()["refusals"]}})().decode()
+                               "refusals": {"rate": 4, **m.snapshot()["refusals"]},
+                               "env_builds": builds})().decode()
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                for fam in text_string_to_metric_families(text) for s in fam.samples}
     calls = "lcp_sandbox_tool_calls_total"
@@ -90,3 +92,6 @@ def test_the_exposition_parses_as_prometheus_text_with_the_counts_kept():
     assert samples[("lcp_sandbox_refusals_total", (("reason", "rate"),))] == 4
     assert samples[("lcp_sandbox_workers", (("state", "busy"),))] == 1
     assert samples[("lcp_sandbox_sessions", ())] == 2
+    assert samples[("lcp_sandbox_env_builds_total", (("outcome", "ok"),))] == 2
+    assert samples[("lcp_sandbox_env_builds_total", (("outcome", "failed"),))] == 1
+    assert samples[("lcp_sandbox_env_build_seconds_total", ())] == 0.75

@@ -58,7 +58,9 @@ INSPECTOR = "@modelcontextprotocol/inspector"
 
 # The fenced blocks that are not code: (page, section) -> words each must hold.
 DIAGRAMS = {("internals.md", "How it is built"): ("host thread", "worker process"),
-            ("network.md", "How it runs"): ("worker (its own network namespace", "SCM_RIGHTS")}
+            ("network.md", "How it runs"): ("worker (its own network namespace", "SCM_RIGHTS"),
+            ("environments.md", "Building"): ("first call of a library with a declaration",
+                                              "complete in the store")}
 
 # What a block's run must print, by (page, section) (beyond exiting 0).
 EXPECTED_OUTPUT = {
@@ -401,7 +403,7 @@ def test_the_pages_mention_only_commands_the_cli_has():
     used = set()
     for page in PAGES:
         used |= set(re.findall(r"(?:^|`)lcp-sandbox ([\w-]+)", page.read_text(encoding="utf-8"), flags=re.M))
-    assert used and used <= {"tools", "call", "demo", "bench", "serve-mcp"}, used
+    assert used and used <= {"tools", "call", "demo", "bench", "serve-mcp", "envs"}, used
     for name in used:
         assert f"    {name} " in helps, name
 

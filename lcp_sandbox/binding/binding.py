@@ -39,7 +39,7 @@ from .lcp_surface import LcpSurface
 from .locations import as_paths, bundled_tools_dir, lollms_default_tools_dir
 from .objects import HostObjects, NamedRefs
 from .tool_catalog import ToolCatalog
-from .worker_init import build_init
+from .worker_init import build_init, read_declarations
 from .workspaces import Workspaces
 
 log = logging.getLogger("lcp_sandbox")
@@ -60,7 +60,8 @@ class SandboxedBinding(LcpSurface):
         ``memory_mb``, ``cpu_s``, ``max_open_files``, ``max_file_size_mb``,
         ``max_result_mb``, ``grace_s``, ``log_bytes_per_s``, ``confine``,
         ``network``, ``env``, ``read_paths``, ``run_as``, ``syscalls``, ``template``,
-        ``trusted_import``, ``max_processes`` (core/limits.py); an unknown key or a
+        ``trusted_import``, ``max_processes``, ``requirements`` (core/limits.py; the
+        library's dependencies: docs/environments.md); an unknown key or a
         wrong type makes the library's calls answer 500 naming it.
     tools_folders
         A folder or a list of folders to discover libraries in (each ``X/``
@@ -94,20 +95,16 @@ class SandboxedBinding(LcpSurface):
         A ``Supervisor`` shared with other bindings.  Default: one of the
         binding's own, closed by ``close()``.
     confine
-        Confine the workers (clean environment, file rules, own namespaces, see
-        docs/security.md): True (a worker whose protections are not all in force runs nothing:
-        503), False, or "best-effort" (run with what the system has).  Default: the
-        supervisor's ``confine``.
+        Confine the workers (docs/security.md): True (a worker whose protections are not
+        all in force runs nothing: 503), False, or "best-effort" (run with what the system
+        has).  Default: the supervisor's ``confine``.
     workspace_root
         A call whose workspace is not inside this folder is refused with 403;
         confined workers are confined to it.
     network
-        The network of its libraries: True (the host's), False (none: a network
-        namespace of its own with loopback only), or a policy for confined workers,
-        ``{"allow": [rules], "deny": [rules]}``: only the hosts the rules admit, through
-        the supervisor's egress proxy (rules: ``host``, ``host:port``, ``*.domain``, an
-        address or CIDR, each with an optional ``:port``; core/egress_rules.py).  Default:
-        the supervisor's ``network`` (True).
+        Its libraries' network: True (the host's), False (loopback only), or for confined
+        workers a policy, ``{"allow": [rules], "deny": [rules]}`` (core/egress_rules.py),
+        held by the supervisor's egress proxy.  Default: the supervisor's (True).
     other keywords
         Load flags, as ``LCPBinding``: a library declaring
         ``TOOL_LIBRARY_LOAD_FLAG = "X"`` loads only when ``X=True`` is given here
@@ -173,9 +170,12 @@ class SandboxedBinding(LcpSurface):
         self.catalog.discover()
 
     def _derived_stale(self) -> None:
-        """Discovery ran again: limits and worker specs are derived anew."""
+        """Discovery ran again: limits and worker specs are derived anew; what the
+        libraries declare they need is read now (parsed here, not in a first call)."""
         self._lib_limits.clear()
         self._specs.clear()
+        read_declarations({r.library.key: r.library for r in self.catalog.routes.values()}
+                          .values())
 
     def discover_tools(self, specific_tool_names: Optional[list] = None,
                        **kwargs: Any) -> list[dict]:

@@ -8,17 +8,23 @@
                      os.environb has them
         confine      {root, read_paths} when confined (the host adds run_as and
                      the temp dir it made, just before the fork)
+        environment  the requirements the library declares, and where (None: the
+                     host's environment); the backend has them built before it starts
+                     the worker (backends/envs/)
 """
 from __future__ import annotations
 
 import os
 import sys
 from pathlib import Path
+from typing import Iterable, Optional
 
 from .. import protocol as P
 from ..core.discovery import Library
 from ..core.limits import Limits
+from ..core.outcomes import CallFailed
 from ..core.policy import allowed_environment, host_environment
+from ..core.requirements import DeclarationError, Declared, declared, normalise
 from ..protocol import Ref, sendable
 
 
@@ -45,4 +51,38 @@ def build_init(library: Library, limits: Limits, root: str, host_tool_configs: d
         env = _allowed(env)
     return P.Init(library.name, [str(f) for f in library.files], library.source, configs, handlers,
                   list(sys.path), env, confine, None, [],
-                  {k: getattr(limits, k) for k in limits.__dataclass_fields__})
+                  {k: getattr(limits, k) for k in limits.__dataclass_fields__},
+                  environment_of(library, limits))
+
+
+def environment_of(library: Library, limits: Limits) -> Optional[dict]:
+    """What the library needs: the host's ``"sandbox": {"requirements": [...]}``, else what
+    it declares (None: nothing, it uses the host's environment); a declaration that cannot
+    be read ends the call with a 500 naming the file."""
+    try:
+        if limits.requirements is not None:
+            found: Optional[Declared] = Declared(
+                normalise(limits.requirements, library.name),
+                f"host_tool_configs[{library.name!r}]['sandbox']['requirements']")
+        else:
+            found = declared([str(f) for f in library.files],
+                             str(library.root) if library.root else None)
+    except DeclarationError as exc:
+        raise CallFailed(f"[{library.name}] not run: its dependencies cannot be read: "
+                         f"{exc}") from None
+    if found is None or not found.requirements:
+        return None
+    return {"requirements": list(found.requirements), "where": found.where}
+
+
+def read_declarations(libraries: Iterable[Library]) -> None:
+    """Read what ``libraries`` declare now, at discovery, so a first call finds it parsed
+    (core/requirements.py keeps it while the files are unchanged); a declaration that
+    cannot be read is reported by the library's calls."""
+    for library in libraries:
+        if library.files:
+            try:
+                declared([str(f) for f in library.files],
+                         str(library.root) if library.root else None)
+            except DeclarationError:
+                pass

@@ -59,6 +59,9 @@ class Limits:
                                             # (a pids cgroup of its own; it starts fresh)
     disk_mb: Optional[int] = None           # bytes its confinement root may hold: a file
                                             # system of its own (backends/local/disks.py)
+    requirements: Optional[tuple[str, ...]] = None   # the library's dependencies, given by the
+                                            # host (over what the library declares): its
+                                            # workers get an environment of their own
     syscalls: Optional[dict[str, Any]] = None   # {"allow": [names], "allow_dangerous": bool}: calls
                                             # a confined worker adds to the allowlist
                                             # (core/syscalls.py; checked here)
@@ -67,6 +70,8 @@ class Limits:
         for name, kind in _KINDS.items():
             _check_kind(name, getattr(self, name), kind)
         self.read_paths = tuple(self.read_paths)
+        if self.requirements is not None:
+            self.requirements = tuple(self.requirements)
         if self.confine is not None:
             self.confine = confine_setting(self.confine)
         if self.run_as is not None:
@@ -94,13 +99,15 @@ def _unknown(key: Any) -> str:
             f" (the settings: {', '.join(Limits.__dataclass_fields__)})"))
 
 
-#: What each plain setting holds: "number", "int", "bool", "env", "paths", optionally "|None".
+#: What each plain setting holds: "number", "int", "bool", "env", "paths", "strings",
+#: optionally "|None".
 #: (confine, run_as, syscalls and network are checked by their own functions.)
 _KINDS = {"timeout_s": "number|None", "grace_s": "number", "memory_mb": "number|None",
           "cpu_s": "int|None", "max_open_files": "int", "max_file_size_mb": "number|None",
           "max_result_mb": "number", "log_bytes_per_s": "int",
           "env": "env|None", "read_paths": "paths", "template": "bool",
-          "trusted_import": "bool", "max_processes": "int|None", "disk_mb": "int|None"}
+          "trusted_import": "bool", "max_processes": "int|None", "disk_mb": "int|None",
+          "requirements": "strings|None"}
 
 
 def _check_kind(name: str, value: Any, kind: str) -> None:
@@ -124,10 +131,10 @@ def _check_kind(name: str, value: Any, kind: str) -> None:
             isinstance(k, str) and isinstance(v, (str, int, float)) and not isinstance(v, bool)
             for k, v in value.items())
         wanted = "a dict of names to string (or number) values"
-    else:           # paths
+    else:           # paths, strings
         ok = (isinstance(value, (list, tuple))
               and all(isinstance(p, str) and p for p in value))
-        wanted = "a list of paths (strings)"
+        wanted = "a list of paths (strings)" if base == "paths" else "a list of strings"
     if not ok:
         raise TypeError(f"{name!r} must be {wanted}, not {value!r} ({type(value).__name__})")
 

@@ -38,6 +38,13 @@ def _families(snap: dict[str, Any]) -> Iterator[Any]:
                          snap.get("refusals", {}))
     yield from _labelled(GaugeMetricFamily, "workers", "Live workers by state", "state",
                          snap.get("workers", {}))
+    builds = snap.get("env_builds") or {}
+    yield from _labelled(CounterMetricFamily, "env_builds", "Library environments built, by "
+                         "outcome", "outcome", {k: builds.get(k, 0) for k in ("ok", "failed")})
+    seconds = CounterMetricFamily(f"{PREFIX}_env_build_seconds", "Time spent building library "
+                                  "environments, seconds")
+    seconds.add_metric([], builds.get("seconds_total", 0.0))
+    yield seconds
     sessions = GaugeMetricFamily(f"{PREFIX}_sessions", "Live MCP sessions")
     sessions.add_metric([], snap.get("sessions", 0))
     yield sessions

@@ -88,6 +88,10 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "start_method": '`"zygote"` (fork; Linux) or `"spawn"` (a fresh interpreter per '
         "worker); `None`: `LCP_SANDBOX_START_METHOD`, else zygote on Linux, spawn elsewhere",
         "uid_range": '`(first uid, count)` the `"per-tenant"` uids come from',
+        "envs_dir": "the store of the libraries' own environments (`None`: "
+        "`LCP_SANDBOX_ENVS_DIR`, else the user's cache folder)",
+        "env_wait_s": "how long a call waits for its library's environment to be built "
+        "(outside its timeout; then 503, the build goes on)",
         "network": "the default `network` of bindings that do not say: `True`, `False` or a "
         "policy ([Network by policy](network.md))",
     },
@@ -126,6 +130,8 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "(it starts from the base and imports after its own confinement)",
         "max_processes": "processes and threads of a confined worker's tree: a pids cgroup of "
         "its own; it starts fresh",
+        "requirements": "the library's dependencies given by the host (over what the library "
+        "declares): its workers get an environment of their own, built from wheels by uv",
         "disk_mb": "MiB a confined worker's root may hold: a file system of its own (a root "
         "host with loop devices and mkfs.ext4); it starts fresh",
         "syscalls": "system calls a confined worker adds to the allowlist: "

@@ -52,6 +52,9 @@ class Init(NamedTuple):
     tmpdir: Optional[str]     # the private temp dir the host made for a confined worker
     disabled: list[str]       # protections switched off for a test (lcp_sandbox.testing)
     limits: dict[str, Any]    # Limits as a dict
+    # the library's own environment: {"requirements", "where"} as declared; once the host
+    # has it built, also {"key", "prefix", "site", "versions"} (worker/environment.py)
+    environment: Optional[dict[str, Any]] = None
 
 
 class Prime(NamedTuple):

@@ -44,6 +44,7 @@ if sys.platform.startswith("linux"):
     from .confine import prepare, set_environment
 else:           # a spawned worker on macOS or Windows (worker/spawned.py): no Linux mechanism
     from .portable import prepare, set_environment
+from .environment import enter
 from .proxies import Channel, Proxy
 from .signature import accepts, positional
 
@@ -114,6 +115,8 @@ class Worker:
         self.entries: dict[str, _Entry] = {}
         self.handlers = init.handlers
         self.in_tool = False
+        self.environment = init.environment       # entered before the first import
+        self.entered = False
         if init.sys_path:
             sys.path[:] = init.sys_path
         self.relays = {P.HANDLER_CONFIRM: Proxy(self.ch, P.REF_CONFIRM, None),
@@ -153,6 +156,9 @@ class Worker:
         stem = self._stem(index)
         name = (PERSISTENT_PREFIX + stem) if self.files else f"lcp_dynamic_{self.library}"
         try:
+            if not self.entered:
+                enter(self.environment)           # its own packages first; pipmaster
+                self.entered = True
             if self.files and name in PRELOADED:
                 PRELOADED.discard(name)           # imported by the template (worker/template.py)
                 mod = sys.modules[name]

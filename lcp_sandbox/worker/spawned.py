@@ -43,7 +43,7 @@ _wanted = [0]                        # the call the last record named
 
 
 def main(arg: str) -> None:
-    """Entry point (backends/local/boot.py's boot line): ``arg`` is the channel's
+    """Entry point (backends/boot.py's boot line): ``arg`` is the channel's
     descriptor, or "share" (Windows: its share bytes come first on the control pipe)."""
     control = os.dup(0)                              # (non-inheritable, as os.dup makes it)
     null = os.open(os.devnull, os.O_RDONLY)

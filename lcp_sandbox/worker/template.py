@@ -50,6 +50,7 @@ from .. import protocol as P
 from ..core.policy import refused
 from ..system.proc import children
 from .confine import environment_of, set_environment
+from .environment import enter
 from .rlimits import die_with_parent
 
 _MAX_FD = 0x7FFFFFFF
@@ -162,6 +163,7 @@ def _import(init: P.Init) -> str:
     os.chdir("/")
     before = _fds()
     try:
+        enter(init.environment)
         for path in init.files:
             name = PERSISTENT_PREFIX + os.path.splitext(os.path.basename(path))[0]
             spec = importlib.util.spec_from_file_location(name, path)

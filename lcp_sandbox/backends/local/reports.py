@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from typing import Any, Optional
 
+from ..envs import Environments
 from ..metrics import Metrics
 from .pool import Pool
 from .slot import Slot
@@ -31,6 +32,7 @@ class Reports:
     open_files: dict[str, Any]
     counters: Metrics
     start_method: str
+    environments: Environments
 
     def stats(self, tenant: Optional[str] = None) -> list[dict[str, Any]]:
         """One dict per worker slot (only ``tenant``'s when given); see Slot.stats."""
@@ -56,7 +58,9 @@ class Reports:
         cause (crash, timeout, memory, violation, load failed, host error, idle, evict,
         stop), ``refusals`` by reason (busy, pool_full, quarantine, closed, no_start),
         ``workers`` by state (idle, busy) and ``worker_uss_bytes`` (the sum of the
-        watchdog's last samples).  Counters are kept as events happen."""
+        watchdog's last samples), ``env_builds`` (the libraries' environments built by
+        outcome, their total and longest durations, builds in flight).  Counters are kept
+        as events happen."""
         workers = {"idle": 0, "busy": 0}
         uss = 0
         for slot in list(self._slots.values()):
@@ -65,4 +69,5 @@ class Reports:
                 workers["busy" if slot.busy else "idle"] += 1
                 uss += slot.mem_uss
         return {**self.counters.snapshot(), "workers": workers, "worker_uss_bytes": uss,
-                "templates": self.templates.ready()}
+                "templates": self.templates.ready(),
+                "env_builds": self.environments.snapshot()}

@@ -16,6 +16,7 @@ and the watchdog read them and call these:
 
     configure(limits)  begin_call()  end_call(now)        a call (supervisor)
     attach(proc, start, template)  started_fresh(why)     a worker started (templates)
+    uses_environment(environment)                         its library's own (starts)
     detach(proc)  ended(how)                              a worker gone (supervisor)
     measured(...)  owe_sample() / sample_taken()          memory samples (watchdog)
     owe_idle() / idle_checked()                           the idle deadline (watchdog)
@@ -112,6 +113,7 @@ class Slot:
     peak_uss: int = 0
     start: str = ""                        # how its worker started: "template" | "fresh (why)"
     template: Any = None                   # the template it came from (templates.py's)
+    environment: Optional[dict[str, Any]] = None   # its library's own (backends/envs/)
     # crash-loop bookkeeping
     fresh_deaths: int = 0
     deaths: collections.deque[float] = field(default_factory=collections.deque)
@@ -155,6 +157,10 @@ class Slot:
         "fresh (why)")."""
         self.proc, self.start, self.template = proc, start, template
         self.starts += 1
+
+    def uses_environment(self, environment: Optional[dict[str, Any]]) -> None:
+        """Its next worker starts with ``environment`` (None: the host's)."""
+        self.environment = environment
 
     def started_fresh(self, why: str) -> None:
         """Its worker imported the library itself after all (``why``)."""
@@ -223,7 +229,9 @@ class Slot:
         ``rss``/``peak_rss`` and ``uss``/``peak_uss`` (bytes, the worker's whole process
         tree; USS: its own pages only), ``memory_age_s`` (how old ``rss``/``uss`` are),
         ``start`` ("template" or "fresh (why)"), ``protections`` (the confinement in
-        force), ``workspace_root``, and ``spin`` (host/spin.py):
+        force), ``workspace_root``, ``environment`` (None: the host's; else its key,
+        folder, declaration, pinned versions and how it is used), and ``spin``
+        (host/spin.py):
         ``host_window_us`` / ``worker_window_us``, how long the host
         polled for the last call's answer and the worker for the next call after it
         (0: not at all); ``host_hits`` / ``host_misses``, calls whose answer the
@@ -251,6 +259,7 @@ class Slot:
             "memory_age_s": age, "start": self.start or None,
             "protections": proc.protections if proc is not None and pid is not None else {},
             "workspace_root": self.root or None,
+            "environment": self.environment,
             "spin": self.spin.stats(),
         }
 

@@ -44,7 +44,7 @@ import psutil
 
 from ... import protocol as P
 from ...core.outcomes import Unavailable
-from .boot import boot_argv, boot_environment
+from ..boot import boot_argv, boot_environment
 from .output import Stream
 from .platforms import refusal
 from .process import WorkerProcess

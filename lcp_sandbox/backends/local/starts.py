@@ -6,6 +6,11 @@
     start_method "spawn" (everywhere; spawn.py)   a fresh interpreter per worker, spares
                    spawned ahead; no templates (fork-only); a thread per worker's output
 
+A library that declares its dependencies (core/requirements.py) starts its workers
+with its own environment: found in the store or built (backends/envs/) before the
+worker starts, waited for outside the call's timeout (``env_wait_s``), named in INIT
+(and readable by a confined worker: its folder joins the read paths).
+
 ``Starts`` is the Supervisor's (a mixin, as endings.CallEnds): it reads and sets
 the Supervisor's ``_zygote``, ``_pump``, ``_lock``, ``_closed``, ``_watchdog``,
 ``templates`` and calls its ``_on_exit``.
@@ -14,10 +19,12 @@ from __future__ import annotations
 
 import shutil
 import threading
+import time
 from typing import Optional, Union
 
 from ... import protocol as P
 from ...core.outcomes import Unavailable
+from ..envs import Environments
 from .handover import private_tmpdir
 from .output import OutputPump
 from .process import WorkerProcess
@@ -38,6 +45,7 @@ class Starts:
     _lock: threading.Lock
     _closed: bool
     _watchdog: Watchdog
+    environments: Environments
 
     def _on_exit(self, pid: int, status: int) -> None:
         raise NotImplementedError
@@ -67,6 +75,28 @@ class Starts:
         """(the watchdog's tick) Idle templates retired; when the next may be."""
         zyg = self._zygote
         return self.templates.tick(now, zyg if isinstance(zyg, Zygote) else None)
+
+    def _environment(self, slot: Slot, init: P.Init, tool: str,
+                     deadline: Optional[float]) -> tuple[P.Init, Optional[float]]:
+        """INIT with the library's environment built and named, and the call's queue
+        deadline moved by the wait (it does not count against the call's timeout).  (A
+        library that no longer declares anything: its slot says so, INIT as it is.)"""
+        if init.environment is None:
+            slot.uses_environment(None)
+            return init, deadline
+        declared = init.environment
+        start = time.monotonic()
+        requirements = tuple(declared["requirements"])
+        built = self.environments.ensure(requirements, declared["where"], slot.library.name,
+                                         tool)
+        env = {**built.for_worker(requirements), "where": declared["where"],
+               "use": "layered over the engine's interpreter (site-packages first)"}
+        slot.uses_environment({k: env[k] for k in ("key", "prefix", "where", "versions", "use")})
+        confine = init.confine
+        if confine is not None:            # its environment, nothing else of the store
+            confine = {**confine, "read_paths": [*confine.get("read_paths", ()), built.prefix]}
+        moved = None if deadline is None else deadline + (time.monotonic() - start)
+        return init._replace(environment=env, confine=confine), moved
 
     def _launch(self, slot: Slot, init: P.Init, deadline: Optional[float],
                 tool: str) -> WorkerProcess:

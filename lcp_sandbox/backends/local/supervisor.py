@@ -45,6 +45,7 @@ from ...core.policy import (
 )
 from ...protocol import OK, Call, invalid_answer
 from ..base import Closing, Lent, WorkerSpec, emit
+from ..envs import Environments
 from ..metrics import Metrics
 from .descriptors import out_of_descriptors, raise_open_files_limit
 from .endings import CallEnds, NotConfined
@@ -85,7 +86,8 @@ class Supervisor(CallEnds, Reports, Starts, Closing):
                  run_as: Union[tuple[int, int], str] = DEFAULT_RUN_AS,
                  tenants_root: Optional[str] = None, start_method: Optional[str] = None,
                  uid_range: tuple[int, int] = DEFAULT_UID_RANGE,
-                 network: Union[bool, dict[str, Any]] = True) -> None:
+                 network: Union[bool, dict[str, Any]] = True, envs_dir: Optional[str] = None,
+                 env_wait_s: float = 600.0) -> None:
         """``confine`` is the default for bindings that do not say (see worker/confine/;
         True, False or "best-effort"); ``run_as`` is the (uid, gid) a confined worker of a
         root host runs as, or "per-tenant" (a uid of its own per tenant, from ``uid_range``,
@@ -97,7 +99,10 @@ class Supervisor(CallEnds, Reports, Starts, Closing):
         interrupt, memory, quarantine), also logged on ``lcp_sandbox.events``;
         ``start_method`` "zygote" or "spawn" (platforms.py; None: LCP_SANDBOX_START_METHOD,
         else "zygote" on Linux, "spawn" elsewhere); ``network`` the default of bindings that
-        do not say (True, False, or a policy: core/egress_rules.py, egress.py)."""
+        do not say (True, False, or a policy: core/egress_rules.py, egress.py); ``envs_dir``
+        the store of the libraries' own environments (None: LCP_SANDBOX_ENVS_DIR, else the
+        user's cache folder), and ``env_wait_s`` how long a call waits for its library's
+        environment to be built (backends/envs/)."""
         self.start_method = start_method_of(start_method)
         self.crash_policy = crash_policy or CrashPolicy()
         self.confine = confine_setting(confine)
@@ -123,6 +128,7 @@ class Supervisor(CallEnds, Reports, Starts, Closing):
         self.counters = Metrics()                 # metrics(): kept as events happen
         self.extras = WorkerExtras(self.counters)  # pids cgroups, disks, the egress proxy
         self.egress = self.extras.egress
+        self.environments = Environments(envs_dir, env_wait_s)
         _live_supervisors.add(self)
 
     def _event(self, kind: str, slot: Slot, **details: Any) -> None:
@@ -218,7 +224,10 @@ class Supervisor(CallEnds, Reports, Starts, Closing):
             proc = None if slot.proc is not proc else proc
         if proc is None:
             assert spec.init is not None, "a spec run here says how its worker starts"
-            proc = self._spawn(slot, spec.init(), queue_deadline, tool)
+            init = spec.init()
+            if init.environment is not None or slot.environment is not None:
+                init, queue_deadline = self._environment(slot, init, tool, queue_deadline)
+            proc = self._spawn(slot, init, queue_deadline, tool)
         return proc
 
     # ------------------------------------------------------------ workers

@@ -2,7 +2,8 @@
 
     start(zygote, slot, init, pump, deadline)
         why_not(limits, init)?  ─► WorkerProcess.start() as before; slot.attach(proc, "fresh (why)")
-        key = files (path, mtime, size), sys.path, environment, network
+        key = files (path, mtime, size), sys.path, environment, network, the library's
+              own environment (a template per environment: it imports over it)
         the library's first worker ─► fresh, from the zygote's rehearsed spare (the fastest
                                cold start; a library one tenant uses gets no template)
         its second, no template ─► a thread makes it: INIT (nothing of a tenant) into a
@@ -105,7 +106,8 @@ class Templates:
         lim = init.limits
         return (init.library, tuple(files), tuple(init.sys_path or ()),
                 tuple(sorted((init.env or {}).items())),
-                tuple(sorted((lim.get("env") or {}).items())), bool(lim.get("network", True)))
+                tuple(sorted((lim.get("env") or {}).items())), bool(lim.get("network", True)),
+                (init.environment or {}).get("key"))
 
     def start(self, zygote: Zygote, slot: Slot, init: P.Init, pump: OutputPump,
               deadline: Optional[float]) -> WorkerProcess:

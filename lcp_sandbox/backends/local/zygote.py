@@ -39,7 +39,7 @@ from ...protocol import control
 from ...protocol.control import EXITED, FORKED, READY, pack, unpack
 from ...protocol.framing import Connection, pair
 from ...protocol.messages import PRIME, Prime
-from .boot import boot_argv, boot_environment
+from ..boot import boot_argv, boot_environment
 
 RESERVED = 1                # workers forked ahead, waiting for their INIT
 RESERVE_DELAY_S = 0.005     # after a take(): its replacement does not compete with the new worker

@@ -1,4 +1,5 @@
-"""How a fresh interpreter of the engine is started: the zygote's, a spawned worker's.
+"""How a fresh interpreter of the engine is started: the zygote's, a spawned worker's, the
+environment builder's.
 
     python -I -c BOOT(entry) ARG ENGINE_DIR/lcp_sandbox
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ...core.policy import ENGINE_DIR, allowed_environment
+from ..core.policy import ENGINE_DIR, allowed_environment
 
 _LOADER = ("import sys, os, importlib.util as u\n"
            "d = sys.argv[2]\n"
