@@ -175,3 +175,13 @@ def test_the_binding_uses_only_the_backend_interface():
             if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
                     and node.value.attr == "supervisor"):
                 assert node.attr in allowed, f"{module} uses supervisor.{node.attr}, not in Backend"
+
+
+def test_every_package_of_the_tree_is_in_the_wheel():
+    """pyproject.toml lists the packages by name: a new folder of modules left out of it is
+    missing from the wheel (the checkout's editable install would not show it)."""
+    import tomllib
+    with open(PKG.parent / "pyproject.toml", "rb") as f:
+        listed = set(tomllib.load(f)["tool"]["setuptools"]["packages"])
+    tree = {".".join(p.parent.relative_to(PKG.parent).parts) for p in PKG.rglob("__init__.py")}
+    assert tree - listed == set(), f"add to [tool.setuptools] packages: {sorted(tree - listed)}"
