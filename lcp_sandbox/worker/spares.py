@@ -74,17 +74,18 @@ def _through_a_user_namespace(ctl: socket.socket, wake_r: int, wake_w: int,
     status_r, status_w = os.pipe()
     up_r, up_w = os.pipe()                   # helper -> zygote: "unshared", then the pid
     go_r, go_w = os.pipe()                   # zygote -> helper: its maps are written
+    reaped_r, reaped_w = os.pipe()           # zygote -> spare: the helper is reaped
     helper = os.fork()
     if helper == 0:
         try:
-            for fd in (status_r, up_r, go_w):
+            for fd in (status_r, up_r, go_w, reaped_w):
                 os.close(fd)
             mine.close()
-            _helper(ctl, wake_r, wake_w, its, zygote_pid, status_w, up_w, go_r)
+            _helper(ctl, wake_r, wake_w, its, zygote_pid, status_w, up_w, go_r, reaped_r)
         finally:
             os._exit(70)
     its.close()
-    for fd in (status_w, up_w, go_r):
+    for fd in (status_w, up_w, go_r, reaped_r):
         os.close(fd)
     try:
         if os.read(up_r, 1) == b"u" and _write_maps(helper):
@@ -97,6 +98,9 @@ def _through_a_user_namespace(ctl: socket.socket, wake_r: int, wake_w: int,
         data += chunk
     os.close(up_r)
     os.waitpid(helper, 0)
+    if len(data) == 4:        # (the spare is the zygote's child now: it may arm its
+        os.write(reaped_w, b"r")             # parent-death signal)
+    os.close(reaped_w)
     if len(data) != 4:
         mine.close()
         os.close(status_r)
@@ -121,22 +125,20 @@ def _write_maps(pid: int) -> bool:
 
 
 def _helper(ctl: socket.socket, wake_r: int, wake_w: int, inbox: socket.socket,
-            zygote_pid: int, status_w: int, up_w: int, go_r: int) -> None:
+            zygote_pid: int, status_w: int, up_w: int, go_r: int, reaped_r: int) -> None:
     if libc.unshare(_CLONE_NEWUSER) != 0:
         return
     os.write(up_w, b"u")
     if os.read(go_r, 1) != b"g" or libc.unshare(_CLONE_NEWPID) != 0:
         return
-    sync_r, sync_w = os.pipe()
     pid = os.fork()
-    if pid == 0:                             # pid 1: on once the helper is gone
-        try:
-            os.close(sync_w)
-            os.close(up_w)
+    if pid == 0:          # pid 1: on once the zygote reaped the helper.  (Not at the
+        try:              # helper's exit: its descriptors close before it is gone, and a
+            os.close(up_w)       # parent-death signal armed then would come at once.)
             os.close(go_r)
-            while os.read(sync_r, 1):
-                pass
-            os.close(sync_r)
+            if os.read(reaped_r, 1) != b"r":
+                os._exit(1)
+            os.close(reaped_r)
             _child(ctl, wake_r, wake_w, inbox, zygote_pid, status_w)
         finally:
             os._exit(70)
