@@ -183,7 +183,9 @@ def test_a_library_adds_calls_by_name(sup, root):
     plain = make(sup, root, "mq-default")
     assert plain.execute_tool("tool_mq", {})["output"] == [-1, errno.EPERM]
     mq = make(sup, root, "mq", syscalls={"allow": ["mq_unlink", "ioctl"]})
-    assert mq.execute_tool("tool_mq", {})["output"] == [-1, errno.ENOENT]
+    # the kernel's own answer now, not the filter's EPERM: no such queue (ENOENT), or, seen
+    # once on a machine running two suites at once, EACCES from the queues' file system
+    assert mq.execute_tool("tool_mq", {})["output"] in ([-1, errno.ENOENT], [-1, errno.EACCES])
     refused = mq.execute_tool("tool_refused", {})["output"]
     assert violations(refused) == {"ioctl_tiocsti"}                  # its rule was lifted
     assert protections(sup, "mq")["syscalls"] == (
