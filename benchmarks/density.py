@@ -47,6 +47,8 @@ def _fds() -> int:
 
 
 def _tmpdirs() -> set:
+    """The engine's temp dirs in this section's own temp folder (another run on the
+    machine makes its own in the system's, and must not count here)."""
     return {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("lcp-sandbox-")}
 
 
@@ -140,6 +142,9 @@ def run(ctx: Any, prog: Any) -> None:
                  "rounds": rounds, "window_s": cfg.density_window_s}
     ctx.result["density"] = res
 
+    system_tmp = tempfile.tempdir
+    tempfile.tempdir = tempfile.mkdtemp(prefix="density-tmp-", dir=ctx.tmp)
+    ctx.cleanup.append(lambda: setattr(tempfile, "tempdir", system_tmp))    # (on a failure)
     tmp0, fds0 = _tmpdirs(), _fds()
     pin_thread(ctx.all_cpus)        # the zygote, and so every worker, inherits this affinity
     sup = Supervisor()
@@ -195,4 +200,5 @@ def run(ctx: Any, prog: Any) -> None:
     alive, gone_s = _alive_after(pool, 10.0)
     res.update(rows=rows, ratio=ratios(rows), close_s=close_s, processes_gone_s=gone_s,
                left={"processes": alive, "fds": _fds() - fds0, "tmpdirs": len(_tmpdirs() - tmp0)})
+    tempfile.tempdir = system_tmp
     prog.step("density", "closed")

@@ -225,3 +225,4 @@ def test_best_effort_without_landlock_runs_and_says_what_is_missing(open_tmp):
     prot = out["a_stats"][0]["protections"]
     assert prot["filesystem"].startswith("unavailable (kernel without Landlock)"), prot
     assert prot["processes"].startswith("unavailable"), prot
+    assert "kill" not in out                 # (it would reach every process of its uid)

@@ -13,7 +13,7 @@
         _serve(): anything else, until the RESULT (reading with _next()):
                READY (first, exactly once)  ─► on_ready(report); an interrupt() that
                                                came before it is signalled now
-               REQUEST ─► _answer(): HostObjects.handle() here, REPLY  (clock paused meanwhile)
+               REQUEST ─► _answer(): HostObjects.handle(), REPLY  (clock paused past 5 ms)
                deadline ─► SIGUSR1 (soft) ... grace_s ... kill the tree (hard): DeadlinePassed
         EOF ─► WorkerGone;  anything else, a frame over its cap ─► protocol.ProtocolViolation
 
@@ -57,7 +57,7 @@ from .zygote import Zygote
 
 _KIND = {P.Call: P.CALL, P.Prompt: P.PROMPT, P.ModCall: P.MODCALL, P.Load: P.LOAD}
 _READY_CAPS = {P.READY: P.READY_CAP}
-HOST_WAIT_PAUSES_S = 0.005     # a REQUEST the host took this long to answer pauses the clock
+HOST_WAIT_COUNTS_S = 0.005     # of each REQUEST's answer, this much counts against the deadline
 
 
 @dataclass(frozen=True)
@@ -351,8 +351,9 @@ class WorkerProcess:
         except OSError:
             pass
         waited = time.monotonic() - t0
-        if deadline is not None and waited >= HOST_WAIT_PAUSES_S:
+        if deadline is not None and waited > HOST_WAIT_COUNTS_S:
             # Waiting for the host (a person confirming, an LLM generating) does not
-            # count; a flood of quick requests does, or it could stretch the deadline.
-            deadline += waited
+            # count, but the first 5 ms of every answer do: a flood of requests, quick or
+            # slowed by a busy host, uses the deadline up instead of stretching it.
+            deadline += waited - HOST_WAIT_COUNTS_S
         return deadline
