@@ -40,7 +40,7 @@ def tool_{name}(x: int = 1) -> dict:
     return {{"success": True, "output": x}}
 '''
 KINDS = ("np_open", "np_confined", "np_fresh", "plain_open", "plain_confined", "new_open",
-         "new_confined", "plain_fresh", "plain_flat")
+         "new_confined", "plain_fresh", "plain_flat", "plain_shareduid")
 
 
 def _lib(folder: str, name: str, code: str) -> str:
@@ -71,6 +71,9 @@ class _Bench:
         self.plain = _lib(os.path.join(tmp, "plain"), "bench_plain", PLAIN_LIB.format(name="plain"))
         self.open = Supervisor()
         self.conf = Supervisor(confine=True, tenants_root=self.tenants)
+        # A root host's default is a uid per tenant (taken from the shared template with
+        # its key: worker/confine/handoff.py); the same with one uid for all, same run.
+        self.shareduid = Supervisor(confine=True, tenants_root=self.tenants, run_as=(65534, 65534))
         self.fresh = Supervisor(confine=True)
         # The same fresh confined start without its own PID namespace and root (Landlock's
         # layer and scope only): what those namespaces cost, same run.
@@ -98,7 +101,7 @@ class _Bench:
     def one(self, kind: str, r: Any) -> tuple:
         what, how = kind.split("_")
         sup = {"open": self.open, "confined": self.conf, "fresh": self.fresh,
-               "flat": self.flat}[how]
+               "flat": self.flat, "shareduid": self.shareduid}[how]
         if what == "np":
             folder, tool = self.np, "tool_np"
         elif what == "plain":
@@ -111,7 +114,7 @@ class _Bench:
         return self.first_call(sup, folder, tool, how != "open")
 
     def close(self) -> None:
-        for s in (self.open, self.conf, self.fresh, self.flat):
+        for s in (self.open, self.conf, self.fresh, self.flat, self.shareduid):
             s.close()
 
 
@@ -128,10 +131,10 @@ def measure(rounds: int = 20, seed: int = 1) -> dict:
     os.chmod(tmp, 0o711)
     bench = _Bench(tmp)
     try:
-        sups = [bench.open, bench.conf, bench.fresh, bench.flat]
+        sups = [bench.open, bench.conf, bench.fresh, bench.flat, bench.shareduid]
         for w in ("w0", "w1"):               # templates and bases made, warm
             for kind in ("np_open", "np_confined", "plain_open", "plain_confined", "new_confined",
-                         "plain_fresh", "plain_flat"):
+                         "plain_fresh", "plain_flat", "plain_shareduid"):
                 bench.one(kind, w)
                 _settled(sups)
         rng = random.Random(seed)
@@ -158,6 +161,7 @@ def measure(rounds: int = 20, seed: int = 1) -> dict:
                 "new_ratio": ratio(p50["new_confined"], p50["new_open"]),
                 "fresh_over_template": ratio(p50.get("np_fresh"), p50["np_confined"]),
                 "namespaces_ratio": ratio(p50["plain_fresh"], p50["plain_flat"]),
+                "uid_per_tenant_ratio": ratio(p50["plain_confined"], p50["plain_shareduid"]),
                 "namespaces_uss_mb": (sorted(uss["plain_fresh"])[len(uss["plain_fresh"]) // 2]
                                       - sorted(uss["plain_flat"])[len(uss["plain_flat"]) // 2])
                 / 1048576}
@@ -228,13 +232,17 @@ def render(res: dict) -> str:
               "new_open": "never-run plain library, unconfined",
               "new_confined": "never-run plain library, confined (base)",
               "plain_fresh": "plain library, confined fresh (own PID ns + root)",
-              "plain_flat": "plain library, confined fresh, Landlock only"}
+              "plain_flat": "plain library, confined fresh, Landlock only",
+              "plain_shareduid": "plain library, confined, one uid for all tenants"}
     rows = [(label, res["rows"][k], res["uss_mb"].get(k, 0)) for k, label in labels.items()
             if k in res["rows"]]
     out += [f"  {label:<44} {row['p50']:8.2f} {row['p99']:8.2f} {uss:8.2f}" for label, row, uss in rows]
     ratios = ", ".join(f"{name} {res[key]:.2f}x" for name, key in
                        (("numpy", "np_ratio"), ("plain", "plain_ratio"), ("never-run", "new_ratio")))
     out.append(f"  confined / unconfined (p50): {ratios}")
+    if res.get("uid_per_tenant_ratio") is not None:
+        out.append(f"  a uid per tenant (the default) / one uid for all: "
+                   f"{res['uid_per_tenant_ratio']:.2f}x (p50, both from the shared template)")
     if res.get("namespaces_ratio") is not None:
         out.append(f"  a fresh confined worker's own PID namespace and root: "
                    f"{res['namespaces_ratio']:.2f}x its first call without them (p50), "

@@ -144,9 +144,10 @@ def test_bench_end_to_end(tmp_path, new_processes):
     cf = data["confined"]
     assert "confined" not in data["skipped"]
     for k in ("np_open", "np_confined", "plain_open", "plain_confined", "new_open", "new_confined",
-              "plain_fresh", "plain_flat"):
+              "plain_fresh", "plain_flat", "plain_shareduid"):
         assert _number(cf["rows"][k]["p50"]) and _number(cf["uss_mb"][k]), k
     assert _number(cf["np_ratio"]) and _number(cf["plain_ratio"]) and _number(cf["namespaces_ratio"])
+    assert _number(cf["uid_per_tenant_ratio"])
     assert cf["density"]["answered"] == cf["density"]["calls"] == 6
     assert cf["density"]["left"] == {"processes": 0, "descriptors": 0, "temp_dirs": 0}
     assert "CONFINED" in out.getvalue()

@@ -19,7 +19,6 @@ from lcp_sandbox.core.policy import ENGINE_DIR
 LIBS = HERE / "channel_libs"
 LIB = LIBS / "chanprobe"
 ROOT = os.geteuid() == 0
-NOBODY = "65534 65534 65534 65534"
 OFF = {"chanprobe": {"sandbox": {"network": False}}}
 
 
@@ -92,15 +91,26 @@ def test_a_templated_worker_holds_what_a_fresh_one_holds(tenants):
         c = confined(k, tenants)
         try:
             got[k] = {net: holds(c, f"a-{net}", net) for net in (True, False)}
+            for net, h in got[k].items():     # a root host with a tenants_root: a uid per
+                per_tenant = c.sup.run_as == "per-tenant"            # tenant, taken with the
+                uid = (c.sup.uids.of(f"a-{net}")[0] if per_tenant         # key filter
+                       else 65534 if ROOT else os.getuid())
+                assert (h.pop("Uid"), h.pop("Gid")) == (f"{uid} {uid} {uid} {uid}",) * 2
+                privileges = h["protections"].pop("privileges")
+                assert privileges.startswith(f"uid {uid} gid {uid}, no capabilities"), privileges
+                capped = h["protections"].pop("tenant_processes", None)
+                assert (capped or "").startswith("on (") == per_tenant, capped
+                assert h.pop("Seccomp_filters") == ("2" if per_tenant and k != "fresh" else "1")
+                assert per_tenant == (ROOT and k != "fresh")
         finally:
             c.close()
     fresh = got["fresh"]
     assert got["base"] == fresh and got["template"] == fresh
     for net, h in fresh.items():
         assert h["CapEff"] == h["CapPrm"] == h["CapInh"] == h["CapAmb"] == "0000000000000000"
-        assert h["NoNewPrivs"] == "1" and h["Seccomp"] == "2" and h["Seccomp_filters"] == "1"
+        assert h["NoNewPrivs"] == "1" and h["Seccomp"] == "2"
         if ROOT:
-            assert h["Uid"] == h["Gid"] == NOBODY and h["CapBnd"] == "0000000000000000"
+            assert h["CapBnd"] == "0000000000000000"
         assert h["own_root"] == h["own_root_read"] == "ok"
         assert h["library_read"] == h["engine_read"] == "ok"
         for denied in ("sibling_read", "sibling_write", "tenants_folder", "library_write",
@@ -225,14 +235,16 @@ def test_stats_say_why_a_confined_worker_started_fresh(tenants, open_tmp):
 
 
 @pytest.mark.skipif(not ROOT, reason="the host is not root: no uid to drop to")
-def test_per_tenant_run_as_gets_a_template_of_its_own(tenants):
+def test_a_library_of_its_own_run_as_gets_a_template_of_its_own(tenants):
     c = confined("template", tenants)
     try:
         own = {"chanprobe": {"sandbox": {"run_as": [5151, 5252]}}}
         a, b = c.binding(LIBS, "ua"), c.binding(LIBS, "ub", host_tool_configs=own)
         ha = a.execute_tool("tool_holds", {"paths": {}})["output"]
         hb = b.execute_tool("tool_holds", {"paths": {}})["output"]
-        assert ha["Uid"] == NOBODY and hb["Uid"] == "5151 5151 5151 5151"
+        ua = (c.sup.uids.of("ua")[0] if c.sup.run_as == "per-tenant" else
+              65534 if ROOT else os.getuid())
+        assert ha["Uid"] == f"{ua} {ua} {ua} {ua}" and hb["Uid"] == "5151 5151 5151 5151"
         c.check(a), c.check(b)
         mine = [t for t in c.sup.pool_stats()["templates"] if t["library"] == "chanprobe"]
         assert len(mine) == 2 and {t["state"] for t in mine} == {"ok"}

@@ -149,6 +149,17 @@ def test_root(open_tmp, templates):
     start = out["a_stats"][0]["start"]
     assert (start == "template") is templates, start
     assert_apart(out, own_pid_namespace=not templates)
+    assert_uid(out, per_tenant=templates)          # (a tenants_root: a uid of its own)
+
+
+def assert_uid(out: dict, per_tenant: bool) -> None:
+    """Tenant a's worker ran as a uid of its own (from the default range), or as nobody."""
+    uid = out["attack"]["output"]["uid"]
+    if per_tenant:
+        assert 1_800_000_000 <= uid < 1_801_000_000, uid
+        assert out["a_stats"][0]["protections"]["privileges"].startswith(f"uid {uid} gid {uid}")
+    else:
+        assert uid == 65534
 
 
 @pytest.mark.parametrize("templates", [False, True], ids=["fresh", "templates"])
@@ -180,6 +191,15 @@ def test_container(open_tmp):
     assert_apart(out, own_pid_namespace=True)
     assert out["attack"]["output"]["uid"] == 65534
     assert out["a_stats"][0]["protections"]["privileges"].startswith("uid 65534 gid 65534")
+
+
+def test_container_with_a_tenants_root_gives_each_tenant_its_own_uid(open_tmp):
+    """The same with a tenants_root: the worker forked from the shared template (network
+    on), as a uid of its own (the template keeps CAP_SETUID behind its key)."""
+    out = host("container_tenants", open_tmp, templates=True)
+    assert out["a_stats"][0]["start"] == "template" and out["templates"] == ["ok", "ok"]
+    assert_apart(out, own_pid_namespace=False)
+    assert_uid(out, per_tenant=True)
 
 
 def test_container_without_user_namespaces_relies_on_landlock(open_tmp):

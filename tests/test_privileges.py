@@ -8,6 +8,7 @@ import errno
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -74,22 +75,31 @@ def test_confined_worker_holds_no_capabilities(sup, roots):
 
 
 @needs_root
-def test_confined_worker_of_a_root_host_runs_as_nobody(sup, roots):
+def test_confined_worker_of_a_root_host_runs_as_nobody_or_its_tenants_own_uid(sup, roots):
+    """By default a root host's confined worker is nobody; with a tenants_root each tenant
+    has a uid of its own (run_as="per-tenant"), taken from the shared template too."""
     a, _ = roots
     (a / "from_host.txt").write_text("host wrote this;")          # root's, until handed over
     t = binding(sup, a)
     st = t.execute_tool("tool_status", {})["output"]
-    assert st["Uid"] == "65534 65534 65534 65534" and st["Gid"] == "65534 65534 65534 65534"
+    per_tenant = sup.kind.kind != "fresh"                          # (it declared tenants_root)
+    uid = sup.uids.of("a")[0] if per_tenant else 65534
+    assert uid != 65534 or not per_tenant
+    assert st["Uid"] == f"{uid} {uid} {uid} {uid}" and st["Gid"] == f"{uid} {uid} {uid} {uid}"
     assert st["Groups"] == ""
     r = t.execute_tool("tool_write", {"name": "from_host.txt", "text": "the worker too"})
     assert r["success"], r
     assert (a / "from_host.txt").read_text() == "host wrote this;the worker too"
-    assert r["output"]["tmp_owner"] == 65534
-    assert os.stat(a).st_uid == os.stat(a / "from_host.txt").st_uid == 65534
+    assert r["output"]["tmp_owner"] == uid
+    assert os.stat(a).st_uid == os.stat(a / "from_host.txt").st_uid == uid
+    if per_tenant:                                                 # its uid's alone
+        assert stat.S_IMODE(os.stat(a).st_mode) == 0o700
     assert t.execute_tool("tool_write", {"name": "new.txt", "text": "x"})["success"]
-    assert os.stat(a / "new.txt").st_uid == 65534
+    assert os.stat(a / "new.txt").st_uid == uid
     prot = sup.stats()[0]["protections"]
-    assert prot["privileges"] == "uid 65534 gid 65534, no capabilities"
+    assert prot["privileges"].startswith(f"uid {uid} gid {uid}, no capabilities"), prot
+    assert ("taken from the shared template" in prot["privileges"]) == (
+        not sup.stats()[0]["start"].startswith("fresh") and per_tenant), prot
     assert prot["unix_sockets"] == "not blocked (network on)"
 
 
@@ -125,7 +135,8 @@ def test_paths_below_a_root_only_folder_stay_reachable(tmp_path, start):
     c = Confined(start, tmp_path / "tenants")
     try:
         t = c.binding(lib, "default", root=ws)
-        assert t.execute_tool("tool_status", {})["output"]["Uid"] == "65534 65534 65534 65534"
+        uid = c.sup.uids.of("default")[0] if c.sup.run_as == "per-tenant" else 65534
+        assert t.execute_tool("tool_status", {})["output"]["Uid"] == f"{uid} {uid} {uid} {uid}"
         assert t.execute_tool("tool_write", {"name": "f.txt", "text": "x"})["success"]
         assert t.execute_tool("tool_import", {"name": "wave"})["success"]       # stdlib, not preloaded
         assert t.execute_tool("tool_read", {"path": str(tmp_path / "beside.txt")})["output"] in (

@@ -44,8 +44,9 @@ def test_each_tenant_gets_a_uid_of_its_own_and_keeps_it(open_tmp):
     for name, uid in (("a", ua[0]), ("b", ub[0])):
         st = (open_tmp / name).stat()
         assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (uid, 0o700)
-    store = open_tmp / ".lcp-sandbox-uids.json"
-    assert json.loads(store.read_text()) == {"a": ua[0], "b": ub[0]}
+    store = open_tmp / ".lcp-sandbox-uids.jsonl"
+    assert sorted(map(json.loads, store.read_text().splitlines()), key=str) == sorted(
+        [{"tenant": "a", "uid": ua[0]}, {"tenant": "b", "uid": ub[0]}], key=str)
     assert store.stat().st_uid == 0 and stat.S_IMODE(store.stat().st_mode) == 0o600
     with Supervisor(confine=True, run_as="per-tenant", uid_range=RANGE,
                     tenants_root=str(open_tmp)) as again:          # a restart: the same uid
@@ -78,6 +79,20 @@ def test_settings_are_checked():
         Supervisor(run_as="per-tenant", uid_range=(0, 10))
     with pytest.raises(ValueError, match="run_as"):
         Supervisor(run_as="per-tenants")
+
+
+def test_the_store_is_appended_to_and_a_torn_line_is_skipped(tmp_path):
+    """One line per tenant, appended (a new tenant's first call waits for the write); a
+    line a crash tore is skipped, and the uid it held may be given again."""
+    first = TenantUids(RANGE, str(tmp_path))
+    a, b = first.of("a"), first.of("b")
+    with open(tmp_path / tenant_uids.STORE, "a") as f:
+        f.write('{"tenant": "c", "ui')                               # torn
+    again = TenantUids(RANGE, str(tmp_path))
+    assert again.of("a") == a and again.of("b") == b
+    c = again.of("c")
+    assert c not in (a, b) and RANGE[0] <= c[0] < RANGE[0] + RANGE[1]
+    assert TenantUids(RANGE, str(tmp_path))._uids == {"a": a[0], "b": b[0], "c": c[0]}
 
 
 def test_a_host_that_is_not_root_refuses_a_uid_per_tenant(monkeypatch):
@@ -124,3 +139,86 @@ def test_a_templated_worker_cannot_renice_another_tenants_worker(open_tmp, run_a
         out = got["output"]
         assert out["renice_other"] == out["pin_other"] == out["signal_other"] == "PermissionError"
         assert out["read_secret"] in ("PermissionError", "FileNotFoundError")
+
+
+def _templated(sup, bindings: dict, library: str, tool: str = "tool_ids") -> None:
+    """Each tenant's worker started once, the templates that owes made, then restarted:
+    forked from them."""
+    import time
+    for b in bindings.values():
+        b.execute_tool(tool)
+    deadline = time.monotonic() + 60
+    while any(t["state"] == "starting" for t in sup.pool_stats()["templates"]):
+        assert time.monotonic() < deadline, sup.pool_stats()["templates"]
+        time.sleep(0.02)
+    for b in bindings.values():
+        b.restart_library(library)
+
+
+@needs_root
+def test_one_template_serves_every_tenant_each_as_its_own_uid(open_tmp):
+    """The default of a root host with a tenants_root: a uid per tenant, from one shared
+    template.  The template keeps CAP_SETUID/CAP_SETGID permitted for its workers, and
+    neither its import nor a tool can raise them into use or change uid (the key filter:
+    worker/confine/handoff.py).  Without that filter the import's capset() would succeed."""
+    libs = HERE / "uid_libs"
+    with Supervisor(confine=True, uid_range=RANGE, tenants_root=str(open_tmp)) as sup:
+        assert sup.run_as == "per-tenant"
+        made = {t: SandboxedBinding(tools_folders=[libs], supervisor=sup, tenant=t,
+                                    workspace=str(open_tmp / t), workspace_root=str(open_tmp / t))
+                for t in ("a", "b", "c")}
+        for t in made:
+            (open_tmp / t).mkdir()
+        _templated(sup, made, "uidprobe")
+        got = {t: b.execute_tool("tool_ids", {"other_uid": sup.uids.of("a")[0]})["output"]
+               for t, b in made.items()}
+        assert [sup.stats(tenant=t)[0]["start"] for t in made] == ["template"] * 3
+        tpls = [t for t in sup.pool_stats()["templates"] if t["library"] == "uidprobe"]
+        assert [(t["state"], t["workers"]) for t in tpls] == [("ok", 3)]        # one, shared
+        uids = {t: sup.uids.of(t)[0] for t in made}
+        assert len(set(uids.values())) == 3
+        for t, out in got.items():
+            u = uids[t]
+            assert out["uid"] == out["gid"] == f"{u} {u} {u} {u}" and out["groups"] == ""
+            assert out["caps"] == ["0000000000000000"] * 5, out
+            # the import ran in the template, as nobody, with the right permitted and unusable
+            assert out["at_import"] == {"uid": 65534, "capset": "Operation not permitted",
+                                        "setresuid": "Operation not permitted"}, out
+            assert out["now"]["capset"] == out["now"]["setresuid"] == "Operation not permitted"
+            prot = sup.stats(tenant=t)[0]["protections"]["privileges"]
+            assert prot.startswith(f"uid {u} gid {u}, no capabilities (its tenant's own"), prot
+
+
+@needs_root
+@pytest.mark.parametrize("start", ["fresh", "template"])
+def test_a_tenant_s_processes_are_capped_and_another_tenant_forks_on(open_tmp, start):
+    """With a uid per tenant, RLIMIT_NPROC of that uid caps all of one tenant's processes:
+    tenant a's fork beyond the cap fails with EAGAIN inside its tool while tenant b, at the
+    same time, forks all it asks for.  One uid shared by every tenant gets no such cap."""
+    libs = HERE / "nproc_libs"
+    with Supervisor(confine=True, uid_range=RANGE, tenants_root=str(open_tmp),
+                    max_processes_per_tenant=40) as sup:
+        made = {t: SandboxedBinding(tools_folders=[libs], supervisor=sup, tenant=t,
+                                    workspace=str(open_tmp / t), workspace_root=str(open_tmp / t))
+                for t in ("a", "b")}
+        for t in made:
+            (open_tmp / t).mkdir()
+        if start == "template":
+            _templated(sup, made, "holder", "tool_ping")
+        a = made["a"].execute_tool("tool_hold", {"count": 60})["output"]
+        b = made["b"].execute_tool("tool_hold", {"count": 30})["output"]
+        for t in made:
+            assert made[t].execute_tool("tool_release")["output"] == "released"
+        starts = [sup.stats(tenant=t)[0]["start"] for t in made]
+        assert (starts == ["template"] * 2) == (start == "template"), starts
+        prot = sup.stats(tenant="a")[0]["protections"]["tenant_processes"]
+    assert a["held"] < 40 and a["error"] == "BlockingIOError 11", a
+    assert b == {"held": 30, "error": None}
+    assert prot.startswith("on (its tenant's uid: at most 40 processes"), prot
+    with Supervisor(confine=True, run_as=(65534, 65534), tenants_root=str(open_tmp),
+                    max_processes_per_tenant=40) as shared:
+        a2 = SandboxedBinding(tools_folders=[libs], supervisor=shared, tenant="a",
+                              workspace=str(open_tmp / "a"), workspace_root=str(open_tmp / "a"))
+        assert a2.execute_tool("tool_hold", {"count": 60})["output"] == {"held": 60, "error": None}
+        a2.execute_tool("tool_release")
+        assert "tenant_processes" not in shared.stats(tenant="a")[0]["protections"]

@@ -110,6 +110,14 @@ _KINDS = {"timeout_s": "number|None", "grace_s": "number", "memory_mb": "number|
           "requirements": "strings|None"}
 
 
+def count_setting(name: str, value: Any) -> Optional[int]:
+    """A positive whole number, or None (no cap); TypeError/ValueError naming ``name``."""
+    _check_kind(name, value, "int|None")
+    if value is not None and value < 1:
+        raise ValueError(f"{name!r} is {value!r}: at least 1, or None for no cap")
+    return None if value is None else int(value)
+
+
 def _check_kind(name: str, value: Any, kind: str) -> None:
     """TypeError/ValueError naming the setting when ``value`` is not of ``kind``."""
     base, _, none_ok = kind.partition("|")

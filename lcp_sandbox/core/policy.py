@@ -65,6 +65,15 @@ def _python_paths(path: tuple[str, ...]) -> tuple[str, ...]:
 #: by default this range: above system, login and the usual subordinate-id users.
 PER_TENANT = "per-tenant"
 DEFAULT_UID_RANGE = (1_800_000_000, 1_000_000)
+#: With a uid per tenant: the processes and threads of all of one tenant's workers together
+#: (RLIMIT_NPROC of its uid), a fork bomb's end; None: no cap.
+DEFAULT_TENANT_PROCESSES = 1024
+
+
+def default_run_as(tenants_root: Optional[str]) -> "tuple[int, int] | str":
+    """run_as when the host does not say: a uid per tenant for a root host that declared
+    its tenants' folder (it keeps tenants apart by file permissions too), else nobody."""
+    return PER_TENANT if tenants_root and os.geteuid() == 0 else DEFAULT_RUN_AS
 
 
 def run_as_setting(value: Any) -> "tuple[int, int] | str":
@@ -118,7 +127,7 @@ def may_hand_over(path: str) -> bool:
 
 #: The protections a worker's READY reports, as stats()[i]["protections"] shows them.
 PROTECTIONS = ("env", "network", "filesystem", "processes", "privileges", "unix_sockets",
-               "syscalls", "max_processes", "disk")
+               "syscalls", "max_processes", "tenant_processes", "disk")
 #: What provides each protection of a confined (or network-off) worker on Linux, for the
 #: refusal that names what is missing.
 PROVIDERS = {
@@ -136,6 +145,7 @@ PROVIDERS = {
     "unix_sockets": "seccomp filters (CONFIG_SECCOMP_FILTER) on x86_64 or aarch64",
     "max_processes": "a pids cgroup: a root host (cgroup v1 with the pids controller, or "
                      "v2), or a cgroup v2 subtree delegated to the host's user",
+    "tenant_processes": "RLIMIT_NPROC of a uid of the tenant's own (max_processes_per_tenant)",
     "disk": "a file system of its own for the tenant's root (disk_mb): a root host with loop "
             "devices (/dev/loop-control) and mkfs.ext4 (e2fsprogs)",
     "network": "network namespaces: CAP_SYS_ADMIN, or unprivileged user namespaces "
@@ -164,6 +174,7 @@ def not_in_force(report: dict[str, Any], confined: bool, network: "bool | dict[s
     in force, as (kind, what the report says).  ``network``: True, False or a policy."""
     wanted = ["max_processes"] if max_processes else []
     wanted += ["disk"] if disk_mb else []
+    wanted += ["tenant_processes"] if "tenant_processes" in report else []   # (its own uid's)
     if confined:
         wanted += ["filesystem", "processes", "privileges", "syscalls"]
         wanted += [] if network is True else ["unix_sockets"]

@@ -82,12 +82,16 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "watch_interval_s": "how often the watchdog samples the memory of a call that has a "
         "memory limit",
         "run_as": "`(uid, gid)` of the confined workers of a root host, or "
-        '`"per-tenant"` (a uid of its own per tenant, from `uid_range`)',
+        '`"per-tenant"` (a uid of its own per tenant, from `uid_range`); `None`: '
+        '`"per-tenant"` for a root host with a `tenants_root`, else `(65534, 65534)`',
         "tenants_root": "the folder holding every tenant's root: confined workers of roots "
         "beneath it start from confined templates; `per-tenant` uids are kept there",
         "start_method": '`"zygote"` (fork; Linux) or `"spawn"` (a fresh interpreter per '
         "worker); `None`: `LCP_SANDBOX_START_METHOD`, else zygote on Linux, spawn elsewhere",
         "uid_range": '`(first uid, count)` the `"per-tenant"` uids come from',
+        "max_processes_per_tenant": "with a uid per tenant, the processes and threads of all "
+        "of one tenant's workers together (`RLIMIT_NPROC` of its uid: beyond it `fork` fails "
+        "with `EAGAIN` in the tool); `None`: no cap",
         "envs_dir": "the store of the libraries' own environments (`None`: "
         "`LCP_SANDBOX_ENVS_DIR`, else the user's cache folder)",
         "env_wait_s": "how long a call waits for its library's environment to be built "

@@ -12,6 +12,8 @@
         import each file as sys.modules[PERSISTENT_PREFIX + stem]: no init_tools_library, no tool
         checks: a Python thread, a child process, a native thread (OpenBLAS's pool excepted),
                 a descriptor or a shared writable mapping left by the import ─► refused
+        per-tenant (INIT.confine["handoff"]): CAP_SETUID/SETGID kept behind a key, which
+                 goes to the zygote on chan ("K" + key) before the import (confine/handoff.py)
         conn ──► READY({"template": "ok" | "refused: why"}); refused: exit
         then only:  chan "S" (the zygote wants a spare) ─► _spare()
 
@@ -22,7 +24,8 @@
                chan; the zygote learns its pid from SCM_CREDENTIALS (the kernel's word, not
                the template's).  Then it closes every descriptor but ``inbox`` (the template's
                channel included), reseeds, and waits.  The zygote sends the worker's [sock,
-               log] into ``inbox``; from there on it is a worker like any other (adopt()).
+               log] into ``inbox`` (with the template's key, if it has one); from there on it
+               is a worker like any other (adopt()).
 
 The template ran the library's import: its memory is the library's, so it is as
 untrusted as a worker.  That is why a tenant's descriptors never pass through it:
@@ -44,7 +47,7 @@ import socket
 import struct
 import sys
 import threading
-from typing import Iterable, Optional, cast
+from typing import Iterable, Literal, Optional, Union, cast
 
 from .. import protocol as P
 from ..core.policy import refused
@@ -85,12 +88,15 @@ def adopt(inbox: socket.socket, new_session: bool = False) -> None:
     except Exception:
         pass
     try:
-        data, fds, _, _ = socket.recv_fds(inbox, 16, 2)
+        data, fds, _, _ = socket.recv_fds(inbox, 64, 2)
     except OSError:
         os._exit(0)
     if not data or len(fds) != 2:
         os._exit(0)                              # the zygote is gone or closing
     inbox.close()
+    if len(data) > 2:                            # b"go" + a per-tenant template's key
+        from .confine.handoff import RECEIVED
+        RECEIVED[:] = [data[2:]]
     if new_session:
         os.setsid()                              # out of the template's group: outlives it
     sock_fd, log_fd = fds
@@ -116,7 +122,7 @@ def main(chan_fd: int, conn_fd: int, zygote_pid: int) -> None:
         init = cast(P.Init, P.loads_from_host(kind, payload))
     except Exception:
         os._exit(0)
-    verdict = _import(init)
+    verdict = _import(init, chan_fd)
     try:
         conn.send_encoded(P.Encoder(repr).encode(P.READY, [{"template": verdict}]))
     except OSError:
@@ -143,11 +149,11 @@ def _fds() -> set[str]:
     return set(os.listdir("/proc/self/fd"))
 
 
-def _import(init: P.Init) -> str:
+def _import(init: P.Init, chan_fd: int) -> str:
     """Import the library's files as a worker would; "ok" or "refused: why"."""
     from .loop import PERSISTENT_PREFIX, PRELOADED
     if init.confine is not None:                 # confined: narrowed first (_confined)
-        why = _confined(init)
+        why = _confined(init, chan_fd)
         if why:
             return why
     else:
@@ -178,7 +184,7 @@ def _import(init: P.Init) -> str:
     return _leftovers(before)
 
 
-def _confined(init: P.Init) -> str:
+def _confined(init: P.Init, chan_fd: int) -> str:
     """A confined template applies, before it imports anything, all that does not
     depend on a tenant (confine.prepare(shared=True)): the clean environment, its own
     network namespace with the network off, a first Landlock layer (write: beneath the
@@ -186,6 +192,7 @@ def _confined(init: P.Init) -> str:
     temp dir), its workers' uid, no capabilities, the system call filter.  "" or why
     its workers must start otherwise."""
     from .confine import prepare
+    from .confine.handoff import send_key
     report = prepare(init, shared=True)
     conf = init.confine or {}
     if not report.get("privileges", "").startswith("uid "):
@@ -193,6 +200,8 @@ def _confined(init: P.Init) -> str:
     missing = refused(report, init.limits, True)
     if missing:                                  # fail closed: import nothing
         return "refused: not in force: " + ", ".join(f"{k} ({v})" for k, v in missing)
+    if conf.get("handoff") and not (report.get("handoff") == "on" and send_key(chan_fd)):
+        return "refused: its privileges were not dropped (no key for its workers' uids)"
     if not os.access(conf["root"], os.X_OK):
         # A fresh worker would get the folder covered (mounts.py); one forked from here
         # could not reach its root.
@@ -291,10 +300,11 @@ class TemplateHandle:
     """The zygote's handle on a template process: its channel, its spare, the worker
     requests (TFORK) that wait for one.  Both ends of that channel live in this
     module: "S" asks for a spare (main()), "W" + its inbox registers one (_spare_child)."""
-    __slots__ = ("pid", "chan", "spare", "queue", "asked", "broke")
+    __slots__ = ("pid", "chan", "spare", "queue", "asked", "broke", "key")
 
     def __init__(self, pid: int, chan: socket.socket) -> None:
         self.pid, self.chan = pid, chan
+        self.key = b""                            # a per-tenant template's, for its spares
         self.spare: Optional[Spare] = None                 # its registered spare
         self.queue: collections.deque[tuple[int, list[int]]] = collections.deque()
         self.asked = False                        # a spare is on its way
@@ -322,13 +332,18 @@ class TemplateHandle:
             except OSError:
                 pass
 
-    def registration(self) -> Optional[Spare]:
-        """A spare's registration: (pid, inbox) if the kernel vouches for it; None when
-        the channel ended, or when the template sent what it should not (``broke``)."""
+    def registration(self) -> Union[Spare, None, Literal[True]]:
+        """A spare's registration: (pid, inbox) if the kernel vouches for it; True for
+        the key of a per-tenant template (once, before any spare); None when the channel
+        ended, or when the template sent what it should not (``broke``)."""
         try:
-            data, anc, _, _ = self.chan.recvmsg(16, socket.CMSG_SPACE(16) + socket.CMSG_SPACE(12))
+            data, anc, _, _ = self.chan.recvmsg(32, socket.CMSG_SPACE(16) + socket.CMSG_SPACE(12))
         except OSError:
             data, anc = b"", []
+        rights = any(kind == socket.SCM_RIGHTS for _, kind, _ in anc)
+        if data[:1] == b"K" and len(data) == 17 and not rights and not self.key:
+            self.key = data[1:]                   # (sent before the import: a second breaks)
+            return True
         fds: list[int] = []
         pid = 0
         for level, kind, payload in anc:

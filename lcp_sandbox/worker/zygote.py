@@ -248,7 +248,7 @@ class Zygote:
             self.fork(req, fds)
         elif tpl.spare:
             got, tpl.spare = tpl.spare, None
-            self.handed(req, fds, got)
+            self.handed(req, fds, got, tpl.key)
         else:
             tpl.queue.append((req, fds))
             tpl.ask(again=len(tpl.queue) > 1)        # the spare asked for may have died
@@ -313,11 +313,12 @@ class Zygote:
             if tpl.spare is None and not tpl.queue:
                 tpl.ask()
 
-    def handed(self, req: int, fds: list[int], spare: Spare) -> None:
-        """The fds to a template's spare; FORKED says it came from the template."""
+    def handed(self, req: int, fds: list[int], spare: Spare, key: bytes) -> None:
+        """The fds to a template's spare (with its key, per-tenant); FORKED says it came
+        from the template."""
         pid, inbox = spare
         try:
-            socket.send_fds(inbox, [b"go"], fds)
+            socket.send_fds(inbox, [b"go" + key], fds)
             ok = True
         except OSError:
             ok = False                               # it died meanwhile: a plain spare serves
@@ -333,6 +334,8 @@ class Zygote:
     def registered(self, tpl: TemplateHandle) -> None:
         """A template's channel is readable: its spare registered, or it ended."""
         got = tpl.registration()
+        if got is True:                              # its key (confine/handoff.py)
+            return
         if got is None:
             if tpl.broke:
                 _kill_tree(tpl.pid)                  # it broke the zygote's protocol
@@ -342,7 +345,7 @@ class Zygote:
         tpl.asked = False
         if tpl.queue:
             req, fds = tpl.queue.popleft()
-            self.handed(req, fds, got)
+            self.handed(req, fds, got, tpl.key)
         else:
             tpl.spare = got
 

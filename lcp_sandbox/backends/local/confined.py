@@ -10,8 +10,9 @@ A *confined template* applies all of that once, before it imports (worker/templa
                        beneath T  ─► never imported in a template: the *base* (the same
                        template without a library) forks it, it imports after its layer
         key()          what its workers share: files (library only), sys.path, the
-                       environment, network, read set, run_as, system calls, T, test
-                       switches, best effort or not
+                       environment, network, read set, run_as (per-tenant: one template
+                       for every tenant, each worker takes its own uid), system calls, T,
+                       test switches, best effort or not
         template_init()  the INIT a template is made with: T as its root (a Landlock layer
                        writing beneath T and beneath its temp-dir parent), nothing of a tenant
 
@@ -29,7 +30,7 @@ from typing import Any, Optional
 
 from ... import protocol as P
 from ...core.limits import Limits
-from ...core.policy import BEST_EFFORT, path_within
+from ...core.policy import BEST_EFFORT, DEFAULT_RUN_AS, PER_TENANT, path_within
 
 BASE = "(base)"          # the library name of a template without a library
 
@@ -75,7 +76,8 @@ def key(init: P.Init, tenants_root: str, library: bool) -> tuple[Any, ...]:
             tuple(sorted((init.env or {}).items())),
             tuple(sorted((str(k), str(v)) for k, v in (lim.get("env") or {}).items())),
             bool(lim.get("network", True)), tuple(conf.get("read_paths", ())),
-            tuple(conf["run_as"]), tuple(sorted(calls.get("allow", ()))),
+            PER_TENANT if conf.get("per_tenant") else tuple(conf["run_as"]),
+            tuple(sorted(calls.get("allow", ()))),
             bool(calls.get("allow_dangerous")), tenants_root, tuple(init.disabled or ()),
             lim.get("confine") == BEST_EFFORT)
 
@@ -83,17 +85,24 @@ def key(init: P.Init, tenants_root: str, library: bool) -> tuple[Any, ...]:
 def template_init(init: P.Init, tenants_root: str, library: bool) -> P.Init:
     """The INIT of a confined template (its temp dir is set when it is made)."""
     conf = init.confine or {}
+    # run_as="per-tenant": the template is DEFAULT_RUN_AS's, and keeps the right to give
+    # each worker its tenant's uid behind a key (worker/confine/handoff.py)
+    per_tenant = bool(conf.get("per_tenant"))
     return init._replace(library=init.library if library else BASE,
                          files=list(init.files) if library else [], source=None, configs={},
                          handlers=0, tmpdir=None,
                          confine={"root": tenants_root, "read_paths": conf.get("read_paths", []),
-                                  "run_as": conf["run_as"]})
+                                  "run_as": list(DEFAULT_RUN_AS) if per_tenant else
+                                  conf["run_as"], "handoff": per_tenant})
 
 
-def tmp_parent(run_as: tuple[int, int]) -> str:
+def tmp_parent(run_as: tuple[int, int], uids_apart: bool = False) -> str:
     """The folder the temp dirs of one template's workers are made in: its uid's (the
-    template's own temp dir, for its import); removed by the host with the template."""
+    template's own temp dir, for its import); removed by the host with the template.
+    ``uids_apart`` (its workers take their tenants' uids): others may pass, not list."""
     path = tempfile.mkdtemp(prefix="lcp-sandbox-tpl-")
     if os.geteuid() == 0:
         os.chown(path, *run_as)
+    if uids_apart:
+        os.chmod(path, 0o711)
     return path

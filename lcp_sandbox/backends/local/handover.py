@@ -22,10 +22,11 @@ from ...core.policy import path_within as _within
 
 
 def hand_over_root(init: P.Init, run_as: tuple[int, int], library: str, tool: str,
-                   private: bool = False) -> P.Init:
+                   private: bool = False, nproc: Optional[int] = None) -> P.Init:
     """Before a confined worker starts: its root becomes ``run_as``'s (``private``: mode
-    0700, a uid of the tenant's own); returns the INIT that says so.  A root that must not be handed
-    over refuses the call (403); OSError when handing over fails."""
+    0700, a uid of the tenant's own, whose processes ``nproc`` caps); returns the INIT that
+    says so.  A root that must not be handed over refuses the call (403); OSError when
+    handing over fails."""
     confine = init.confine or {}
     root = confine["root"]
     if not policy.may_hand_over(os.path.realpath(root)):
@@ -39,7 +40,8 @@ def hand_over_root(init: P.Init, run_as: tuple[int, int], library: str, tool: st
         os.chmod(root, 0o700)
     # The temp dir is the host's to make (templates.py, when it knows where) and to
     # remove: no path a worker names is ever deleted.
-    return init._replace(confine={**confine, "run_as": run_as})
+    per_tenant = {"per_tenant": True, "nproc": nproc} if private else {}   # (confined.py)
+    return init._replace(confine={**confine, "run_as": run_as, **per_tenant})
 
 
 def private_tmpdir(run_as: Optional[tuple[int, int]] = None, parent: Optional[str] = None) -> str:

@@ -36,12 +36,12 @@ from ...core.limits import Limits, confine_setting
 from ...core.outcomes import SandboxEvent, Unavailable
 from ...core.policy import (
     BEST_EFFORT,
-    DEFAULT_RUN_AS,
+    DEFAULT_TENANT_PROCESSES,
     DEFAULT_UID_RANGE,
+    default_run_as,
     not_in_force,
     refusal_text,
     run_as_setting,
-    uid_range_setting,
 )
 from ...protocol import OK, Call, invalid_answer
 from ..base import Closing, Lent, WorkerSpec, emit
@@ -83,32 +83,32 @@ class Supervisor(CallEnds, Reports, Starts, Closing):
                  idle_timeout_s: Optional[float] = None, confine: Union[bool, str] = False,
                  on_event: Optional[Callable[[dict], None]] = None,
                  crash_policy: Optional[CrashPolicy] = None, watch_interval_s: float = 0.05,
-                 run_as: Union[tuple[int, int], str] = DEFAULT_RUN_AS,
+                 run_as: Union[tuple[int, int], str, None] = None,
                  tenants_root: Optional[str] = None, start_method: Optional[str] = None,
                  uid_range: tuple[int, int] = DEFAULT_UID_RANGE,
+                 max_processes_per_tenant: Optional[int] = DEFAULT_TENANT_PROCESSES,
                  network: Union[bool, dict[str, Any]] = True, envs_dir: Optional[str] = None,
                  env_wait_s: float = 600.0) -> None:
-        """``confine`` is the default for bindings that do not say (see worker/confine/;
-        True, False or "best-effort"); ``run_as`` is the (uid, gid) a confined worker of a
-        root host runs as, or "per-tenant" (a uid of its own per tenant, from ``uid_range``,
-        kept in tenants_root: tenant_uids.py; per library: ``"sandbox": {"run_as": ...}``);
-        ``tenants_root``,
-        the folder holding every tenant's root: confined workers of roots beneath it start
-        from shared confined templates (templates.py, confined.py); ``on_event`` gets a
-        dict per lifecycle event (start, stop, evict, idle, crash, violation, timeout,
-        interrupt, memory, quarantine), also logged on ``lcp_sandbox.events``;
-        ``start_method`` "zygote" or "spawn" (platforms.py; None: LCP_SANDBOX_START_METHOD,
-        else "zygote" on Linux, "spawn" elsewhere); ``network`` the default of bindings that
-        do not say (True, False, or a policy: core/egress_rules.py, egress.py); ``envs_dir``
-        the store of the libraries' own environments (None: LCP_SANDBOX_ENVS_DIR, else the
-        user's cache folder), and ``env_wait_s`` how long a call waits for its library's
-        environment to be built (backends/envs/)."""
+        """``confine``: the default of bindings that do not say (True, False, "best-effort";
+        worker/confine/); ``run_as``: the (uid, gid) of a root host's confined workers, or
+        "per-tenant" (a uid per tenant from ``uid_range``, kept in tenants_root:
+        tenant_uids.py), None: "per-tenant" for a root host with a tenants_root, else
+        nobody; ``max_processes_per_tenant``: RLIMIT_NPROC of a per-tenant uid;
+        ``tenants_root``: the folder of every tenant's root, whose confined workers start
+        from shared templates (templates.py, confined.py); ``on_event`` gets a dict per
+        lifecycle event (start, stop, evict, idle, crash, violation, timeout, interrupt,
+        memory, quarantine), also logged on lcp_sandbox.events; ``start_method`` "zygote"
+        or "spawn" (platforms.py; None: LCP_SANDBOX_START_METHOD, else "zygote" on Linux);
+        ``network``: the default of bindings that do not say (True, False, or a policy:
+        core/egress_rules.py); ``envs_dir``: the store of the libraries' own environments
+        (None: LCP_SANDBOX_ENVS_DIR, else the user's cache), ``env_wait_s`` how long a call
+        waits for its library's environment to be built (backends/envs/)."""
         self.start_method = start_method_of(start_method)
         self.crash_policy = crash_policy or CrashPolicy()
         self.confine = confine_setting(confine)
         self.network = Limits(confine=True, network=network).network      # (checked)
-        self.run_as = run_as_setting(run_as)
-        self.uids = TenantUids(uid_range_setting(uid_range), tenants_root)
+        self.run_as = run_as_setting(default_run_as(tenants_root) if run_as is None else run_as)
+        self.uids = TenantUids(uid_range, tenants_root, max_processes_per_tenant)  # (checked)
         self.idle_timeout_s = idle_timeout_s
         self.on_event = on_event
         self.pool = Pool(max_workers, max_workers_per_tenant)
@@ -265,7 +265,7 @@ class Supervisor(CallEnds, Reports, Starts, Closing):
                                                        slot.tenant, slot.limits.confine,
                                                        name, tool)
                     self.extras.disk(init, slot, tool)
-                    init = hand_over_root(init, run_as, name, tool, private=own)
+                    init = hand_over_root(init, run_as, name, tool, own, self.uids.max_processes)
                     init = self.extras.give(init, slot)
                 proc = self._launch(slot, init, deadline, tool)
             except (ZygoteGone, OSError) as exc:

@@ -280,7 +280,8 @@ class Templates:
         try:
             init = tpl.init
             if init.confine is not None:         # its import's temp dir, its workers' parent
-                tpl.tmp_parent = confined.tmp_parent(tuple(init.confine["run_as"]))
+                tpl.tmp_parent = confined.tmp_parent(tuple(init.confine["run_as"]),
+                                                     bool(init.confine.get("handoff")))
                 init = init._replace(tmpdir=tpl.tmp_parent)
             conn.send(P.INIT, init)
             fut = zygote.template(its_sock.fileno())

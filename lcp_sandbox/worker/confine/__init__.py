@@ -21,7 +21,8 @@ this order (prepare(), below); each step needs what the later ones give up:
     apply_landlock()      opens its rule paths now, while all are reachable; it can
                           only narrow what follows
     drop_privileges()     bounding set (needs CAP_SETPCAP), ambient, groups, gid,
-                          uid, then every capability set to zero
+                          uid, then every capability set to zero (a per-tenant template
+                          keeps CAP_SETUID/CAP_SETGID permitted, behind handoff.py's key)
     restrict_syscalls()   seccomp: the allowlist, and with the network off the unix-
                           socket rules (needs no_new_privs; last, so the steps above
                           need none of their calls on the list)
@@ -29,7 +30,8 @@ this order (prepare(), below); each step needs what the later ones give up:
 A confined template (worker/template.py) runs all of it but the limits with the tenants'
 folder as its root (prepare(shared=True)) and keeps its report in SHARED; a worker forked
 from it only stacks its own Landlock layer (_stack(): its root, its temp dir), with the
-ruleset its spare prepared while it waited (ready_layer()).
+ruleset its spare prepared while it waited (ready_layer()); of a per-tenant template, it
+first takes its tenant's uid (handoff.take()).
 
 Every step reports whether it took effect; nothing pretends.  The host
 shows the report in ``stats()["protections"]``.  Host side (host/handover.py),
@@ -41,6 +43,7 @@ starts, and private_tmpdir() makes its temp dir.
     mounts.py       make_reachable()
     landlock.py     apply_landlock()  (its rules are described there)
     privileges.py   drop_privileges()
+    handoff.py      lock(), take(): a uid per tenant from one shared template
     seccomp.py      restrict_syscalls()  (the list itself: core/syscalls.py)
 
 """
@@ -60,8 +63,9 @@ from ...core.policy import (
 )
 from ..portable import environment_of, set_environment  # noqa: F401  (also for loop, template)
 from ..rlimits import apply_in_worker
-from .caps import disk_state, join_pids_cgroup
+from .caps import cap_tenant_processes, disk_state, join_pids_cgroup
 from .egress import relay_to_proxy, start_relay
+from .handoff import KEEP, lock, take
 from .landlock import ABI_CAP, DEVICES, SCOPED, add_rules, apply_landlock, enforce, open_ruleset
 from .mounts import make_reachable, own_root
 from .network import isolate_network
@@ -174,12 +178,27 @@ def _confine(init: P.Init, report: dict, disabled: set, shared: bool) -> None:
     if covered:
         report["filesystem"] += "; " + covered
     report["covered"] = covered
-    report["privileges"] = drop_privileges(conf.get("run_as"))
+    handing = shared and bool(conf.get("handoff"))       # its workers: each tenant's uid
+    report["privileges"] = drop_privileges(conf.get("run_as"), KEEP if handing else 0)
+    _cap_tenant(conf, report)
     wanted = lim.get("syscalls") or {}
     network = lim.get("network", True)
     report["syscalls"], report["unix_sockets"] = restrict_syscalls(
         POLICY if isinstance(network, dict) else network, tuple(wanted.get("allow", ())),
         bool(wanted.get("allow_dangerous")), allowlist="syscalls" not in disabled)
+    if handing and report["privileges"].startswith("uid "):
+        why = lock(os.uname().machine)
+        if why:
+            report["privileges"] = f"failed (the key filter for its workers' uids: {why})"
+        else:
+            report["handoff"] = "on"
+
+
+def _cap_tenant(conf: dict, report: dict) -> None:
+    """With a uid of its tenant's own (and not before: the count is the uid's), the
+    tenant's process cap."""
+    if conf.get("nproc") and report["privileges"].startswith("uid "):
+        report["tenant_processes"] = cap_tenant_processes(conf["nproc"])
 
 
 def _egress(conf: Any, rules: dict) -> str:
@@ -197,7 +216,10 @@ def _stack(init: P.Init, report: dict, disabled: set) -> None:
     what it reaches is what a fresh worker reaches, and its Landlock domain (signals,
     abstract sockets) is its own, not its siblings'."""
     conf = init.confine or {}
-    report.update({k: v for k, v in SHARED.items() if k not in ("env", "confine")})
+    report.update({k: v for k, v in SHARED.items() if k not in ("env", "confine", "handoff")})
+    if SHARED.get("handoff"):                  # first: a tenant's uid, taken with the key
+        report["privileges"] = take(*conf["run_as"])
+        _cap_tenant(conf, report)
     tmp = init.tmpdir
     assert tmp is not None, "the host makes a confined worker's temp dir before it starts"
     os.environ["TMPDIR"] = tempfile.tempdir = tmp

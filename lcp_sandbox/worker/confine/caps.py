@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import resource
 from typing import Optional
 
 
@@ -35,3 +36,17 @@ def disk_state(root: str, mb: int) -> str:
                 f"own of {mb} MB)")
     return (f"on (its root is a file system of its own: {mb} MB, "
             f"{st.f_bavail * st.f_frsize / 2**20:.1f} MB free)")
+
+
+def cap_tenant_processes(limit: int) -> str:
+    """RLIMIT_NPROC of this worker's uid (its tenant's own, after the drop): the kernel counts
+    every process and thread of that uid, so all of the tenant's workers together stay at
+    ``limit``; a fork beyond it fails with EAGAIN inside the tool.  Lowering needs no
+    privilege; a lower hard limit already in force is kept."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NPROC)
+    limit = limit if hard == resource.RLIM_INFINITY else min(limit, hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
+    except (OSError, ValueError) as exc:
+        return f"unavailable (RLIMIT_NPROC {limit}: {exc})"
+    return f"on (its tenant's uid: at most {limit} processes and threads, all its workers together)"

@@ -12,6 +12,7 @@ import os
 from typing import Optional, Sequence
 
 from ...core.policy import DEFAULT_RUN_AS, run_as_ids
+from ...core.syscall_numbers import ARCHES, number
 from ..libc import (
     PR_CAP_AMBIENT,
     PR_CAP_AMBIENT_CLEAR_ALL,
@@ -31,6 +32,8 @@ _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 # SECBIT_NOROOT (+ locked): uid 0 gains no capabilities by execve; KEEP_CAPS locked off,
 # NO_SETUID_FIXUP locked off (setuid keeps clearing capabilities); no ambient raise (+ locked).
 _SECUREBITS = (1 << 0) | (1 << 1) | (1 << 3) | (1 << 5) | (1 << 6) | (1 << 7)
+_SECBIT_KEEP_CAPS = 1 << 4       # (a per-tenant template: its permitted set survives setuid)
+CAP_SETGID, CAP_SETUID = 6, 7
 
 
 class _CapHeader(ctypes.Structure):
@@ -67,15 +70,38 @@ def capabilities() -> dict:
     return out
 
 
-def _capset_zero() -> None:
+def set_capabilities(effective: int = 0, permitted: int = 0,
+                     _with: Optional[bytes] = None) -> Optional[int]:
+    """capset(2) of this thread (inheritable: none); None, or the errno it failed with.
+    ``_with``: handoff.py's key, in the argument registers its filter checks."""
     hdr = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
     data = (_CapData * 2)()
-    if _libc.capset(ctypes.byref(hdr), data) != 0:
-        raise OSError(ctypes.get_errno(), f"capset: {os.strerror(ctypes.get_errno())}")
+    data[0].effective, data[0].permitted = effective & 0xFFFFFFFF, permitted & 0xFFFFFFFF
+    data[1].effective, data[1].permitted = effective >> 32, permitted >> 32
+    key = [0, 0] if _with is None else [int.from_bytes(_with[:8], "little"),
+                                        int.from_bytes(_with[8:16], "little")]
+    if _CAPSET_NR < 0:
+        rc = _libc.capset(ctypes.byref(hdr), data)
+    else:
+        rc = _libc.syscall(ctypes.c_long(_CAPSET_NR), ctypes.byref(hdr), data, ctypes.c_ulong(0),
+                           ctypes.c_ulong(0), ctypes.c_ulong(key[0]), ctypes.c_ulong(key[1]))
+    return ctypes.get_errno() if rc != 0 else None
 
 
-def drop_privileges(run_as: Optional[Sequence[int]] = None) -> str:
-    """Give up every capability and, when root, become ``run_as`` (uid, gid).
+_CAPSET_NR = (number("capset", os.uname().machine) if os.uname().machine in ARCHES
+              else None) or -1      # (elsewhere libc's capset() is what there is)
+
+
+def _capset(effective: int = 0, permitted: int = 0) -> None:
+    err = set_capabilities(effective, permitted)
+    if err is not None:
+        raise OSError(err, f"capset: {os.strerror(err)}")
+
+
+def drop_privileges(run_as: Optional[Sequence[int]] = None, keep: int = 0) -> str:
+    """Give up every capability and, when root, become ``run_as`` (uid, gid).  ``keep``
+    (a per-tenant template: handoff.py): these capabilities stay in the permitted set,
+    none effective.
 
     Called once in a confined worker, single-threaded, before tool code runs.
     Never raises: the returned report says what holds, checked afterwards with
@@ -92,7 +118,7 @@ def drop_privileges(run_as: Optional[Sequence[int]] = None) -> str:
     ppid = os.getppid()
     armed = ctypes.c_int(0)
     _libc.prctl(PR_GET_PDEATHSIG, ctypes.byref(armed), 0, 0, 0)
-    no_setpcap = _drop(ids if was_root else None, errors)
+    no_setpcap = _drop(ids if was_root else None, errors, keep if was_root else 0)
     # A change of uid clears the parent-death signal: a forked worker asks again, and leaves
     # if the zygote went away meanwhile (it would have missed the signal).  A spawned one
     # never had it: its parent is a host thread, which may end long before the host does
@@ -101,10 +127,10 @@ def drop_privileges(run_as: Optional[Sequence[int]] = None) -> str:
         _prctl(PR_SET_PDEATHSIG, armed.value)
         if os.getppid() != ppid:
             os._exit(1)
-    return _verified(errors, ids, was_root, no_setpcap)
+    return _verified(errors, ids, was_root, no_setpcap, keep if was_root else 0)
 
 
-def _drop(ids: Optional[tuple[int, int]], errors: list[str]) -> bool:
+def _drop(ids: Optional[tuple[int, int]], errors: list[str], keep: int = 0) -> bool:
     """The dropping itself (becoming ``ids`` when given); what failed goes to
     ``errors``.  Returns whether the bounding set could not be dropped (no
     CAP_SETPCAP)."""
@@ -114,7 +140,7 @@ def _drop(ids: Optional[tuple[int, int]], errors: list[str]) -> bool:
         threads = 1
     if threads > 1:      # capabilities are per thread: the others would keep theirs
         errors.append(f"{threads} threads (only this one drops its capabilities)")
-    _prctl(PR_SET_SECUREBITS, _SECUREBITS)          # best effort; needs CAP_SETPCAP
+    _prctl(PR_SET_SECUREBITS, _SECUREBITS | (_SECBIT_KEEP_CAPS if keep else 0))   # (CAP_SETPCAP)
     no_setpcap = False
     for cap in range(_LAST_CAP + 1):                 # while CAP_SETPCAP is still held
         if _prctl(PR_CAPBSET_DROP, cap) < 0:
@@ -130,7 +156,7 @@ def _drop(ids: Optional[tuple[int, int]], errors: list[str]) -> bool:
         except OSError as exc:
             errors.append(f"setuid {uid}:{gid}: {exc.strerror}")
     try:
-        _capset_zero()                               # inheritable too
+        _capset(0, keep)                             # inheritable too
     except OSError as exc:
         errors.append(str(exc))
     if _prctl(PR_SET_NO_NEW_PRIVS, 1) < 0:          # no setuid binary or file capability helps
@@ -140,7 +166,7 @@ def _drop(ids: Optional[tuple[int, int]], errors: list[str]) -> bool:
 
 
 def _verified(errors: list[str], ids: Optional[tuple[int, int]], was_root: bool,
-              no_setpcap: bool) -> str:
+              no_setpcap: bool, keep: int = 0) -> str:
     """The report: what holds now, read back from the kernel."""
     try:
         caps = capabilities()
@@ -148,7 +174,8 @@ def _verified(errors: list[str], ids: Optional[tuple[int, int]], was_root: bool,
         return f"failed ({'; '.join(errors + [str(exc)])})"
     ruid, euid, suid = os.getresuid()
     rgid, egid, sgid = os.getresgid()
-    held = {k: v for k, v in caps.items() if v and k != "bounding"}
+    held = {k: v for k, v in caps.items() if v and k != "bounding"
+            and not (k == "permitted" and v == keep)}
     wanted = None if ids is None else (ids[0],) * 3 + (ids[1],) * 3
     if was_root and ((ruid, euid, suid, rgid, egid, sgid) != wanted or os.getgroups()):
         errors.append(f"ids are {ruid},{euid},{suid}:{rgid},{egid},{sgid} groups {os.getgroups()}")
@@ -158,7 +185,9 @@ def _verified(errors: list[str], ids: Optional[tuple[int, int]], was_root: bool,
     if not errors:
         if not was_root:
             state += " (the host's: it is not root)"
-        state += ", no capabilities"
+        state += (", no capabilities" if not keep else
+                  ", no capability effective (CAP_SETUID and CAP_SETGID kept in its permitted "
+                  "set, for its workers' uids: see its key)")
         if caps["bounding"]:
             state += (" (bounding set kept: no CAP_SETPCAP to drop it; no_new_privs stops "
                       "gaining any)")

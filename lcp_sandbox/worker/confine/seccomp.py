@@ -62,7 +62,7 @@ import os
 import socket
 import struct
 import sys
-from typing import Union
+from typing import Optional, Union
 
 from ...core import syscalls as S
 from ...core.policy import SWITCHED_OFF
@@ -254,10 +254,53 @@ def prebuild() -> None:
 def _install(packed: bytes, machine: str) -> str:
     """Install the program ``packed`` on every thread of this process: "" or why not."""
     data = ctypes.create_string_buffer(packed, len(packed))
-    prog = _SockFprog(len(packed) // 8, ctypes.cast(data, ctypes.POINTER(_SockFilter)))
+    return install_rows((_SockFilter * (len(packed) // 8)).from_buffer(data), machine)
+
+
+def key_gate(machine: str, gated: list[int], never: list[int],
+             key_args: tuple[int, int]) -> "ctypes.Array[_SockFilter]":
+    """The key filter of handoff.py, its four key words left 0 (handoff.lock() copies
+    them in from its ctypes buffer: no Python int ever holds one).
+
+        arch != this machine's  EPERM;  nr in ``never``  EPERM
+        nr in ``gated``: ALLOW when argument key_args[0] (low, high 32 bits) and
+                         key_args[1] (low, high) are the key's four words, else EPERM
+        anything else  ALLOW"""
+    head: list[Row] = [(_LD, 0, 0, _OFF_ARCH), (_JEQ, 1, 0, _AUDIT_ARCH[machine]),
+                       (_RET, 0, 0, EPERM), (_LD, 0, 0, _OFF_NR)]
+    first = len(head)
+    check = first + len(never) + len(gated) + 1          # past the JEQs and RET ALLOW
+    refuse = check + 9                                   # 4 x (LD, JEQ), RET ALLOW
+    rows = list(head)
+    for nr in never:
+        rows.append((_JEQ, refuse - len(rows) - 1, 0, nr))
+    for nr in gated:
+        rows.append((_JEQ, check - len(rows) - 1, 0, nr))
+    rows.append((_RET, 0, 0, ALLOW))
+    for arg in key_args:
+        for half in (0, 4):
+            rows += [(_LD, 0, 0, _arg(arg) + half), (_JEQ, 0, refuse - len(rows) - 2, 0)]
+    rows += [(_RET, 0, 0, ALLOW), (_RET, 0, 0, EPERM)]
+    assert len(rows) == refuse + 1
+    return (_SockFilter * len(rows))(*(_SockFilter(*r) for r in rows))
+
+
+KEY_ROWS = (-9, -7, -5, -3)        # (from the end of key_gate's rows) the JEQs of the key
+
+
+def install_rows(prog_rows: "ctypes.Array[_SockFilter]", machine: str,
+                 key: "Optional[ctypes.Array[ctypes.c_uint32]]" = None) -> str:
+    """Install ``prog_rows`` on every thread of this process: "" or why not.  ``key``
+    (key_gate()'s rows): its four words are copied into the key's JEQs first."""
+    n = len(prog_rows)
+    if key is not None:
+        for word, row in enumerate(KEY_ROWS):
+            ctypes.memmove(ctypes.addressof(prog_rows[n + row]) + 4,
+                           ctypes.addressof(key) + 4 * word, 4)
+    prog = _SockFprog(n, ctypes.cast(prog_rows, ctypes.POINTER(_SockFilter)))
     if _prctl(PR_SET_NO_NEW_PRIVS, 1) < 0:
         return "unavailable (no_new_privs refused)"
-    rc = _libc.syscall(ctypes.c_long(_nr("seccomp", machine)),
+    rc = _libc.syscall(ctypes.c_long(number_of("seccomp", machine)),
                        ctypes.c_long(_SECCOMP_SET_MODE_FILTER),
                        ctypes.c_long(_SECCOMP_FILTER_FLAG_TSYNC), ctypes.byref(prog))
     if rc < 0 and ctypes.get_errno() == errno.ENOSYS:       # kernel < 3.17: this thread only
@@ -269,14 +312,16 @@ def _install(packed: bytes, machine: str) -> str:
     return ""
 
 
-def _nr(name: str, machine: str) -> int:
+def number_of(name: str, machine: str) -> int:
+    """The number of system call ``name`` on ``machine`` (one this engine knows)."""
     nr = number(name, machine)
     assert nr is not None, name
     return nr
 
 
+
 def _refused(name: str, machine: str, *args: int) -> bool:
-    rc = _libc.syscall(ctypes.c_long(_nr(name, machine)), *map(ctypes.c_long, args))
+    rc = _libc.syscall(ctypes.c_long(number_of(name, machine)), *map(ctypes.c_long, args))
     return rc < 0 and ctypes.get_errno() == errno.EPERM
 
 
