@@ -246,9 +246,11 @@ def test_a_flood_of_quick_requests_cannot_stretch_the_deadline(hostile):
     r = b.execute_tool("tool_request_flood", {}, tool_context=ctx, timeout_s=0.5)
     assert r["status_code"] == 504 and "did not stop" in r["error"], r
     # The first 5 ms of every answer count against the deadline, however busy the
-    # machine: timeout and grace (1 s) leave room for 200 answers. Were a slow answer's
-    # time not counted at all, the flood would go on for ever.
-    assert 0 < ctx.answers <= 1.0 / Ctx.COUNTED_S + 5, ctx.answers
+    # machine: timeout and grace (1 s) leave room for 200 answers (195-201 measured here,
+    # idle or beside CPU burners; once 227 in CI beside another suite, hence the margin).
+    # Were a slow answer's time not counted at all, the flood would go on for ever (1000,
+    # then Ctx ends it); were 1 ms counted, it would reach 1000 too.
+    assert 0 < ctx.answers <= 1.25 / Ctx.COUNTED_S, ctx.answers
 
 
 def test_a_tool_callable_cannot_be_stored_in_a_host_object(hostile):
