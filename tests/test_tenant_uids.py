@@ -17,7 +17,9 @@ from lcp_sandbox.testing import protections_off
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="uids are given by a root host")
 LIBS = HERE / "priv_libs"
-RANGE = (1_800_000_000, 1000)
+# A range of this test process's own: a tenant's uid derives from its name, so a suite run
+# beside another (CI runs two) would otherwise share its tenants' uids and process counts.
+RANGE = (1_800_000_000 + os.getpid() % 997 * 1000, 1000)
 
 
 def ids(binding) -> list:
