@@ -96,6 +96,24 @@ def test_the_portable_connection_keeps_the_frame_rules():
     assert worker.readable_now() or True                         # (closed: no exception)
 
 
+@pytest.mark.parametrize("connection", ["Connection", "PortableConnection"])
+def test_a_frame_already_there_does_not_extend_a_read_past_its_deadline(connection):
+    # A busy host reads late, when the worker's next request is already there: were that
+    # read exempt from the deadline, a flood of requests would hold the call for ever.
+    a, c = P.portable_pair()
+    host, worker = getattr(P, connection)(a), P.PortableConnection(c)
+    try:
+        worker.send_encoded(P.Encoder(repr).encode(P.READY, [{}]))   # (in host's buffer now)
+        assert host.readable_now()
+        with pytest.raises(TimeoutError):
+            host.recv_frame(time.monotonic() - 0.001, {P.READY: P.READY_CAP})
+        kind, _ = host.recv_frame(time.monotonic() + 5, {P.READY: P.READY_CAP})
+        assert kind == P.READY                                       # (kept for a live read)
+    finally:
+        host.close()
+        worker.close()
+
+
 def test_a_large_frame_is_read_whole_through_the_portable_connection(b):
     r = b.execute_tool("tool_big_result", {"mb": 3})
     assert r["success"] and len(r["output"]) >= 3 * 1048576 - 64

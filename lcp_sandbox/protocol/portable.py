@@ -71,6 +71,10 @@ class PortableConnection(Connection):
         if spun is not None:
             self._spun = None
             return spun
+        if deadline is not None and deadline <= time.monotonic():
+            # (as Connection._recv) Bytes already there do not extend a read past its
+            # deadline: a worker whose next request is always ready would hold it for ever.
+            raise TimeoutError
         return self._waiting(lambda: self.sock.recv(_BIG), deadline)
 
     def _recv_into(self, buf: memoryview, nbytes: int, deadline: Optional[float]) -> int:
