@@ -260,6 +260,17 @@ def _zygotes() -> set:
     return out
 
 
+def _below(roots: set) -> set:
+    """``roots`` and their live descendants."""
+    out = set(roots)
+    for pid in roots:
+        try:
+            out |= {p.pid for p in psutil.Process(pid).children(recursive=True)}
+        except psutil.Error:
+            pass
+    return out
+
+
 def _live_agents() -> set:
     from ray._private.state import actors     # the GCS's actor table (ray.util.state needs the dashboard)
     return {aid for aid, a in actors().items() if a["ActorClassName"] == "NodeAgent" and a["State"] != "DEAD"}
@@ -290,8 +301,11 @@ def test_close_leaves_nothing(kind, request, libs, tmp_path, new_processes):
     b.close()
     sup.close()
     assert all(gone(pid) for pid in pids)
-    assert _zygotes() - before == set()
-    left = new_processes()
+    # Other backends' zygotes (the module's Ray backend runs some in this machine's Ray
+    # nodes) fork spares at their own pace: what they started is theirs, not this one's.
+    others = _below(before)
+    assert _zygotes() - others == set()
+    left = new_processes() - others
     if kind == "ray":
         # Ray starts and stops its own worker processes (descendants of this test process,
         # which started the cluster) on its own schedule: only ours must be gone.
