@@ -40,15 +40,18 @@ def _ray_processes() -> set:
     return out
 
 
+def running(proc: psutil.Process) -> bool:
+    """Whether ``proc`` still runs: a process may exit between listing it and asking its
+    status, and then counts as not running rather than raising."""
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def descendants() -> set:
     """Pids of the live (non-zombie) descendants of the test process (the Ray cluster's excluded)."""
-    out = set()
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE:
-                out.add(p.pid)
-        except psutil.Error:
-            pass
+    out = {p.pid for p in psutil.Process().children(recursive=True) if running(p)}
     return out - _ray_processes() if _RAY_ROOTS else out
 
 

@@ -7,6 +7,7 @@ import time
 
 import psutil
 import pytest
+from conftest import running
 
 from lcp_sandbox import SandboxedBinding, Supervisor
 from lcp_sandbox.backends.local import zygote as host_zygote
@@ -82,7 +83,7 @@ def test_spares_and_a_worker_forked_ahead_are_waiting(probe):
     zygote_process = psutil.Process(zyg.pid)
 
     def waiting() -> int:
-        return sum(1 for p in zygote_process.children() if p.status() != psutil.STATUS_ZOMBIE)
+        return sum(1 for p in zygote_process.children() if running(p))
     deadline = time.monotonic() + 30
     while waiting() != zygote.PLAIN_SPARES + host_zygote.RESERVED or len(zyg._reserved) != host_zygote.RESERVED:
         assert time.monotonic() < deadline, "the zygote's spares or the host's reserved worker were not refilled"

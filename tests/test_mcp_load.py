@@ -20,7 +20,7 @@ from typing import Iterator, Optional
 
 import psutil
 import pytest
-from conftest import poll, stop_server
+from conftest import poll, stop_server, wait_gone
 
 pytest.importorskip("mcp")
 
@@ -125,7 +125,7 @@ def test_an_idle_session_ends_and_its_workers_stop(tmp_path):
         h = open_session(c, srv)
         assert result_of(call(c, srv, h, "tool_quick"))["result"]["structuredContent"]["output"]
         worker = next(p for p in srv.workers() if _works_in(p, srv.root))
-        assert poll(lambda: not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE)
+        assert wait_gone(worker.pid)
         assert call(c, srv, h, "tool_quick").status_code == 404             # the session is gone
 
 
