@@ -9,7 +9,7 @@ import time
 import psutil
 import pytest
 
-from conftest import HERE, SPAWN, fork_only, gone, wait_gone
+from conftest import HERE, SPAWN, fork_only, gone, poll, wait_gone
 from lcp_sandbox import CrashPolicy, SandboxedBinding, Supervisor
 
 
@@ -68,6 +68,33 @@ def test_init_rerun_with_same_config_after_crash(make_binding):
     second = b.execute_tool("tool_whoami", {})["output"]
     assert second["pid"] != first["pid"] and second["init_calls"] == 1
     assert b.execute_tool("tool_config", {})["output"]["plain"] == {"mode": "x"}
+
+
+def test_killed_right_after_its_last_call(make_binding):
+    # Back-to-back calls skip the liveness check (the warm path): a worker killed in that
+    # moment, before the zygote's word of its death arrives, is found dead only when the call
+    # is sent.  It never got the call, so the call runs on a fresh worker, as it would have
+    # had the death been seen first.  (The test holds the zygote's word back.)
+    b = make_binding(host_tool_configs={"stateful": {"mode": "x"}})
+    first = b.execute_tool("tool_whoami", {})["output"]
+    zygote = b.supervisor._zygote
+    heard, held = zygote._on_exit, []
+    zygote._on_exit = lambda pid, status: held.append((pid, status))
+    try:
+        psutil.Process(first["pid"]).kill()
+        assert poll(lambda: any(pid == first["pid"] for pid, _ in held), 5)    # reaped
+        slot = next(s for s in b.supervisor._slots.values() if s.library.name == "stateful")
+        assert slot.proc.exit_status is None   # the supervisor has not heard of it
+        slot.last_used = time.monotonic()      # as if its last call had just ended
+        r = b.execute_tool("tool_whoami", {})
+    finally:
+        zygote._on_exit = heard
+        for pid, status in held:
+            heard(pid, status)
+    assert r["status_code"] == 200, r
+    assert r["output"]["pid"] != first["pid"] and r["output"]["init_calls"] == 1
+    s = stat(b, "stateful")
+    assert s["restarts"] == 1 and s["last_exit"] == "was killed by SIGKILL"
 
 
 @pytest.mark.parametrize("tool,params,text", [

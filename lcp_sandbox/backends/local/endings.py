@@ -1,6 +1,8 @@
 """What each end of a call means: the worker's fate and what the caller gets.
 
     Supervisor.run ─► exchange()
+        NeverReceived (it hung up since its last call) ─► _resend_or_fail(): buried, the
+                                     call sent once more, to a fresh worker
         RESULT OK ─► the value (checked inline in run(): a malformed one is a violation)
         RESULT other ─► _outcome():  TIMED_OUT  ─► 499 (interrupted) or 504, worker kept
                                      OUT_OF_MEMORY ─► 507, worker kept
@@ -18,13 +20,14 @@
                      its slot (its room in the pool, its template, its temp dir)
 
 ``CallEnds`` is the Supervisor's (a mixin): it reads ``_closed``, the pool, the
-templates, the watchdog, the crash policy and the counters, and calls ``_event``,
-which the Supervisor defines.
+templates, the watchdog, the crash policy and the counters, and calls ``_event`` and
+``_worker_for``, which the Supervisor defines.
 """
 from __future__ import annotations
 
 import logging
 import shutil
+import time
 from typing import Any, NoReturn, Optional
 
 from ... import protocol as P
@@ -39,10 +42,11 @@ from ...core.outcomes import (
     WorkerDied,
 )
 from ...protocol import Outcome, invalid_answer, is_error, rebuild_error
+from ..base import Lent, WorkerSpec
 from ..metrics import Metrics
 from . import cgroups
 from .pool import Pool
-from .process import DeadlinePassed, KillReason, WorkerGone, WorkerProcess
+from .process import DeadlinePassed, KillReason, NeverReceived, WorkerGone, WorkerProcess
 from .slot import CrashPolicy, Slot
 from .templates import Templates
 from .watchdog import Watchdog
@@ -66,6 +70,10 @@ class CallEnds:
     _watchdog: Watchdog
 
     def _event(self, kind: str, slot: Slot, **details: Any) -> None:
+        raise NotImplementedError
+
+    def _worker_for(self, slot: Slot, spec: WorkerSpec, tool: str,
+                    queue_deadline: Optional[float], now: float) -> WorkerProcess:
         raise NotImplementedError
 
     def _detach(self, slot: Slot, proc: WorkerProcess) -> None:
@@ -101,6 +109,30 @@ class CallEnds:
                           "deaths", slot.library.name, slot.tenant, backoff)
                 self._event("quarantine", slot, seconds=backoff)
         return how
+
+    def _ended_while_idle(self, slot: Slot, proc: WorkerProcess) -> None:
+        """``proc`` hung up or spoke while it had no call: a word is a violation, an end
+        a death; either way it is buried."""
+        if proc.exit_status is None and proc.conn.sent_while_idle():
+            self._violation(slot, proc, None, "it sent a message while no call was running")
+        else:
+            self._bury(slot, proc, served_a_call=proc.calls > 0)
+
+    def _resend_or_fail(self, slot: Slot, spec: WorkerSpec, proc: WorkerProcess, msg: tuple,
+                        objects: Lent, tool: str, timeout: Optional[float], start: float,
+                        exc: BaseException) -> tuple[WorkerProcess, P.Result]:
+        """The exchange raised ``exc``.  A call its worker never received (it hung up since
+        its last call, too recently for run()'s fast path to have asked) goes once to a
+        fresh worker, as it would have had the end been seen first; else _failed."""
+        if not isinstance(exc, NeverReceived):
+            self._failed(slot, proc, tool, timeout, exc)
+        self._ended_while_idle(slot, proc)
+        proc = self._worker_for(slot, spec, tool, start + timeout if timeout else None,
+                                time.monotonic())
+        try:
+            return proc, proc.exchange(msg, objects, slot.limits, timeout, slot.spin)
+        except BaseException as again:
+            self._failed(slot, proc, tool, timeout, again)
 
     def _failed(self, slot: Slot, proc: WorkerProcess, tool: str, timeout: Optional[float],
                 exc: BaseException) -> NoReturn:

@@ -84,6 +84,11 @@ class WorkerGone(Exception):
     """The worker's connection ended (EOF) during a call."""
 
 
+class NeverReceived(WorkerGone):
+    """A worker that had served had hung up before the call was sent: nothing of the call
+    reached it (the send failed, the read found only the end), so it never ran."""
+
+
 class DeadlinePassed(Exception):
     """The call ran past its timeout and its grace: the worker's tree was killed."""
 
@@ -228,7 +233,8 @@ class WorkerProcess:
         protocol violation.  Every read ends by the call's hard deadline.  With
         ``spin`` (the slot's), the first wait polls before it blocks (spin.py).
 
-        Raises PayloadError (``msg`` could not be sent: nothing was), WorkerGone,
+        Raises PayloadError (``msg`` could not be sent: nothing was), WorkerGone
+        (NeverReceived: it had hung up before ``msg`` was sent),
         DeadlinePassed (the tree was killed) or protocol.ProtocolViolation."""
         conn = self.conn
         grace = limits.grace_s
@@ -245,6 +251,7 @@ class WorkerProcess:
             # Send: a CALL carries the worker's spin budget.
             kind = _KIND[type(msg)]
             window = 0.0
+            undelivered = False
             if spin is not None:
                 window, budget = spin.plan(sent, calls)
                 if kind == P.CALL and budget != msg[-1]:
@@ -254,8 +261,8 @@ class WorkerProcess:
                 conn.send(kind, msg, None if deadline is None else deadline + grace)
             except TimeoutError:
                 raise P.ProtocolViolation(conn.broken) from None
-            except OSError:
-                pass                              # the worker is gone: the read tells how
+            except OSError:                       # the worker is gone: the read tells how
+                undelivered = self.ready          # (a new one may have said why it could not start)
             # Wait: poll for the answer a short while before sleeping; never past the deadline.
             caught = None
             if window:
@@ -268,7 +275,7 @@ class WorkerProcess:
             except TimeoutError:
                 kind, reply = 0, None
             except (EOFError, OSError):
-                raise WorkerGone from None
+                raise (NeverReceived if undelivered else WorkerGone) from None
             soft_sent = False
             if kind != P.RESULT:                  # READY, a REQUEST, the deadline: serve them
                 reply, soft_sent = self._serve(kind, reply, objects, deadline, grace, timeout)

@@ -9,7 +9,8 @@
                             no live worker? ─► pool room, root handed over, WorkerProcess.start()
             WorkerProcess.exchange(msg) ─► RESULT OK ─► the value (checked), inline
                                            RESULT other ─► _outcome(): the value, or an outcome
-                  raised ─► _failed(): WorkerGone ─► buried, 500 (507 if the watchdog killed it)
+                  raised ─► _resend_or_fail(): never received ─► sent to a fresh worker
+                           _failed(): WorkerGone ─► buried, 500 (507 if the watchdog killed it)
                            ProtocolViolation ─► _violation()  killed, 500
                            DeadlinePassed ─► 504 (killed); a soft timeout obeyed: 504, kept
                   (_outcome, _failed, _violation: endings.py, what each end means)
@@ -168,8 +169,9 @@ class Supervisor(CallEnds, Reports, Starts, Closing):
                     self._watchdog.call_started(slot)
                 try:
                     result = proc.exchange(msg, objects, slot.limits, timeout, slot.spin)
-                except BaseException as exc:
-                    self._failed(slot, proc, tool, timeout, exc)  # (raises the call's outcome)
+                except BaseException as exc:  # (raises the call's outcome, or sends it anew)
+                    proc, result = self._resend_or_fail(slot, spec, proc, msg, objects, tool,
+                                                        timeout, start, exc)
                 proc.calls += 1
                 slot.served()
                 value, outcome, _ = result
@@ -217,10 +219,7 @@ class Supervisor(CallEnds, Reports, Starts, Closing):
         # worker idle for over a millisecond is also asked (poll): that word may be on its way.
         if proc is not None and (proc.exit_status is not None or
                                  (now - slot.last_used > 0.001 and proc.conn.readable_now())):
-            if proc.exit_status is None and proc.conn.sent_while_idle():
-                self._violation(slot, proc, None, "it sent a message while no call was running")
-            else:
-                self._bury(slot, proc, served_a_call=proc.calls > 0)
+            self._ended_while_idle(slot, proc)
             proc = None if slot.proc is not proc else proc
         if proc is None:
             assert spec.init is not None, "a spec run here says how its worker starts"
