@@ -262,7 +262,7 @@ class WorkerProcess:
             except TimeoutError:
                 raise P.ProtocolViolation(conn.broken) from None
             except OSError:                       # the worker is gone: the read tells how
-                undelivered = self.ready          # (a new one may have said why it could not start)
+                undelivered = self.ready          # (one that never started: its start failed)
             # Wait: poll for the answer a short while before sleeping; never past the deadline.
             caught = None
             if window:
