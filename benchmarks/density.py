@@ -12,7 +12,7 @@
     close ─► no process of the pool (within 10 s), no descriptor, no temporary directory left
 
 One library imports numpy: its workers after the first tenant's fork from its
-library template (host/templates.py).  CPU is read from /proc schedstat (ns on a
+library template (backends/local/templates.py).  CPU is read from /proc schedstat (ns on a
 CPU, and how many times a thread ran: a timer that wakes and finds nothing to do
 counts); the bench's own thread is left out of the host's figure.
 """

@@ -1,4 +1,4 @@
-"""The sandbox's spin counters over the timed batches of the warm section (host/spin.py)."""
+"""The sandbox's spin counters over the timed batches of the warm section (backends/local/spin.py)."""
 from __future__ import annotations
 
 from typing import Optional
@@ -16,7 +16,7 @@ def add_spin(acc: dict, key: str, before: Optional[dict], after: Optional[dict])
 
 
 def spin_summary(tot: dict) -> dict:
-    """The counters and the share of waits each side's poll caught (host/spin.py)."""
+    """The counters and the share of waits each side's poll caught (backends/local/spin.py)."""
     def rate(hits: int, misses: int) -> Optional[float]:
         return hits / (hits + misses) if hits + misses else None
     return {**tot, "host_hit_rate": rate(tot["host_hits"], tot["host_misses"]),

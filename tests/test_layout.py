@@ -19,6 +19,9 @@ side must stay lean); core/ imports no process, thread, socket or system-call
 module; modules and functions stay small enough to read at once.
 """
 import ast
+import io
+import re
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -185,3 +188,42 @@ def test_every_package_of_the_tree_is_in_the_wheel():
         listed = set(tomllib.load(f)["tool"]["setuptools"]["packages"])
     tree = {".".join(p.parent.relative_to(PKG.parent).parts) for p in PKG.rglob("__init__.py")}
     assert tree - listed == set(), f"add to [tool.setuptools] packages: {sorted(tree - listed)}"
+
+
+#: A file or folder path as texts name them (``backends/local/spin.py``, ``worker/confine/``).
+NAMED_PATH = re.compile(r"(?<![\w./<-])((?:[A-Za-z_][\w-]*/)+[\w-]+\.(?:py|md|yaml|yml|toml|txt)"
+                        r"|(?:[a-z_]+/)+(?=[\s),.;:`'\"]))")
+#: Paths that stand for any library, not for a file of this repository.
+EXAMPLE_PATHS = {"X/X.py", "folder/name.py", "folder/name/name.py"}
+
+
+def named_paths(path: Path):
+    """(line, path) for every path named in the file's comments and docstrings."""
+    source = path.read_text(encoding="utf-8")
+    texts = [(t.start[0], t.string) for t in tokenize.generate_tokens(io.StringIO(source).readline)
+             if t.type == tokenize.COMMENT]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node, clean=False)
+            if doc:
+                texts.append((node.body[0].lineno, doc))
+    for line, text in texts:
+        for match in NAMED_PATH.finditer(text):
+            yield line, match.group(1)
+
+
+def test_every_path_a_docstring_or_comment_names_exists():
+    """A map that names a room that is gone sends the next reader nowhere. A path is
+    taken relative to the file's own folder or any folder above it in the repository,
+    or to the package."""
+    repo = PKG.parent
+    missing = []
+    for top in (PKG, repo / "benchmarks", repo / "tests"):
+        for path in sorted(top.rglob("*.py")):
+            if "_libs" in path.parent.name or "corpus" in path.parts:
+                continue
+            for line, name in named_paths(path):
+                bases = [p for p in path.parents if repo in (p, *p.parents)] + [PKG]
+                if name not in EXAMPLE_PATHS and not any((b / name).exists() for b in bases):
+                    missing.append(f"{path.relative_to(repo)}:{line} names {name}")
+    assert not missing, "paths that do not exist:\n" + "\n".join(missing)

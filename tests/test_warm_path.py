@@ -1,4 +1,4 @@
-"""The warm call path: spin-then-block waits (host/spin.py) and what they must never do.
+"""The warm call path: spin-then-block waits (backends/local/spin.py) and what they must never do.
 
 Spinning is bounded by a cap, learned from the slot's calls, off when as many
 calls as usable CPUs are in flight, off when idle (the worker sleeps in a

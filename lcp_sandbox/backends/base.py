@@ -5,7 +5,7 @@
                      ── stop / stats / pool_stats / start / close ───►
 
 A binding knows nothing else of its backend: :class:`Backend` is the whole
-interface.  The local supervisor (backends/local.py) is one implementation; a
+interface.  The local supervisor (backends/local/supervisor.py) is one implementation; a
 backend that places the same engine on other machines (Ray) is another.
 
 What crosses the seam is plain data, so a remote backend can ship it: the

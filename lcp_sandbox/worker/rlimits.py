@@ -1,7 +1,7 @@
 """Process-level limits of a worker, applied inside it before any tool code runs.
 
 All of it is best effort: a limit the kernel refuses is logged, never fatal.
-The settings come from the host (host/limits.py) in INIT, as a dict.
+The settings come from the host (core/limits.py) in INIT, as a dict.
 """
 from __future__ import annotations
 

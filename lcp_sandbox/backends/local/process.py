@@ -1,6 +1,6 @@
 """One worker process as the host sees it: its connection, its pid, its end.
 
-    start()     INIT to a worker the zygote forked ahead (host/zygote.py take()),
+    start()     INIT to a worker the zygote forked ahead (backends/local/zygote.py take()),
                 held to go with the first call (one send, one wake-up),
                 or else FORK to the zygote with a fresh socketpair and INIT into it
                 (the pid comes later, as a Future: the call is sent at once);
@@ -122,7 +122,7 @@ class WorkerProcess:
     def start(cls, zygote: Zygote, init: P.Init, pump: OutputPump, library: str,
               log_bytes_per_s: int, template: int = 0) -> "WorkerProcess":
         """Fork a worker that will serve ``init`` (from the library's ``template``
-        process when given, see host/templates.py); raises ZygoteGone or OSError.
+        process when given, see backends/local/templates.py); raises ZygoteGone or OSError.
         Without a template, a worker forked ahead serves an unconfined INIT when there
         is one."""
         # Not for a confined worker: the one forked ahead holds the host's environment.

@@ -120,7 +120,7 @@ class Slot:
     quarantined_until: float = 0.0
     backoff_s: float = 0.0
     last_used: float = 0.0
-    # memory: the last sample of its worker's tree (host/watchdog.py takes them)
+    # memory: the last sample of its worker's tree (backends/local/watchdog.py takes them)
     mem_pid: int = 0                       # the worker it was taken of
     mem_rss: int = 0
     mem_uss: int = 0
@@ -198,7 +198,7 @@ class Slot:
     def interrupt(self) -> bool:
         """Signal the call in flight as its soft timeout would (the host cancelled it).
         Not a call still queued.  A worker whose READY the host has not read yet is
-        signalled when it is (its handler is in place by then: host/process.py)."""
+        signalled when it is (its handler is in place by then: backends/local/process.py)."""
         proc = self.proc
         if not self.busy or proc is None or proc.exit_status is not None:
             return False
@@ -231,7 +231,7 @@ class Slot:
         ``start`` ("template" or "fresh (why)"), ``protections`` (the confinement in
         force), ``workspace_root``, ``environment`` (None: the host's; else its key,
         folder, declaration, pinned versions and how it is used), and ``spin``
-        (host/spin.py):
+        (backends/local/spin.py):
         ``host_window_us`` / ``worker_window_us``, how long the host
         polled for the last call's answer and the worker for the next call after it
         (0: not at all); ``host_hits`` / ``host_misses``, calls whose answer the
