@@ -2,14 +2,24 @@
 
 The mounting helpers (``mount_tool_library``, ``is_tool_available``...), the
 attributes ``LCPBinding`` has (``discovered_tools``, ``tools_folders``...),
-the private methods lollms_client calls, and the handler setters.  Each one is
-a thin delegation: what tools exist is the :class:`ToolCatalog`'s
-(``self.catalog``); running them is SandboxedBinding's (binding/binding.py).
+the private methods lollms_client calls, the handler setters, the dynamic
+descriptions (``get_dynamic_tool_description``) and the ``cleanup`` command its
+description.yaml declares.  Each one is a thin delegation: what tools exist is the
+:class:`ToolCatalog`'s (``self.catalog``); running them is SandboxedBinding's
+(binding/binding.py).
+
+    get_dynamic_tool_description(tool_def)
+        which library: the one whose file is tool_def["_python_file_path"], else the
+                       one that provides tool_def["name"]; neither: None (nothing runs)
+        the provider must be a function of that library's source, else None
+        SandboxedBinding._prompt ─► the library's worker runs it ─► str, or None
 """
 from __future__ import annotations
 
+import logging
+import os
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Mapping, Optional, Union
 
 from ..backends.base import Backend
 from ..core.discovery import Library
@@ -17,6 +27,11 @@ from .locations import as_paths
 from .tool_catalog import LibraryHandle, ToolCatalog
 
 PathLike = Union[str, Path]
+
+log = logging.getLogger("lcp_sandbox")
+
+#: A spec's library, and the index of the spec's own file in it (None: not known).
+SpecLibrary = tuple[Library, Optional[int]]
 
 
 class LcpSurface:
@@ -152,3 +167,68 @@ class LcpSurface:
         if lib is not None:
             self.supervisor.stop(self.tenant, lib.key)
         return removed
+
+    # ------------------------------------------------------------ dynamic descriptions
+    def get_dynamic_tool_description(self, tool_def: Mapping[str, Any]) -> Optional[str]:
+        """The description a tool's ``tool_<name>_prompt`` provider writes now, run in the
+        library's worker (as ``LCPBinding``, which runs it in the host); ``None`` when the
+        spec has no dynamic prompt, names no library of this binding or no function of
+        it, or the provider fails.
+
+        ``tool_def`` is a spec of ``discover_tools`` (or one of ``LCPBinding``'s: its
+        ``_python_file_path`` picks the library when that file is one of this binding's).
+        A spec naming a file that is not one of this binding's libraries runs nothing."""
+        fn = tool_def.get("_dynamic_prompt_fn_name")
+        if not tool_def.get("_has_dynamic_prompt") or not isinstance(fn, str) or not fn:
+            return None
+        found = self._library_of_spec(tool_def)
+        if found is None:
+            log.warning("get_dynamic_tool_description(%r): no library of this binding provides "
+                        "it (file %r); nothing run", tool_def.get("name"),
+                        tool_def.get("_python_file_path"))
+            return None
+        lib, index = found
+        if fn not in self._function_names(lib):
+            return None
+        text = self._prompt(lib, fn, self.catalog.file_index(lib, fn) if index is None else index)
+        return text if isinstance(text, str) else None
+
+    def _library_of_spec(self, tool_def: Mapping[str, Any]) -> Optional[SpecLibrary]:
+        """(library, index of the spec's file in it, or None) of a tool spec: by its file
+        when it names one, else by the tool's name."""
+        path = tool_def.get("_python_file_path")
+        if isinstance(path, (str, Path)) and str(path):
+            real = os.path.realpath(path)
+            for lib in self.catalog.libraries():
+                for index, f in enumerate(lib.files):
+                    if os.path.realpath(f) == real:
+                        return lib, index
+            return None
+        route = self.catalog.routes.get(str(tool_def.get("name", "")))
+        return (route.library, None) if route is not None else None
+
+    def _function_names(self, lib: Library) -> set:
+        """The functions ``lib``'s source defines (files, or code registered at run time)."""
+        if lib.files:
+            return self.catalog.function_names(lib)
+        return {n for dyn, parsed in self.catalog.dynamic.values() if dyn.key == lib.key
+                for n in parsed.function_names}
+
+    # ------------------------------------------------------------ lollms command
+    def cleanup(self, status: str = "") -> dict:
+        """Remove the tools generated at run time: forget every library registered with
+        ``register_tool_from_code`` and stop its worker; file tools stay.
+
+        Returns ``{"status": True, "message", "removed_tools"}``: ``message`` is
+        ``status`` when given, else what was removed."""
+        dynamic = dict(self.catalog.dynamic)
+        keys = {lib.key for lib, _ in dynamic.values()}
+        removed = sorted(n for n, r in self.catalog.routes.items() if r.library.key in keys)
+        self.catalog.dynamic.clear()
+        self.catalog.discover()
+        for lib, _ in dynamic.values():
+            self.supervisor.stop(self.tenant, lib.key)
+        summary = (f"removed {len(removed)} tool(s) registered from code "
+                   f"(prefixes: {', '.join(sorted(dynamic))})" if dynamic
+                   else "no tool registered from code: nothing removed")
+        return {"status": True, "message": status or summary, "removed_tools": removed}
