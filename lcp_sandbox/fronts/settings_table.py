@@ -1,7 +1,9 @@
 """The table of every setting (docs/configuration.md), generated from the code.
 
     python -m lcp_sandbox.fronts.settings_table            # print the table (Markdown)
-    python -m lcp_sandbox.fronts.settings_table --write    # put it into docs/configuration.md
+    python -m lcp_sandbox.fronts.settings_table --write    # put it into docs/configuration.md,
+                                                           # and the binding's settings into
+                                                           # lollms' description.yaml
 
 What the settings are and their defaults come from the code: the signatures of
 ``SandboxedBinding``, ``Supervisor`` and ``RaySupervisor``, the fields of ``Limits`` (the
@@ -10,13 +12,16 @@ What each one does comes from ``DESCRIPTIONS`` below (keywords and ``"sandbox"``
 from each flag's own ``help``.  tests/test_settings_table.py fails when a setting has no
 description, when a description names a setting that is gone, or when the page's table is
 not this module's output: a new setting is documented by adding its line here and running
-the ``--write`` command above.
+the ``--write`` command above.  The same keywords, defaults and descriptions make lollms'
+``lcp_sandbox/lollms_bindings/sandboxed/description.yaml`` (a type for lollms' forms from
+``LOLLMS_TYPES``); tests/test_lollms_surface.py fails when that file is not this output.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import inspect
+import json
 import re
 import sys
 from pathlib import Path
@@ -38,7 +43,8 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
     "SandboxedBinding": {
         "host_tool_configs": "`{library stem: dict}` as for `LCPBinding`: passed to the "
         "library's `init_tools_library` and to tools that read their host config; its "
-        '`"sandbox"` entry sets that library\'s settings (the `"sandbox"` rows below)',
+        '`"sandbox"` entry sets that library\'s settings (the '
+        '`host_tool_configs[library]["sandbox"]` keys)',
         "tools_folders": "a folder or a list of folders of libraries (each `X/` sub-folder "
         "and each loose `.py` file is one); `tools_folder_path=` is accepted too. Without it "
         "or `tool_files`: lollms_client's default tools if installed, else the bundled ones",
@@ -297,11 +303,154 @@ def write(page: Path = PAGE) -> None:
     print(f"wrote the settings table into {page}")
 
 
+# ---------------------------------------------------------------- lollms' description.yaml
+#: The binding's description for lollms (``LollmsTOOLBindingManager.get_binding_description``
+#: and the settings forms built from it), made by :func:`write_lollms_description`.
+LOLLMS_DESCRIPTION = (Path(__file__).resolve().parent.parent / "lollms_bindings" / "sandboxed"
+                      / "description.yaml")
+
+#: The head of description.yaml (who the binding is, for lollms' lists).
+LOLLMS_HEAD: dict[str, str] = {
+    "name": "sandboxed", "binding_name": "SandboxedBinding", "author": "lcp_sandbox",
+    "description": "LCP tools, each library in its own isolated, long-lived worker process "
+    "(lcp_sandbox).", "version": "0.1", "icon": "🛡️"}
+
+#: The type a lollms settings form gives each ``SandboxedBinding`` keyword, in lollms' words
+#: (str, int, float, bool, list, dict); ``callable`` and ``object`` are set by a host in code.
+#: A setting that takes more than one kind has its main one here; its description says the rest.
+LOLLMS_TYPES: dict[str, str] = {
+    "host_tool_configs": "dict", "tools_folders": "list", "tool_files": "list",
+    "confirm_handler": "callable", "user_interaction_handler": "callable", "workspace": "str",
+    "tenant": "str", "timeout_s": "float", "memory_mb": "float", "supervisor": "object",
+    "confine": "bool", "workspace_root": "str", "network": "bool"}
+
+#: The closed choices of a keyword, for a form's select.
+LOLLMS_OPTIONS: dict[str, list[Any]] = {"confine": [True, False, "best-effort"]}
+
+#: Settings lollms passes that reach ``SandboxedBinding`` through ``**kwargs``, as
+#: ``LCPBinding``'s description declares them: (type, default, description).
+LOLLMS_KWARGS: dict[str, tuple[str, Any, str]] = {
+    "tools_folder_path": ("str", None, "one folder of libraries: the older name of "
+                          "`tools_folders`, used when `tools_folders` is not given"),
+    "enable_auto_model_selection": ("bool", False, "a load flag: `True` loads lollms_client's "
+                                    "`models_tools` library (list and switch models, child "
+                                    "agents), which declares it as its "
+                                    "`TOOL_LIBRARY_LOAD_FLAG`"),
+}
+
+#: The binding's lollms commands (methods a settings page runs by name): what each of their
+#: parameters is.  The command's own description is its method's docstring.
+LOLLMS_COMMANDS: dict[str, dict[str, str]] = {
+    "cleanup": {"status": "the text the command answers with (empty: a summary of what it "
+                "removed)"},
+}
+
+_ANNOTATION_TYPES = {"str": "str", "int": "int", "float": "float", "bool": "bool"}
+_DOC_LINK = re.compile(r"\[([^\]]+)\]\(([\w./-]+\.md)(#[\w-]+)?\)")
+
+
+def _plain(text: str) -> str:
+    """A description of this module as a form shows it: the pages' links as paths."""
+    return _DOC_LINK.sub(lambda m: f"{m.group(1)}, docs/{m.group(2)}", text)
+
+
+def lollms_parameters() -> list[dict[str, Any]]:
+    """description.yaml's ``global_input_parameters``: every keyword of ``SandboxedBinding``
+    (its default from the signature, its text from DESCRIPTIONS, its type from LOLLMS_TYPES),
+    then the settings of LOLLMS_KWARGS."""
+    described = DESCRIPTIONS["SandboxedBinding"]
+    init = SandboxedBinding.__dict__["__init__"]
+    params = [p for p in inspect.signature(init).parameters.values()
+              if p.name != "self" and p.kind is not p.VAR_KEYWORD]
+    gone = sorted(set(LOLLMS_TYPES) - {p.name for p in params})
+    if gone:
+        raise Missing(f"lollms: a type (LOLLMS_TYPES) but no keyword any more: {', '.join(gone)}")
+    out = []
+    for p in params:
+        if p.name not in LOLLMS_TYPES:
+            raise Missing(f"lollms: the keyword {p.name!r} has no type for lollms' forms "
+                          "(LOLLMS_TYPES)")
+        out.append(_parameter(p.name, LOLLMS_TYPES[p.name], described[p.name], p.default))
+    sandbox = next(e for e in out if e["name"] == "host_tool_configs")
+    sandbox["description"] += ": " + ", ".join(f.name for f in dataclasses.fields(Limits)) + \
+        " (docs/configuration.md)"
+    for name, (kind, default, text) in LOLLMS_KWARGS.items():
+        out.append(_parameter(name, kind, text, default))
+    return out
+
+
+def _parameter(name: str, kind: str, text: str, default: Any) -> dict[str, Any]:
+    entry = {"name": name, "type": kind, "description": _plain(text), "mandatory": False,
+             "default": None if default is inspect.Parameter.empty else default}
+    if name in LOLLMS_OPTIONS:
+        entry["options"] = LOLLMS_OPTIONS[name]
+    return entry
+
+
+def lollms_commands() -> dict[str, dict[str, Any]]:
+    """description.yaml's ``commands``, in the shape of ``LCPBinding``'s: each one's method
+    on the binding, its description (the docstring's first paragraph) and parameters."""
+    out = {}
+    for name, described in LOLLMS_COMMANDS.items():
+        method = getattr(SandboxedBinding, name)
+        text = inspect.getdoc(method)
+        if not text:
+            raise Missing(f"lollms: the command {name!r} has no docstring (its description)")
+        doc = " ".join(text.split("\n\n")[0].split()).replace("``", "`")
+        params = []
+        for p in list(inspect.signature(method).parameters.values())[1:]:
+            if p.name not in described:
+                raise Missing(f"lollms: the parameter {p.name!r} of the command {name!r} has no "
+                              "description (LOLLMS_COMMANDS)")
+            kind = _ANNOTATION_TYPES.get(str(p.annotation))
+            if kind is None:
+                raise Missing(f"lollms: the parameter {p.name!r} of the command {name!r} has no "
+                              f"type a form can give ({p.annotation!r})")
+            params.append({"name": p.name, "type": kind, "description": described[p.name],
+                           "default": None if p.default is p.empty else p.default})
+        out[name] = {"function_name": name, "description": doc, "parameters": params}
+    return out
+
+
+def _yaml(value: Any) -> str:
+    """A YAML scalar or flow list (JSON is YAML)."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+def render_lollms_description() -> str:
+    """description.yaml's text."""
+    lines = [f"# Made by `{COMMAND}` (lcp_sandbox/fronts/settings_table.py); do not edit by hand.",
+             *(f"{k}: {_yaml(v)}" for k, v in LOLLMS_HEAD.items()), "commands:"]
+    for name, command in lollms_commands().items():
+        lines += [f"  {name}:", f"    function_name: {command['function_name']}",
+                  f"    description: {_yaml(command['description'])}", "    parameters:"]
+        lines += _entries(command["parameters"], "      ")
+    lines.append("global_input_parameters:")
+    lines += _entries(lollms_parameters(), "  ")
+    lines.append("model_input_parameters: []")
+    return "\n".join(lines) + "\n"
+
+
+def _entries(entries: list[dict[str, Any]], indent: str) -> list[str]:
+    lines = []
+    for entry in entries:
+        first, *rest = entry.items()
+        lines.append(f"{indent}- {first[0]}: {_yaml(first[1])}")
+        lines += [f"{indent}  {k}: {_yaml(v)}" for k, v in rest]
+    return lines
+
+
+def write_lollms_description(path: Path = LOLLMS_DESCRIPTION) -> None:
+    path.write_text(render_lollms_description(), encoding="utf-8")
+    print(f"wrote the lollms settings into {path}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m lcp_sandbox.fronts.settings_table",
                                  description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--write", action="store_true", help=f"put it into {PAGE.name} (the "
-                    "checkout's docs/), between its markers")
+                    "checkout's docs/), between its markers, and the binding's settings "
+                    f"into lollms' {LOLLMS_DESCRIPTION.name}")
     return ap
 
 
@@ -309,12 +458,14 @@ def main(argv: Optional[list] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         table = render()
+        render_lollms_description()
     except Missing as exc:
         print(f"settings_table: {exc}: describe it (DESCRIPTIONS in {__file__}, or the flag's "
               f"help=), then run `{COMMAND}`", file=sys.stderr)
         return 1
     if args.write:
         write()
+        write_lollms_description()
     else:
         print(table)
     return 0
