@@ -26,7 +26,7 @@ import pytest
 
 import lcp_sandbox
 from lcp_sandbox import SandboxedBinding
-from lcp_sandbox.fronts import settings_table
+from lcp_sandbox.fronts import lollms_description, settings_table
 
 lcp = pytest.importorskip("lollms_client.tools_bindings.lcp")
 yaml = pytest.importorskip("yaml")
@@ -207,7 +207,7 @@ def _description() -> dict:
 
 
 def test_description_yaml_is_made_from_the_settings_source():
-    written = settings_table.LOLLMS_DESCRIPTION.read_text(encoding="utf-8")
+    written = lollms_description.PATH.read_text(encoding="utf-8")
     assert written == settings_table.render_lollms_description(), \
         f"description.yaml is stale: run `{settings_table.COMMAND}`"
     assert _description() == yaml.safe_load(written)
@@ -235,7 +235,7 @@ def test_description_declares_every_keyword_and_what_upstream_declares():
 
 
 def test_a_keyword_without_a_form_type_fails_the_generation(monkeypatch):
-    monkeypatch.delitem(settings_table.LOLLMS_TYPES, "tenant")
+    monkeypatch.delitem(lollms_description.TYPES, "tenant")
     with pytest.raises(settings_table.Missing, match="'tenant' has no type"):
         settings_table.render_lollms_description()
     assert settings_table.main([]) == 1

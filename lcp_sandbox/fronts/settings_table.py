@@ -13,15 +13,15 @@ from each flag's own ``help``.  tests/test_settings_table.py fails when a settin
 description, when a description names a setting that is gone, or when the page's table is
 not this module's output: a new setting is documented by adding its line here and running
 the ``--write`` command above.  The same keywords, defaults and descriptions make lollms'
-``lcp_sandbox/lollms_bindings/sandboxed/description.yaml`` (a type for lollms' forms from
-``LOLLMS_TYPES``); tests/test_lollms_surface.py fails when that file is not this output.
+``lcp_sandbox/lollms_bindings/sandboxed/description.yaml`` (with what lollms' forms need
+besides: fronts/lollms_description.py); tests/test_lollms_surface.py fails when that file
+is not this output.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import inspect
-import json
 import re
 import sys
 from pathlib import Path
@@ -32,6 +32,7 @@ from ..backends.ray.driver import RaySupervisor
 from ..binding.binding import SandboxedBinding
 from ..core.limits import _KINDS, Limits
 from ..core.policy import ENGINE_DIR
+from . import lollms_description as lollms
 
 COMMAND = "python -m lcp_sandbox.fronts.settings_table --write"
 PAGE = Path(ENGINE_DIR) / "docs" / "configuration.md"
@@ -304,48 +305,6 @@ def write(page: Path = PAGE) -> None:
 
 
 # ---------------------------------------------------------------- lollms' description.yaml
-#: The binding's description for lollms (``LollmsTOOLBindingManager.get_binding_description``
-#: and the settings forms built from it), made by :func:`write_lollms_description`.
-LOLLMS_DESCRIPTION = (Path(__file__).resolve().parent.parent / "lollms_bindings" / "sandboxed"
-                      / "description.yaml")
-
-#: The head of description.yaml (who the binding is, for lollms' lists).
-LOLLMS_HEAD: dict[str, str] = {
-    "name": "sandboxed", "binding_name": "SandboxedBinding", "author": "lcp_sandbox",
-    "description": "LCP tools, each library in its own isolated, long-lived worker process "
-    "(lcp_sandbox).", "version": "0.1", "icon": "🛡️"}
-
-#: The type a lollms settings form gives each ``SandboxedBinding`` keyword, in lollms' words
-#: (str, int, float, bool, list, dict); ``callable`` and ``object`` are set by a host in code.
-#: A setting that takes more than one kind has its main one here; its description says the rest.
-LOLLMS_TYPES: dict[str, str] = {
-    "host_tool_configs": "dict", "tools_folders": "list", "tool_files": "list",
-    "confirm_handler": "callable", "user_interaction_handler": "callable", "workspace": "str",
-    "tenant": "str", "timeout_s": "float", "memory_mb": "float", "supervisor": "object",
-    "confine": "bool", "workspace_root": "str", "network": "bool"}
-
-#: The closed choices of a keyword, for a form's select.
-LOLLMS_OPTIONS: dict[str, list[Any]] = {"confine": [True, False, "best-effort"]}
-
-#: Settings lollms passes that reach ``SandboxedBinding`` through ``**kwargs``, as
-#: ``LCPBinding``'s description declares them: (type, default, description).
-LOLLMS_KWARGS: dict[str, tuple[str, Any, str]] = {
-    "tools_folder_path": ("str", None, "one folder of libraries: the older name of "
-                          "`tools_folders`, used when `tools_folders` is not given"),
-    "enable_auto_model_selection": ("bool", False, "a load flag: `True` loads lollms_client's "
-                                    "`models_tools` library (list and switch models, child "
-                                    "agents), which declares it as its "
-                                    "`TOOL_LIBRARY_LOAD_FLAG`"),
-}
-
-#: The binding's lollms commands (methods a settings page runs by name): what each of their
-#: parameters is.  The command's own description is its method's docstring.
-LOLLMS_COMMANDS: dict[str, dict[str, str]] = {
-    "cleanup": {"status": "the text the command answers with (empty: a summary of what it "
-                "removed)"},
-}
-
-_ANNOTATION_TYPES = {"str": "str", "int": "int", "float": "float", "bool": "bool"}
 _DOC_LINK = re.compile(r"\[([^\]]+)\]\(([\w./-]+\.md)(#[\w-]+)?\)")
 
 
@@ -356,25 +315,25 @@ def _plain(text: str) -> str:
 
 def lollms_parameters() -> list[dict[str, Any]]:
     """description.yaml's ``global_input_parameters``: every keyword of ``SandboxedBinding``
-    (its default from the signature, its text from DESCRIPTIONS, its type from LOLLMS_TYPES),
-    then the settings of LOLLMS_KWARGS."""
+    (its default from the signature, its text from DESCRIPTIONS, its form type from
+    fronts/lollms_description.py), then the settings lollms passes through ``**kwargs``."""
     described = DESCRIPTIONS["SandboxedBinding"]
     init = SandboxedBinding.__dict__["__init__"]
     params = [p for p in inspect.signature(init).parameters.values()
               if p.name != "self" and p.kind is not p.VAR_KEYWORD]
-    gone = sorted(set(LOLLMS_TYPES) - {p.name for p in params})
+    gone = sorted(set(lollms.TYPES) - {p.name for p in params})
     if gone:
-        raise Missing(f"lollms: a type (LOLLMS_TYPES) but no keyword any more: {', '.join(gone)}")
+        raise Missing(f"lollms: a form type but no keyword any more: {', '.join(gone)}")
     out = []
     for p in params:
-        if p.name not in LOLLMS_TYPES:
+        if p.name not in lollms.TYPES:
             raise Missing(f"lollms: the keyword {p.name!r} has no type for lollms' forms "
-                          "(LOLLMS_TYPES)")
-        out.append(_parameter(p.name, LOLLMS_TYPES[p.name], described[p.name], p.default))
+                          "(TYPES in fronts/lollms_description.py)")
+        out.append(_parameter(p.name, lollms.TYPES[p.name], described[p.name], p.default))
     sandbox = next(e for e in out if e["name"] == "host_tool_configs")
     sandbox["description"] += ": " + ", ".join(f.name for f in dataclasses.fields(Limits)) + \
         " (docs/configuration.md)"
-    for name, (kind, default, text) in LOLLMS_KWARGS.items():
+    for name, (kind, default, text) in lollms.KWARGS.items():
         out.append(_parameter(name, kind, text, default))
     return out
 
@@ -382,8 +341,8 @@ def lollms_parameters() -> list[dict[str, Any]]:
 def _parameter(name: str, kind: str, text: str, default: Any) -> dict[str, Any]:
     entry = {"name": name, "type": kind, "description": _plain(text), "mandatory": False,
              "default": None if default is inspect.Parameter.empty else default}
-    if name in LOLLMS_OPTIONS:
-        entry["options"] = LOLLMS_OPTIONS[name]
+    if name in lollms.OPTIONS:
+        entry["options"] = lollms.OPTIONS[name]
     return entry
 
 
@@ -391,58 +350,27 @@ def lollms_commands() -> dict[str, dict[str, Any]]:
     """description.yaml's ``commands``, in the shape of ``LCPBinding``'s: each one's method
     on the binding, its description (the docstring's first paragraph) and parameters."""
     out = {}
-    for name, described in LOLLMS_COMMANDS.items():
+    for name, described in lollms.COMMANDS.items():
         method = getattr(SandboxedBinding, name)
         text = inspect.getdoc(method)
         if not text:
             raise Missing(f"lollms: the command {name!r} has no docstring (its description)")
-        doc = " ".join(text.split("\n\n")[0].split()).replace("``", "`")
         params = []
         for p in list(inspect.signature(method).parameters.values())[1:]:
-            if p.name not in described:
+            kind = lollms.ANNOTATION_TYPES.get(str(p.annotation))
+            if p.name not in described or kind is None:
                 raise Missing(f"lollms: the parameter {p.name!r} of the command {name!r} has no "
-                              "description (LOLLMS_COMMANDS)")
-            kind = _ANNOTATION_TYPES.get(str(p.annotation))
-            if kind is None:
-                raise Missing(f"lollms: the parameter {p.name!r} of the command {name!r} has no "
-                              f"type a form can give ({p.annotation!r})")
+                              "description (COMMANDS) or no type a form can give")
             params.append({"name": p.name, "type": kind, "description": described[p.name],
                            "default": None if p.default is p.empty else p.default})
-        out[name] = {"function_name": name, "description": doc, "parameters": params}
+        out[name] = {"function_name": name, "parameters": params,
+                     "description": " ".join(text.split("\n\n")[0].split()).replace("``", "`")}
     return out
 
 
-def _yaml(value: Any) -> str:
-    """A YAML scalar or flow list (JSON is YAML)."""
-    return json.dumps(value, ensure_ascii=False)
-
-
 def render_lollms_description() -> str:
-    """description.yaml's text."""
-    lines = [f"# Made by `{COMMAND}` (lcp_sandbox/fronts/settings_table.py); do not edit by hand.",
-             *(f"{k}: {_yaml(v)}" for k, v in LOLLMS_HEAD.items()), "commands:"]
-    for name, command in lollms_commands().items():
-        lines += [f"  {name}:", f"    function_name: {command['function_name']}",
-                  f"    description: {_yaml(command['description'])}", "    parameters:"]
-        lines += _entries(command["parameters"], "      ")
-    lines.append("global_input_parameters:")
-    lines += _entries(lollms_parameters(), "  ")
-    lines.append("model_input_parameters: []")
-    return "\n".join(lines) + "\n"
-
-
-def _entries(entries: list[dict[str, Any]], indent: str) -> list[str]:
-    lines = []
-    for entry in entries:
-        first, *rest = entry.items()
-        lines.append(f"{indent}- {first[0]}: {_yaml(first[1])}")
-        lines += [f"{indent}  {k}: {_yaml(v)}" for k, v in rest]
-    return lines
-
-
-def write_lollms_description(path: Path = LOLLMS_DESCRIPTION) -> None:
-    path.write_text(render_lollms_description(), encoding="utf-8")
-    print(f"wrote the lollms settings into {path}")
+    """lollms' description.yaml of the binding (fronts/lollms_description.py writes it)."""
+    return lollms.render(lollms_parameters(), lollms_commands(), COMMAND)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -450,7 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
                                  description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--write", action="store_true", help=f"put it into {PAGE.name} (the "
                     "checkout's docs/), between its markers, and the binding's settings "
-                    f"into lollms' {LOLLMS_DESCRIPTION.name}")
+                    f"into lollms' {lollms.PATH.name}")
     return ap
 
 
@@ -465,7 +393,7 @@ def main(argv: Optional[list] = None) -> int:
         return 1
     if args.write:
         write()
-        write_lollms_description()
+        lollms.write(render_lollms_description())
     else:
         print(table)
     return 0
