@@ -3,7 +3,9 @@ host's egress proxy, and nothing else.  Servers on the host's loopback stand for
 from __future__ import annotations
 
 import http.server
+import ipaddress
 import logging
+import socket
 import threading
 import time
 
@@ -11,8 +13,9 @@ import pytest
 from conftest import HERE, poll
 
 from lcp_sandbox import SandboxedBinding, Supervisor
-from lcp_sandbox.backends.local import egress
-from lcp_sandbox.core.egress_rules import policy_of
+from lcp_sandbox.backends.local import egress, egress_conn
+from lcp_sandbox.backends.metrics import Metrics
+from lcp_sandbox.core.egress_rules import authority_of, canonical_host, policy_of, rule_of
 
 LIBS = HERE / "egress_libs"          # (CI runs these on the spawn start path too)
 
@@ -20,6 +23,7 @@ LIBS = HERE / "egress_libs"          # (CI runs these on the spawn start path to
 class Recorder(http.server.BaseHTTPRequestHandler):
     def do_GET(self):               # noqa: N802 (the base class's name)
         self.server.seen.append(self.path)
+        self.server.hosts.append(self.headers["Host"])
         body = f"{self.server.name} {self.path}".encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
@@ -36,7 +40,7 @@ def servers():
     made = {}
     for name in ("allowed", "other"):
         server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
-        server.name, server.seen = name, []
+        server.name, server.seen, server.hosts = name, [], []
         threading.Thread(target=server.serve_forever, daemon=True).start()
         made[name] = server
     yield {name: s.server_address[1] for name, s in made.items()}, made
@@ -267,3 +271,205 @@ def test_serve_mcp_flags_make_the_policy_or_say_what_is_wrong():
         with pytest.raises(Exception) as caught:
             network(*argv)
         assert said in str(caught.value), argv
+
+
+
+# ------------------------------------------------------------ one name, request to socket
+class Seams:
+    """The proxy's resolver and connect, recorded: the resolver reads a name as the C
+    resolver does (up to a NUL), and nothing is connected (502)."""
+
+    def __init__(self, names: dict):
+        self.names, self.resolved, self.connected = names, [], []
+
+    def resolve(self, host, port):
+        self.resolved.append(host)
+        name = host.split("\0")[0]
+        try:
+            return [ipaddress.ip_address(name)]
+        except ValueError:
+            return [ipaddress.ip_address(a) for a in self.names.get(name, ["93.184.215.14"])]
+
+    def connect(self, addresses, port):
+        self.connected.append(([str(a) for a in addresses], port))
+        raise egress_conn.Refused(502, "not connected (test)")
+
+
+@pytest.fixture
+def seams(monkeypatch):
+    made = Seams({"vm": ["127.0.0.1"], "localhost": ["127.0.0.1"]})
+    monkeypatch.setattr(egress, "_resolve", made.resolve)
+    monkeypatch.setattr(egress_conn, "connect", made.connect)
+    return made
+
+
+def exchange(rules: list, head: bytes, metrics=None) -> bytes:
+    """What a proxy whose worker has the policy ``rules`` answers ``head`` (in this thread)."""
+    proxy = egress.EgressProxy(metrics or Metrics())
+    ident = egress.Identity("t", "lib", policy_of({"allow": rules}))
+    client, server = socket.socketpair()
+    with client, server:
+        client.sendall(head)
+        client.shutdown(socket.SHUT_WR)
+        egress_conn.serve(server, lambda host, port: proxy._admit(ident, host, port))
+        server.shutdown(socket.SHUT_WR)
+        return b"".join(iter(lambda: client.recv(65536), b""))
+
+
+def test_a_nul_in_a_connect_host_matches_nothing_and_is_never_resolved(seams):
+    """The rule read the whole string, the C resolver stopped at the NUL (3fff::7)."""
+    metrics = Metrics()
+    got = exchange(["*.example.com:443"],
+                   b"CONNECT 3fff::7\x00.example.com:443 HTTP/1.1\r\nHost: x.example.com\r\n\r\n",
+                   metrics)
+    assert got.startswith(b"HTTP/1.1 400 "), got
+    assert seams.resolved == [] and seams.connected == []
+    assert metrics.snapshot()["egress"]["admitted"] == {}
+
+
+def test_a_nul_in_a_url_host_does_not_reach_the_loopback_beside_it(seams):
+    """vm\\0.example.com matched *.example.com; the resolver read "vm" (the loopback here)."""
+    got = exchange(["*.example.com:8080", "127.0.0.1:8080"],
+                   b"GET http://vm\x00.example.com:8080/ HTTP/1.1\r\nHost: vm.example.com\r\n\r\n")
+    assert got.startswith(b"HTTP/1.1 400 "), got
+    assert seams.resolved == [] and seams.connected == []
+
+
+def test_a_nul_in_a_url_host_through_a_worker_and_the_real_resolver(sup, servers,
+                                                                    open_tmp_module):
+    ports, made = servers
+    port = ports["allowed"]
+    t = binding(sup, open_tmp_module, "nul-host",
+                {"allow": [f"*.example.com:{port}", f"127.0.0.1:{port}", f"[::1]:{port}"]})
+    seen = list(made["allowed"].seen)
+    got = out(t, "tool_raw_proxy", head=f"GET http://localhost\0.example.com:{port}/nul "
+                                        f"HTTP/1.1\r\nHost: x.example.com\r\n\r\n")
+    assert got["status"] == "HTTP/1.1 400 Bad Request", got
+    assert made["allowed"].seen == seen
+
+
+@pytest.mark.parametrize("target", [
+    "vm%00.example.com", "vm .example.com", "vm\t.example.com", "a..example.com",
+    "x@vm.example.com", "vm\\.example.com", "vm.example.com%2e", "-vm.example.com",
+    "vm_.example.com", "xn--abc.example.com", "\u00e9.example.com"])
+def test_a_host_spelled_two_ways_is_refused_before_the_rules(seams, target):
+    for head in (f"CONNECT {target}:443 HTTP/1.0\r\n\r\n",
+                 f"GET http://{target}:443/ HTTP/1.0\r\n\r\n"):
+        got = exchange(["*.example.com"], head.encode("utf-8"))
+        assert got.startswith(b"HTTP/1.1 400 "), (head, got)
+    assert seams.resolved == [] and seams.connected == []
+
+
+def test_the_one_spelling_of_a_host():
+    assert canonical_host("API.Example.COM.") == "api.example.com"
+    assert canonical_host("r3---sn-a.googlevideo.com") == "r3---sn-a.googlevideo.com"
+    assert canonical_host("xn--bcher-kva.example") == "xn--bcher-kva.example"
+    assert canonical_host("::ffff:127.0.0.1") == "::ffff:7f00:1"
+    assert authority_of("[2001:db8::1]:443") == ("2001:db8::1", 443)
+    assert authority_of("example.com", 80) == ("example.com", 80)
+    # the resolver would read these as addresses, or read them otherwise than the rules
+    for bad in ("127.1", "0x7f.1", "2130706433", "fe80::1%eth0", "", ".", "a" * 64 + ".com",
+                "example.com..", "bücher.example", "3fff::7\0.example.com"):
+        with pytest.raises(ValueError):
+            canonical_host(bad)
+    for bad in ("3fff::7:443", "[127.0.0.1]:80", "example.com:0", "example.com:+1",
+                "example.com:", "example.com"):
+        with pytest.raises(ValueError):
+            authority_of(bad)
+    # a rule's non-ASCII name is matched as the A-label clients send
+    assert rule_of("*.Bücher.example:443").suffix == ".xn--bcher-kva.example"
+    with pytest.raises(ValueError, match="is not a host"):
+        rule_of("under_score.example")
+    decision = policy_of({"allow": ["*.example.com"]}).check("vm\0.example.com", 80, [])
+    assert not decision.admitted and decision.rule == "malformed host"
+
+
+def test_plain_http_goes_with_the_host_of_its_url(one_port, servers):
+    """A proxy replaces the client's Host with the URL's: a server behind the checked
+    address cannot be asked for another site."""
+    ports, made = servers
+    port = ports["allowed"]
+    got = out(one_port, "tool_raw_proxy",
+              head=f"GET http://127.0.0.1:{port}/fronted HTTP/1.1\r\nHost: evil.example\r\n\r\n")
+    assert got["status"].split()[1] == "200", got
+    assert made["allowed"].hosts[made["allowed"].seen.index("/fronted")] == f"127.0.0.1:{port}"
+
+
+# ------------------------------------------------------------ fairness
+def held(proxy, ident, n: int) -> list:
+    """``n`` connections of ``ident`` handed to the proxy (each waits for its head); the
+    client ends."""
+    ends = []
+    for _ in range(n):
+        client, server = socket.socketpair()
+        proxy._take(ident, server.detach())
+        ends.append(client)
+    return ends
+
+
+def answer(client) -> bytes:
+    client.setblocking(False)
+    try:
+        return client.recv(4096)
+    except BlockingIOError:
+        return b""
+
+
+def test_each_tenant_has_a_share_and_the_host_answers_503_with_retry_after():
+    proxy = egress.EgressProxy(Metrics())
+    proxy.max_per_worker, proxy.max_per_tenant, proxy.max_connections = 2, 3, 5
+    assert egress.MAX_PER_TENANT == egress.MAX_CONNECTIONS // 16
+    policy = policy_of({"allow": ["example.com"]})
+    a1, a2, b, c = (egress.Identity(t, lib, policy)
+                    for t, lib in (("a", "one"), ("a", "two"), ("b", "one"), ("c", "one")))
+    clients, refused = held(proxy, a1, 2) + held(proxy, a2, 1), []
+    try:
+        # tenant a holds its share (3) through two workers; the host has room (3 of 5)
+        refused += held(proxy, a1, 1) + held(proxy, a2, 1)
+        clients += held(proxy, b, 2)
+        assert [answer(x) for x in clients] == [b""] * 5
+        assert proxy.tenants == {"a": 3, "b": 2} and proxy.connections == 5
+        refused += held(proxy, c, 1)
+        said = [answer(x).decode() for x in refused]
+        assert [x.split("\r\n")[0] for x in said] == [
+            "HTTP/1.1 429 Too Many Requests", "HTTP/1.1 429 Too Many Requests",
+            "HTTP/1.1 503 Service Unavailable"], said
+        assert all("\r\nRetry-After: 1\r\n" in x for x in said)
+        for text, limit in zip(said, ("this worker's limit of 2", "this tenant's limit of 3",
+                                      "the host's limit of 5"), strict=True):
+            assert limit in text
+        # a slot given back is taken again
+        clients.pop().close()
+        assert poll(lambda: proxy.connections == 4)
+        clients += held(proxy, c, 1)
+        assert answer(clients[-1]) == b"" and proxy.tenants == {"a": 3, "b": 1, "c": 1}
+    finally:
+        for x in clients + refused:
+            x.close()
+    assert poll(lambda: proxy.connections == 0) and proxy.tenants == {}
+
+
+def test_a_head_trickled_a_byte_at_a_time_ends_at_one_deadline(sup, one_port, monkeypatch):
+    """Each byte comes well within the deadline; the whole head does not."""
+    monkeypatch.setattr(sup.egress, "head_timeout_s", 1.0)
+    got = out(one_port, "tool_trickle", gap=0.25, most=80)
+    assert got["answer"].startswith("HTTP/1.1 400 Bad Request"), got
+    assert "no complete request head within 1 s" in got["answer"]
+    assert got["sent"] < 80
+
+
+def test_the_head_limit_is_exact(one_port, servers):
+    ports, made = servers
+    port = ports["allowed"]
+
+    def head(size: int, path: str) -> str:
+        start = f"GET http://127.0.0.1:{port}{path} HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: "
+        return start + "a" * (size - len(start) - 4) + "\r\n\r\n"
+    limit = egress_conn.HEAD_LIMIT
+    assert out(one_port, "tool_raw_proxy", head=head(limit, "/limit"))["status"].split()[1] == \
+        "200"
+    for size in (limit + 1, 100 * 1024):
+        got = out(one_port, "tool_raw_proxy", head=head(size, f"/over{size}"))
+        assert got["status"] == "HTTP/1.1 400 Bad Request", (size, got)
+        assert f"a request head over {limit} bytes" in got["text"]
+    assert [p for p in made["allowed"].seen if p.startswith(("/limit", "/over"))] == ["/limit"]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import inspect
 import io
 import itertools
+import re
 import sys
 from pathlib import Path
 
@@ -155,10 +156,12 @@ def test_dynamic_descriptions_as_lcp_for_every_kind_of_provider(pair, tmp_path):
         assert answer == expected.get(name), name
     # LCPBinding's own specs (its prompt providers listed as tools among them) get the same
     for name, spec in their_specs.items():
-        assert ours.get_dynamic_tool_description(spec) == theirs.get_dynamic_tool_description(spec)
+        assert ours.get_dynamic_tool_description(spec) == \
+            theirs.get_dynamic_tool_description(spec), name
     assert ours.get_dynamic_tool_description({"name": "tool_static"}) is None
-    assert ours.get_dynamic_tool_description({"name": "tool_nope", "_has_dynamic_prompt": True,
-                                              "_dynamic_prompt_fn_name": "tool_nope_prompt"}) is None
+    nope = {"name": "tool_nope", "_has_dynamic_prompt": True,
+            "_dynamic_prompt_fn_name": "tool_nope_prompt"}
+    assert ours.get_dynamic_tool_description(nope) is None
 
 
 def test_the_dynamic_description_runs_in_the_library_worker(pair, tmp_path):
@@ -221,6 +224,11 @@ def test_description_declares_every_keyword_and_what_upstream_declares():
                 if p not in ("self", "kwargs")]
     assert set(keywords) <= set(declared)
     assert {p["name"] for p in upstream["global_input_parameters"]} <= set(declared)
+    # every load flag a library of lollms_client's default tools declares
+    flags = {m.group(1) for f in (Path(lcp.__file__).parent / "default_tools").rglob("*.py")
+             for m in re.finditer(r"(?m)^TOOL_LIBRARY_LOAD_FLAG\s*=\s*[\"']([A-Za-z0-9_]+)",
+                                  f.read_text(encoding="utf-8", errors="replace"))}
+    assert "enable_auto_model_selection" in flags and flags <= set(declared)
     for name, param in declared.items():
         assert param["type"] in LOLLMS_FORM_TYPES and param["description"], name
         assert param["mandatory"] is False, name
@@ -393,5 +401,6 @@ def test_lollms_code_config_on_both_bindings(lollms_code, monkeypatch):
     assert ran["success"] is True and "curl" in str(ran["output"])
     for attr in ("prompts", "panels", "answers"):
         assert getattr(terminals["sandboxed"], attr) == getattr(terminals["lcp"], attr), attr
-    assert len(terminals["sandboxed"].panels) == 2 and "echo curl" in terminals["sandboxed"].panels[0]
+    panels = terminals["sandboxed"].panels
+    assert len(panels) == 2 and "echo curl" in panels[0]
     assert terminals["sandboxed"].answers == []

@@ -17,17 +17,33 @@ or otherwise reserved address is refused unless that address is listed, and the 
 connects only to addresses it checked: a name cannot be rebound to another address between
 the check and the connection.
 
+One spelling of a host, from the request to the socket:
+
+    request target ──► authority_of() ──► canonical_host(): an IP address as ``ipaddress``
+    writes it, or a name of letter-digit-hyphen labels (IDNA A-labels checked by ``idna``),
+    in lower case, without its final dot; anything else (a control byte, NUL, space,
+    percent-escape, empty label, a number the resolver would read as an address) ValueError
+         ──► Policy.check() matches that string ──► the proxy resolves and connects to it
+
 Pure: parsing and matching; backends/local/egress.py runs the proxy that applies it.
 """
 from __future__ import annotations
 
 import ipaddress
+import re
 from dataclasses import dataclass
 from typing import Any, Optional, Union
+
+import idna
 
 Address = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
 Network = Union[ipaddress.IPv4Network, ipaddress.IPv6Network]
 _KEYS = ("allow", "deny")
+_LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
+# A last label the resolver reads as a number (inet_aton: 127.1, 0x7f.1, 2130706433)
+_NUMBER = re.compile(r"[0-9]+|0x[0-9a-f]*")
+_PORT = re.compile(r"[0-9]{1,5}")
+_NAME_MAX = 253
 
 
 @dataclass(frozen=True)
@@ -59,6 +75,8 @@ class Decision:
     admitted: bool
     rule: str
     why: str
+    # The host as the rules matched it (canonical_host()): the one the proxy resolves
+    host: str = ""
 
 
 class Policy:
@@ -69,29 +87,35 @@ class Policy:
         self.size = len(allow) + len(deny)
 
     def check(self, host: str, port: int, addresses: list[Address]) -> Decision:
-        """Whether (``host``, ``port``), resolved to ``addresses``, may be reached."""
-        host = host.lower().rstrip(".")
+        """Whether (``host``, ``port``), resolved to ``addresses``, may be reached; a host
+        that is not one canonical_host() accepts is refused, whatever the rules."""
+        try:
+            host = canonical_host(host)
+        except ValueError as exc:
+            return Decision(False, "malformed host", str(exc))
         literal = _address(host)
         addresses = [_plain(a) for a in addresses]
         for rule in self.deny:
             if (literal is None and rule.matches_name(host, port)) or any(
                     rule.matches_address(a, port) for a in addresses):
                 return Decision(False, f"deny {rule.text}", f"{_join(host, port)} is denied "
-                                                             f"by the rule {rule.text!r}")
+                                                             f"by the rule {rule.text!r}", host)
         if literal is None:
             named = next((r for r in self.allow if r.matches_name(host, port)), None)
         else:
             named = next((r for r in self.allow if r.matches_address(literal, port)), None)
         if named is None:
-            return Decision(False, "no allow rule", f"no allow rule matches {_join(host, port)}")
+            return Decision(False, "no allow rule", f"no allow rule matches {_join(host, port)}",
+                            host)
         for address in addresses:
             if not address.is_global and not any(r.matches_address(address, port)
                                                  for r in self.allow):
                 kind = _kind(address)
                 return Decision(False, f"unlisted {kind} address",
                                 f"{host} resolves to {address}, a {kind} address that no "
-                                f"allow rule lists")
-        return Decision(True, f"allow {named.text}", f"{_join(host, port)}: allow {named.text!r}")
+                                f"allow rule lists", host)
+        return Decision(True, f"allow {named.text}", f"{_join(host, port)}: allow {named.text!r}",
+                        host)
 
 
 def policy_of(value: Any) -> Policy:
@@ -122,13 +146,91 @@ def rule_of(text: str, key: str = "allow") -> Rule:
         net = None
     if net is not None:
         return Rule(text, port, network=net)
-    name = host.lower().rstrip(".")
-    wild = name.startswith("*.")
-    label = name[2:] if wild else name
-    if not label or not all(_good_label(p) for p in label.split(".")):
+    wild = host.startswith("*.")
+    try:
+        label = canonical_host(_a_labels(host[2:] if wild else host))
+    except ValueError:
+        label = ""
+    if not label:
         raise ValueError(f"'network' {key} rule {text!r} is not a host, *.domain, address or "
                          f"CIDR, with an optional :port")
     return Rule(text, port, suffix="." + label) if wild else Rule(text, port, name=label)
+
+
+def _a_labels(name: str) -> str:
+    """A rule's name with each label that is not ASCII written as its IDNA A-label (what
+    clients send: bücher.example is asked for as xn--bcher-kva.example)."""
+    if name.isascii():
+        return name
+    try:
+        return ".".join(p if p.isascii() else idna.encode(p.lower()).decode("ascii")
+                        for p in name.split("."))
+    except idna.IDNAError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def canonical_host(text: str) -> str:
+    """The one spelling of a request's host: what the rules match, the resolver is asked
+    and the proxy connects to.  An IP address as ``ipaddress`` writes it (no zone), or a name
+    in lower case without its final dot, each label 1-63 letters, digits and inner hyphens
+    (an ``xn--`` label a valid IDNA A-label), 253 characters at most, whose last label is
+    not a number (the resolver would read ``127.1`` or ``0x7f.1`` as an address).  Anything
+    else is a ValueError saying why: the resolver and the rules must never read one string
+    two ways (a NUL ends a name for the C resolver, not for Python)."""
+    shown = repr(text[:200])
+    if not text.isascii() or not text.isprintable() or any(c in text for c in " %[]"):
+        raise ValueError(f"{shown} is not a host: only ASCII letters, digits, '-', '.' (a name) "
+                         f"or an IP address, with no control byte, space or %-escape")
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        pass
+    name = text.lower()[:-1] if text.endswith(".") else text.lower()
+    labels = name.split(".")
+    if len(name) > _NAME_MAX or not all(_LABEL.fullmatch(p) for p in labels):
+        raise ValueError(f"{shown} is not a host name: labels of 1-63 letters, digits and "
+                         f"inner hyphens, {_NAME_MAX} characters at most, no empty label")
+    if _NUMBER.fullmatch(labels[-1]):
+        raise ValueError(f"{shown} is not a host name: it ends in a number, and is not an "
+                         f"IP address written in full")
+    for label in labels:
+        if label.startswith("xn--") and not _a_label(label):
+            raise ValueError(f"{shown} is not a host name: {label!r} is not an IDNA A-label")
+    return name
+
+
+def _a_label(label: str) -> bool:
+    try:
+        return bool(idna.encode(idna.decode(label)) == label.encode("ascii"))
+    except (idna.IDNAError, UnicodeError):
+        return False
+
+
+def authority_of(text: str, default_port: Optional[int] = None) -> tuple[str, int]:
+    """(canonical host, port) of ``host:port`` or ``[IPv6]:port``, as a request names its
+    destination; the port may be left out where ``default_port`` is given.  ValueError for
+    anything else (an IPv6 address goes in brackets, nothing but a port follows the host)."""
+    if text.startswith("["):
+        inner, sep, rest = text[1:].partition("]")
+        if not sep or not _is_v6(inner):
+            raise ValueError(f"{text[:200]!r}: '[' opens an IPv6 address and ']' closes it")
+        host = canonical_host(inner)
+    else:
+        name = text.partition(":")[0]
+        host, rest = canonical_host(name), text[len(name):]
+    if not rest and default_port is not None:
+        return host, default_port
+    port = rest[1:]
+    if not rest.startswith(":") or not _PORT.fullmatch(port) or not 0 < int(port) < 65536:
+        raise ValueError(f"{text[:200]!r} is not host:port (a port of 1-65535)")
+    return host, int(port)
+
+
+def _is_v6(text: str) -> bool:
+    try:
+        return isinstance(ipaddress.ip_address(text), ipaddress.IPv6Address)
+    except ValueError:
+        return False
 
 
 def _split_port(text: str, key: str) -> tuple[str, Optional[int]]:
@@ -148,10 +250,6 @@ def _port(text: str, rule: str, key: str) -> int:
     if not text.isdigit() or not 0 < int(text) < 65536:
         raise ValueError(f"'network' {key} rule {rule!r}: the port {text!r} is not 1-65535")
     return int(text)
-
-
-def _good_label(label: str) -> bool:
-    return 0 < len(label) < 64 and all(c.isalnum() or c in "-_" for c in label)
 
 
 def _address(host: str) -> Optional[Address]:

@@ -6,18 +6,22 @@
                       │ accept(), then the accepted      first line, the token the host gave it
                       └ socket itself, by SCM_RIGHTS ──► (so: which tenant and library, which
                                                           Policy), then one socket per message
-    each socket received: read the request head (CONNECT host:port, or a plain-HTTP request with
-    an absolute URL), resolve the name, Policy.check() every address: 403 naming the rule, or
-    connect to an address that was checked and relay both ways until either side ends
+    each socket received: under the caps (its worker's, its tenant's, the host's) or 429/503
+    at once; read the request head (CONNECT host:port, or a plain-HTTP request with an
+    absolute URL; its host in the one spelling the rules match, or 400), Policy.check() the
+    name, resolve that same string, check every address: 403 naming the rule, or connect to
+    an address that was checked and relay both ways until either side ends
 
 The proxy never listens on an address of the host's interfaces: its one listening socket is
 a unix socket in a folder only the host's user may enter, and a worker reaches it only through
 the dialer it opened before its confinement (its system call filter then refuses new unix
 sockets).  The worker is hostile: what it sends on its dialer may be anything (garbage, a file,
 a pipe, a listening socket, a flood); a received descriptor that is not a connected stream
-socket is closed unread; each worker has at most MAX_PER_WORKER connections at once (further
-ones are answered 429 at once), the proxy at most MAX_CONNECTIONS (503); a request head is
-read within HEAD_TIMEOUT_S and HEAD_LIMIT bytes.  Plain HTTP requests are forwarded with
+socket is closed unread.  Connections at once are capped: MAX_PER_WORKER a worker and
+MAX_PER_TENANT a tenant (429 beyond them), MAX_CONNECTIONS the host (503), each answered at
+once with ``Retry-After``; a tenant's cap is a sixteenth of the host's, so no fewer than
+sixteen tenants fill the host.  A whole request head comes within HEAD_TIMEOUT_S (one
+deadline, not one a read) and HEAD_LIMIT bytes.  Plain HTTP requests are forwarded with
 ``Connection: close``, so a kept-alive connection cannot carry a second request to another host.
 """
 from __future__ import annotations
@@ -38,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Coroutine, Optional
 
 from ... import protocol as P
-from ...core.egress_rules import Address, Decision, Policy, policy_of
+from ...core.egress_rules import Address, Decision, Policy, canonical_host, policy_of
 from ..metrics import Metrics
 from .egress_conn import HEAD_TIMEOUT_S, Refused, response, serve
 from .slot import Slot
@@ -47,10 +51,17 @@ log = logging.getLogger("lcp_sandbox.egress")
 
 MAX_PER_WORKER = 64
 MAX_CONNECTIONS = 4096
+# A tenant's share of the host: four libraries at their own cap, and sixteen tenants to fill it
+MAX_PER_TENANT = MAX_CONNECTIONS // 16
+# What a refusal at a cap tells the client to wait (slots free as connections end, and a
+# connection that sends no head ends within HEAD_TIMEOUT_S)
+RETRY_AFTER_S = 1
 _FDS_PER_MESSAGE = 8
-TOKEN_BYTES = 32                 # hex digits of a dialer's token (128 bits)
+# Hex digits of a dialer's token (128 bits)
+TOKEN_BYTES = 32
+# Refusals logged per worker (then counted only)
 _LOGGED_PER_WORKER = 20
-_IDLE_THREADS = 32          # refusals logged per worker (then counted only)
+_IDLE_THREADS = 32
 
 
 @dataclass
@@ -64,10 +75,15 @@ class Identity:
 
 
 class EgressProxy:
-    """One per supervisor, started by the first worker with a network policy."""
+    """One per supervisor, started by the first worker with a network policy.  Its caps
+    and its head deadline are attributes (the module's constants unless changed)."""
 
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
+        self.max_per_worker = MAX_PER_WORKER
+        self.max_per_tenant = MAX_PER_TENANT
+        self.max_connections = MAX_CONNECTIONS
+        self.head_timeout_s = HEAD_TIMEOUT_S
         self._ids: dict[str, Identity] = {}
         self._tokens: dict[int, str] = {}         # id(slot): its token, while it lives
         self._lock = threading.Lock()
@@ -76,6 +92,8 @@ class EgressProxy:
         self._folder = ""
         self.path = ""
         self.connections = 0
+        # Connections at once by tenant (a tenant with none has no entry)
+        self.tenants: dict[str, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._open: set[socket.socket] = set()        # connections being served
         self._pool = _Threads()
@@ -159,7 +177,7 @@ class EgressProxy:
             loop = asyncio.get_running_loop()
             try:           # exactly the token's line: what follows may carry descriptors
                 line = await asyncio.wait_for(_exactly(loop, dialer, TOKEN_BYTES + 1),
-                                              HEAD_TIMEOUT_S)
+                                              self.head_timeout_s)
             except (asyncio.TimeoutError, OSError):
                 return
             ident = self._ids.get(line.strip().decode("ascii", "replace"))
@@ -181,52 +199,74 @@ class EgressProxy:
 
     def _take(self, ident: Identity, fd: int) -> None:
         """A descriptor a worker sent: served, in a thread of the pool, if it is a
-        connected stream socket and the worker and the host are under their caps."""
+        connected stream socket and its worker, its tenant and the host are under their
+        caps; else answered at once (429 or 503, with Retry-After) and closed."""
         sock = _stream_socket(fd)
         if sock is None:
             return
         with self._lock:
-            full = ("this worker's" if ident.active >= MAX_PER_WORKER else
-                    "the host's" if self.connections >= MAX_CONNECTIONS else "")
-            if not full:
+            full = self._full(ident)
+            if full is None:
                 ident.active += 1
+                self.tenants[ident.tenant] = self.tenants.get(ident.tenant, 0) + 1
                 self.connections += 1
                 self._open.add(sock)
-        if full:
-            with sock:
-                try:                       # (non-blocking: a 200-byte answer fits at once)
-                    sock.send(response(429 if full[0] == "t" else 503,
-                                       f"{full} limit of connections at once is reached"))
-                except OSError:
-                    pass
+        if full is None:
+            self._pool.submit(self._serve, ident, sock)
             return
-        self._pool.submit(self._serve, ident, sock)
+        with sock:
+            try:
+                # Non-blocking: an answer of a few hundred bytes fits at once
+                sock.send(response(full.status, str(full), full.retry_after))
+            except OSError:
+                pass
+
+    def _full(self, ident: Identity) -> Optional[Refused]:
+        """The cap ``ident``'s next connection would pass (the lock held), or None."""
+        for status, held, cap, whose in (
+                (429, ident.active, self.max_per_worker, "this worker's"),
+                (429, self.tenants.get(ident.tenant, 0), self.max_per_tenant, "this tenant's"),
+                (503, self.connections, self.max_connections, "the host's")):
+            if held >= cap:
+                return Refused(status, f"lcp-sandbox egress proxy: {whose} limit of {cap} "
+                                       f"connections at once is reached", RETRY_AFTER_S)
+        return None
+
+    def _release(self, ident: Identity, sock: socket.socket) -> None:
+        """A connection ended: its slot back to its worker, its tenant and the host."""
+        with self._lock:
+            ident.active -= 1
+            left = self.tenants.pop(ident.tenant) - 1
+            if left:
+                self.tenants[ident.tenant] = left
+            self.connections -= 1
+            self._open.discard(sock)
 
     # ------------------------------------------------------------ one connection
     def _serve(self, ident: Identity, sock: socket.socket) -> None:
         """A connection (egress_conn.serve) on the socket, under ``ident``'s policy."""
         try:
             sock.setblocking(True)
-            serve(sock, lambda host, port: self._admit(ident, host, port))
+            serve(sock, lambda host, port: self._admit(ident, host, port), self.head_timeout_s)
         except OSError:
             pass
         except Exception:                                   # noqa: BLE001 (a bug: say it)
             log.exception("egress proxy: a connection of tenant %s, library %s failed",
                           ident.tenant, ident.library)
         finally:
-            with self._lock:
-                ident.active -= 1
-                self.connections -= 1
-                self._open.discard(sock)
+            self._release(ident, sock)
             sock.close()
 
     def _admit(self, ident: Identity, host: str, port: int) -> list[Address]:
         """The addresses (host, port) may be reached at, or Refused.  The name first: a
         name no rule admits is never resolved (no lookups on the host's resolver for
-        names a tool chose); then every address it resolved to."""
-        self._decide(ident, ident.policy.check(host, port, []), host, port)
-        addresses = _resolve(host, port)
-        self._decide(ident, ident.policy.check(host, port, addresses), host, port, count=True)
+        names a tool chose); then exactly the string the rules matched is resolved, and
+        every address it resolved to is checked."""
+        named = ident.policy.check(host, port, [])
+        self._decide(ident, named, host, port)
+        addresses = _resolve(named.host, port)
+        self._decide(ident, ident.policy.check(named.host, port, addresses), named.host, port,
+                     count=True)
         return addresses
 
     def _decide(self, ident: Identity, decision: Decision, host: str, port: int,
@@ -302,13 +342,20 @@ class _Threads:
 
 
 def _resolve(host: str, port: int) -> list[Address]:
-    """Every address of ``host`` (the host's resolver, in the connection's own thread)."""
+    """Every address of ``host``, a canonical_host() (the host's resolver, in the
+    connection's own thread; an address is itself).  The name goes to the resolver as the
+    ASCII bytes the rules matched: no codec re-spells it on the way."""
     try:
         return [ipaddress.ip_address(host)]
     except ValueError:
         pass
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        if canonical_host(host) != host:
+            raise ValueError(f"{host!r} is not spelled as the rules match names")
+    except ValueError as exc:
+        raise Refused(400, f"lcp-sandbox egress proxy: {exc}") from None
+    try:
+        infos = socket.getaddrinfo(host.encode("ascii"), port, type=socket.SOCK_STREAM)
     except OSError as exc:
         raise Refused(502, f"{host} cannot be resolved ({exc})") from None
     return list(dict.fromkeys(ipaddress.ip_address(str(i[4][0]).split("%")[0]) for i in infos))

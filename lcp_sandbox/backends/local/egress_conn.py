@@ -1,80 +1,168 @@
 """One connection through the egress proxy: its request head, the decision, the relay.
 
-    serve(sock, admit), in a thread of the proxy's pool, blocking:
-        the head (at most HEAD_LIMIT bytes, within HEAD_TIMEOUT_S) ──► request_of():
-        CONNECT host:port, or a plain-HTTP request with an absolute URL ──► admit(host,
-        port) (the proxy's: the policy, every address; Refused ──► an HTTP error naming
-        why, and the connection ends) ──► a connection to the first checked address that
-        answers ──► relay(): bytes both ways until both have ended
+    serve(sock, admit, head_timeout_s), in a thread of the proxy's pool, blocking:
+        read_request(): the head, parsed by h11 as it arrives (at most HEAD_LIMIT bytes, all
+        of it within one deadline) ──► request_of(): CONNECT host:port, or a plain-HTTP
+        request with an absolute http:// URL; its host as canonical_host() spells it, or 400
+        ──► admit(host, port) (the proxy's: the policy, every address; Refused ──► an HTTP
+        error naming why, and the connection ends) ──► a connection to the first checked
+        address that answers ──► relay(): bytes both ways until both have ended
+
+The head is parsed by h11 (the HTTP/1.1 state machine under httpcore and uvicorn), which
+refuses control bytes, bad header names and malformed lines; the host it names is checked
+once (core/egress_rules.py) and that one string is what the rules match and the resolver
+is asked: no second parse can read another name out of the same bytes.
 
 A thread a connection, not the event loop: measured on a small GET through the proxy, the
 loop's wake-ups (the upstream connect, a transport each side) cost more than the whole
 blocking path (benchmarks/egress.py).  A slow reader holds back its writer (sendall
 blocks), so no buffer grows.  Plain HTTP is forwarded with ``Connection: close``, so a
-kept-alive connection cannot carry a second request to another host.
+kept-alive connection cannot carry a second request to another host, and with the ``Host``
+of its URL, so a server behind the checked address cannot be asked for another site.
 """
 from __future__ import annotations
 
 import select
 import socket
+import time
+from dataclasses import dataclass
 from typing import Callable, Optional
-from urllib.parse import urlsplit
 
-from ...core.egress_rules import Address
+import h11
+
+from ...core.egress_rules import Address, authority_of
 
 HEAD_LIMIT = 64 * 1024
 HEAD_TIMEOUT_S = 10.0
 CONNECT_TIMEOUT_S = 10.0
 _CHUNK = 65536
 _ESTABLISHED = b"HTTP/1.1 200 Connection established\r\n\r\n"
-_HOP_BY_HOP = ("connection", "proxy-connection", "keep-alive", "proxy-authorization")
+_HOP_BY_HOP = (b"connection", b"proxy-connection", b"keep-alive", b"proxy-authorization",
+               b"host")
+_VERSIONS = (b"1.0", b"1.1")
+_HTTP = "http://"
 
 Admit = Callable[[str, int], list[Address]]
 
 
 class Refused(Exception):
-    """A connection not made: the HTTP status and the text the tool reads."""
+    """A connection not made: the HTTP status, the text the tool reads and, for a limit
+    that frees itself, the seconds after which to try again."""
 
-    def __init__(self, status: int, text: str) -> None:
+    def __init__(self, status: int, text: str, retry_after: Optional[int] = None) -> None:
         super().__init__(text)
         self.status = status
+        self.retry_after = retry_after
 
 
-def serve(client: socket.socket, admit: Admit) -> None:
+@dataclass(frozen=True)
+class Request:
+    """Where a request goes: ``host`` as canonical_host() spells it, ``port``, and
+    ``upstream``, the head to send there (None for CONNECT: the tunnel carries the rest)."""
+    host: str
+    port: int
+    upstream: Optional[bytes]
+
+
+def serve(client: socket.socket, admit: Admit, head_timeout_s: float = HEAD_TIMEOUT_S) -> None:
     """One connection, to its end (the caller closes ``client``)."""
     try:
-        head, rest = _head(client)
-        host, port, first = request_of(head)
-        upstream = connect(admit(host, port), port)
+        request, rest = read_request(client, head_timeout_s)
+        upstream = connect(admit(request.host, request.port), request.port)
     except Refused as exc:
-        client.sendall(response(exc.status, str(exc)))
+        client.sendall(response(exc.status, str(exc), exc.retry_after))
         return
     with upstream:
-        if first is None:
+        if request.upstream is None:
             client.sendall(_ESTABLISHED)
         else:
-            upstream.sendall(first)
+            upstream.sendall(request.upstream)
         if rest:
             upstream.sendall(rest)
         relay(client, upstream)
 
 
-def _head(client: socket.socket) -> tuple[bytes, bytes]:
-    """(the request head, what came after it) read from ``client``."""
-    client.settimeout(HEAD_TIMEOUT_S)
-    got = b""
+def read_request(client: socket.socket, timeout_s: float) -> tuple[Request, bytes]:
+    """(the request ``client`` sent, what came after its head): the head parsed by h11 as
+    it arrives, all of it within ``timeout_s`` (one deadline for the whole head, not one a
+    read: a head trickled a byte at a time ends there too), at most HEAD_LIMIT bytes (the
+    reads stop there, so what follows a head stays in the socket for the relay)."""
+    parser = h11.Connection(h11.SERVER, max_incomplete_event_size=HEAD_LIMIT)
+    deadline = time.monotonic() + timeout_s
+    taken = 0
     try:
-        while (end := got.find(b"\r\n\r\n")) < 0:
-            if len(got) > HEAD_LIMIT:
-                raise Refused(400, f"a request head over {HEAD_LIMIT} bytes")
-            data = client.recv(_CHUNK)
-            if not data:
+        while True:
+            try:
+                event = parser.next_event()
+            except h11.RemoteProtocolError as exc:
+                raise Refused(400, f"not an HTTP/1 request head: {exc}") from None
+            if isinstance(event, h11.Request):
+                return request_of(event), parser.trailing_data[0]
+            if event is not h11.NEED_DATA:
                 raise Refused(400, "the connection ended before its request head")
-            got += data
+            if taken >= HEAD_LIMIT:
+                raise Refused(400, f"a request head over {HEAD_LIMIT} bytes")
+            data = _receive(client, deadline, min(_CHUNK, HEAD_LIMIT - taken), timeout_s)
+            taken += len(data)
+            parser.receive_data(data)
+    finally:
+        client.settimeout(None)
+
+
+def _receive(client: socket.socket, deadline: float, size: int, timeout_s: float) -> bytes:
+    """At most ``size`` bytes from ``client``, before ``deadline`` (b"": it ended)."""
+    left = deadline - time.monotonic()
+    try:
+        if left <= 0:
+            raise socket.timeout
+        client.settimeout(left)
+        return client.recv(size)
     except socket.timeout:
-        raise Refused(400, f"no complete request head within {HEAD_TIMEOUT_S:g} s") from None
-    client.settimeout(None)
-    return got[:end + 4], got[end + 4:]
+        raise Refused(400, f"no complete request head within {timeout_s:g} s") from None
+
+
+def request_of(event: h11.Request) -> Request:
+    """Where an h11 request goes: CONNECT host:port, or an absolute http:// URL (its
+    head rewritten for the server: origin-form, its own Host, ``Connection: close``)."""
+    if event.http_version not in _VERSIONS:
+        raise Refused(400, f"HTTP/{event.http_version.decode()} is not HTTP/1.0 or 1.1")
+    # h11 admits visible ASCII only in a request target
+    target = event.target.decode("ascii")
+    if event.method == b"CONNECT":
+        try:
+            return Request(*authority_of(target), None)
+        except ValueError as exc:
+            raise Refused(400, f"CONNECT needs host:port: {exc}") from None
+    if target[:len(_HTTP)].lower() != _HTTP:
+        raise Refused(400, f"a plain-HTTP request through the proxy names an absolute http:// "
+                           f"URL, not {target[:200]!r} (https goes through CONNECT)")
+    rest = target[len(_HTTP):]
+    cut = min((i for i in map(rest.find, "/?#") if i >= 0), default=len(rest))
+    path = rest[cut:]
+    if "#" in path:
+        raise Refused(400, f"a request target has no fragment: {target[:200]!r}")
+    try:
+        host, port = authority_of(rest[:cut], 80)
+    except ValueError as exc:
+        raise Refused(400, f"the URL {target[:200]!r} names no host this proxy reaches: "
+                           f"{exc}") from None
+    return Request(host, port, _upstream_head(event, host, port, path))
+
+
+def _upstream_head(event: h11.Request, host: str, port: int, path: str) -> bytes:
+    """The head a plain-HTTP request is forwarded with: origin-form, the Host of its URL
+    (a proxy replaces the client's), no hop-by-hop header, ``Connection: close``."""
+    named = {t.strip().lower() for name, value in event.headers
+             if name == b"connection" for t in value.split(b",")}
+    authority = f"[{host}]" if ":" in host else host
+    if port != 80:
+        authority = f"{authority}:{port}"
+    origin = path if path.startswith("/") else "/" + path
+    lines = [b"%s %s HTTP/%s" % (event.method, origin.encode("ascii"), event.http_version),
+             b"Host: " + authority.encode("ascii")]
+    lines += [name + b": " + value for name, value in event.headers.raw_items()
+              if name.lower() not in _HOP_BY_HOP and name.lower() not in named]
+    return b"\r\n".join([*lines, b"Connection: close", b"", b""])
 
 
 def connect(addresses: list[Address], port: int) -> socket.socket:
@@ -117,38 +205,12 @@ def relay(a: socket.socket, b: socket.socket) -> None:
                 pass
 
 
-def request_of(head: bytes) -> tuple[str, int, Optional[bytes]]:
-    """(host, port, the head to send upstream: None for CONNECT) of a request head."""
-    lines = head.decode("latin-1").split("\r\n")
-    parts = lines[0].split(" ")
-    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-        raise Refused(400, f"not an HTTP/1 request line: {lines[0][:200]!r}")
-    method, target, version = parts
-    if method == "CONNECT":
-        host, sep, port = target.rpartition(":")
-        if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-            raise Refused(400, f"CONNECT needs host:port, not {target[:200]!r}")
-        return host.strip("[]"), int(port), None
-    url = urlsplit(target)
-    try:
-        to = url.port or 80
-    except ValueError:
-        to = 0
-    if url.scheme != "http" or not url.hostname or not to:
-        raise Refused(400, f"a plain-HTTP request through the proxy names an absolute http:// "
-                           f"URL, not {target[:200]!r} (https goes through CONNECT)")
-    path = (url.path or "/") + (f"?{url.query}" if url.query else "")
-    headers = [h for h in lines[1:]
-               if h and h.split(":", 1)[0].strip().lower() not in _HOP_BY_HOP]
-    return url.hostname, to, "\r\n".join(
-        [f"{method} {path} {version}", *headers, "Connection: close", "", ""]).encode("latin-1")
-
-
-def response(status: int, text: str) -> bytes:
+def response(status: int, text: str, retry_after: Optional[int] = None) -> bytes:
     """The proxy's own answer: an error the tool reads, and the connection ends."""
     reason = {400: "Bad Request", 403: "Forbidden", 429: "Too Many Requests",
               502: "Bad Gateway", 503: "Service Unavailable"}[status]
     body = (text + "\n").encode()
+    retry = "" if retry_after is None else f"Retry-After: {retry_after}\r\n"
     return (f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain; charset=utf-8\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n{retry}"
             f"X-Lcp-Sandbox-Egress: refused\r\n\r\n").encode() + body

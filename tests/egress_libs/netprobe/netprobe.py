@@ -151,3 +151,43 @@ def tool_garbage() -> dict:
         socket.send_fds(d, [b"x"], [r, w, f, listening.fileno()])
     return {"success": True, "output": {"answer": answer.split("\r\n")[0],
                                         "dialers": len(dialers)}}
+
+
+def tool_raw_proxy(head: str) -> dict:
+    """Send the proxy ``head`` as it is (each character one byte: NULs and all), then read
+    its answer to the end.
+
+    Args:
+        head (str): the bytes of a request head, as latin-1 characters
+    """
+    got, error = b"", ""
+    with socket.create_connection(_proxy(), timeout=20) as s:
+        try:
+            s.sendall(head.encode("latin-1"))
+            while data := s.recv(65536):
+                got += data
+        except OSError as e:
+            error = type(e).__name__
+    status, _, rest = got.decode("latin-1").partition("\r\n")
+    return {"success": True, "output": {"status": status, "text": rest, "error": error}}
+
+
+def tool_trickle(gap: float, most: int) -> dict:
+    """Send a request head one byte every ``gap`` seconds, at most ``most`` bytes (never
+    its end), until the proxy answers: how many bytes were sent, and the answer.
+
+    Args:
+        gap (float): seconds between two bytes
+        most (int): bytes to send at most
+    """
+    head = b"GET http://example.com/ HTTP/1.1\r\nX-Slow: " + b"a" * most
+    with socket.create_connection(_proxy(), timeout=20) as s:
+        for sent in range(1, most + 1):
+            try:
+                s.sendall(head[sent - 1:sent])
+                if select.select([s], [], [], gap)[0]:
+                    return {"success": True, "output": {
+                        "sent": sent, "answer": s.recv(400).decode("latin-1")}}
+            except OSError as e:
+                return {"success": True, "output": {"sent": sent, "answer": type(e).__name__}}
+    return {"success": True, "output": {"sent": most, "answer": ""}}
