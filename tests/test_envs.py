@@ -22,12 +22,14 @@ from envs_support import (
 )
 from lcp_sandbox import SandboxedBinding, Supervisor
 from lcp_sandbox.backends.envs import Store
+from lcp_sandbox.backends.envs.build import BUILDER_IDS
 from lcp_sandbox.core.requirements import DeclarationError, declared, env_key
 
 
 @pytest.fixture(scope="module")
-def house(tmp_path_factory):
-    return wheelhouse(tmp_path_factory.mktemp("wheelhouse"))
+def house(open_tmp_module):
+    # (where any user may read it: on a root host, builds run as a uid of their own)
+    return wheelhouse(open_tmp_module / "wheelhouse")
 
 
 @pytest.fixture
@@ -64,7 +66,7 @@ def test_declarations_are_read_where_the_library_lives(tmp_path):
     folder.mkdir()
     (folder / "lib.py").write_text("def tool_z():\n    pass\n")
     (folder / "pyproject.toml").write_text('[project]\nname = "x"\ndependencies = ["c  <2"]\n')
-    assert declared([str(folder / "lib.py")], str(folder)).requirements == ("c <2",)
+    assert declared([str(folder / "lib.py")], str(folder)).requirements == ("c<2",)
     (folder / "requirements.txt").write_text("# pins\nd==1  # why\n\n")
     assert declared([str(folder / "lib.py")], str(folder)).requirements == ("d==1",)
     for bad in ("--index-url https://evil.example/simple\n", "-e .\n",
@@ -403,20 +405,30 @@ def test_the_host_gives_requirements_to_a_library_that_declares_none(uv_offline,
             assert out["status_code"] == 500 and "'requirements' must be a list" in out["error"]
 
 
+def run_builder(spec: dict) -> dict:
+    """The builder process (worker/builder.py) run as the host runs it; its answer."""
+    from lcp_sandbox.backends.boot import boot_argv
+    done = subprocess.run(boot_argv("from lcp_sandbox.worker.builder import main; main()", ""),
+                          input=json.dumps(spec), capture_output=True, text=True, timeout=60)
+    return json.loads(done.stdout)
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Landlock is Linux's")
 def test_the_builder_writes_only_beneath_the_store_and_uvs_cache(uv_offline, tools, tmp_path):
-    from lcp_sandbox.backends.boot import boot_argv
+    from lcp_sandbox.backends.envs.build import builder_ids
     from lcp_sandbox.worker.confine.landlock import landlock_abi
     if landlock_abi() < 1:
         pytest.skip("a kernel without Landlock: builds run unconfined, with a warning")
     inside, outside = tmp_path / "store", tmp_path / "elsewhere"
     inside.mkdir(), outside.mkdir()
+    ids = builder_ids()
+    for folder in (inside, outside):     # (its uid may write both: Landlock stops the second)
+        if ids:
+            os.chown(folder, *ids)
     steps = [{"argv": ["sh", "-c", f"echo in > {inside}/f"]},
              {"argv": ["sh", "-c", f"echo out > {outside}/f"]}]
-    done = subprocess.run(boot_argv("from lcp_sandbox.worker.builder import main; main()", ""),
-                          input=json.dumps({"write": [str(inside)], "steps": steps}),
-                          capture_output=True, text=True, timeout=60)
-    answer = json.loads(done.stdout)
+    answer = run_builder({"write": [str(inside)], "reach": [str(outside)], "run_as": ids,
+                          "steps": steps})
     assert answer["landlock"].startswith("on")
     assert answer["results"][0]["rc"] == 0 and answer["results"][1]["rc"] != 0
     assert "Permission denied" in answer["results"][1]["words"]
@@ -425,6 +437,81 @@ def test_the_builder_writes_only_beneath_the_store_and_uvs_cache(uv_offline, too
             SandboxedBinding(tools_folders=[tools], supervisor=sup, workspace=tmp_path) as b:
         assert b.execute_tool("tool_one", {})["output"]["version"] == "1.0"
         assert sup.metrics()["env_builds"]["builder_landlock"].startswith("on")
+
+
+ROOT_HOST = pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
+                               reason="a root host's builds run as a uid of their own")
+
+
+@ROOT_HOST
+def test_the_builder_runs_as_its_own_uid_and_reads_no_root_only_file(open_tmp):
+    secret, out = open_tmp / "secret", open_tmp / "out"
+    secret.write_text("root's")
+    secret.chmod(0o600)
+    out.mkdir()
+    os.chown(out, *BUILDER_IDS)
+    steps = [{"argv": ["sh", "-c", f"id -u; id -G; echo made > {out}/f"]},
+             {"argv": ["cat", str(secret)]}]
+    answer = run_builder({"write": [str(out)], "run_as": list(BUILDER_IDS), "steps": steps})
+    assert answer["runs_as"].startswith(f"uid {BUILDER_IDS[0]} gid {BUILDER_IDS[1]}"), answer
+    assert answer["results"][0]["words"].split() == [str(BUILDER_IDS[0]), str(BUILDER_IDS[1])]
+    assert os.stat(out / "f").st_uid == BUILDER_IDS[0]
+    assert answer["results"][1]["rc"] != 0 and "Permission denied" in answer["results"][1]["words"]
+    as_root = run_builder({"write": [str(out)], "run_as": None, "steps": steps})
+    assert "never run as root" in as_root["refused"] and as_root["results"] == []
+
+
+@ROOT_HOST
+def test_a_root_hosts_build_reads_only_what_a_user_may_and_writes_as_its_own_uid(
+        uv_offline, open_tmp, tmp_path, monkeypatch):
+    folder = tmp_path / "tools"
+    library(folder, "lib", VERSION_TOOL.format(name="x"), script_block("alpha==1.0"))
+    private = open_tmp / "private"
+    private.mkdir(mode=0o700)
+    shutil.copy(uv_offline / "alpha-1.0-py3-none-any.whl", private)
+    store, cache = tmp_path / "store", tmp_path / "uv-cache"
+    with Supervisor(envs_dir=str(store)) as sup, \
+            SandboxedBinding(tools_folders=[folder], supervisor=sup, workspace=tmp_path) as b:
+        # The host's own find-links, in a folder only root may read: root would read it.
+        monkeypatch.setenv("UV_FIND_LINKS", str(private))
+        out = b.execute_tool("tool_x", {})
+        assert out["status_code"] == 500, out
+        assert f"{private}" in out["error"] and "Permission denied" in out["error"], out
+        assert sup.metrics()["env_builds"]["builder_runs_as"].startswith(
+            f"uid {BUILDER_IDS[0]} ")
+        monkeypatch.setenv("UV_FIND_LINKS", str(uv_offline))
+        built = b.execute_tool("tool_x", {})["output"]["prefix"]
+    assert os.stat(os.path.join(built, "lock.txt")).st_uid == BUILDER_IDS[0]
+    for own in (store / ".building", cache):       # its alone: no tenant writes there
+        st = os.stat(own)
+        assert (st.st_uid, st.st_mode & 0o777) == (BUILDER_IDS[0], 0o700), own
+    assert {os.stat(p).st_uid for p in cache.rglob("*")} == {BUILDER_IDS[0]}
+
+
+@ROOT_HOST
+def test_a_root_host_hands_its_uv_settings_to_the_builder_and_keeps_its_cache_apart(
+        uv_offline, tmp_path, monkeypatch):
+    folder = tmp_path / "tools"
+    library(folder, "lib", VERSION_TOOL.format(name="x"), script_block("alpha==1.0"))
+    # root's own uv.toml (below a folder only root may read) names the wheels
+    config = tmp_path / "config"
+    (config / "uv").mkdir(parents=True)
+    (config / "uv" / "uv.toml").write_text(f'find-links = ["{uv_offline}"]\n')
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(config))
+    monkeypatch.delenv("UV_FIND_LINKS")
+    with Supervisor(envs_dir=str(tmp_path / "store")) as sup, \
+            SandboxedBinding(tools_folders=[folder], supervisor=sup, workspace=tmp_path) as b:
+        assert b.execute_tool("tool_x", {})["output"]["version"] == "1.0"
+    roots = tmp_path / "roots-cache"
+    roots.mkdir()
+    monkeypatch.setenv("UV_CACHE_DIR", str(roots))
+    library(folder, "lib", VERSION_TOOL.format(name="x"), script_block("alpha==2.0"))
+    with Supervisor(envs_dir=str(tmp_path / "store")) as sup, \
+            SandboxedBinding(tools_folders=[folder], supervisor=sup, workspace=tmp_path) as b:
+        out = b.execute_tool("tool_x", {})
+        assert out["status_code"] == 500, out
+        assert f"uv's cache {roots} is uid 0's" in out["error"], out
+        assert f"chown -R {BUILDER_IDS[0]}:{BUILDER_IDS[1]} {roots}" in out["error"], out
 
 
 @pytest.mark.parametrize("kind", ["fresh", "base", "template"])

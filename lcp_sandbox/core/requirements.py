@@ -10,11 +10,22 @@
     declared_in(path) ─► what that one file declares (``envs prune`` checks a user still does)
     env_key(requirements, interpreter) ─► the name of the environment in the store
 
-Pure: files are read, nothing is run.  Requirements are kept as written, one per
-entry, whitespace collapsed, sorted and unique: two libraries declaring the same set
-in another order share one environment.  Options in a requirements file (``-r``,
-``-e``, ``--index-url``...) are refused: an index is the host's choice (uv's own
-settings), and an editable or local source would be built, which never happens.
+Pure: files are read, nothing is run.  A requirement is a PEP 508 name with optional
+extras, version specifiers and a marker, as ``packaging.requirements`` parses it, and
+nothing else (requirement() says why anything else is refused):
+
+    "Alpha_X [Fast] >=1.0,<2 ; python_version>='3.8'"
+        ─►  'alpha-x[fast]<2,>=1.0; python_version >= "3.8"'
+    "alpha-1.0-py3-none-any.whl", "sub/../x.whl", "file:/x.whl", "x @ https://...",
+    "-e .", "--index-url ..."
+        ─►  DeclarationError naming it and why
+
+Each is kept in one spelling, rebuilt from what was parsed: the canonical name, sorted
+extras and specifiers, the marker as packaging writes it.  That spelling is what uv
+reads (backends/envs/build.py), so no path, URL or option of the declaring text can
+reach it; and two libraries declaring one set in other spellings share one environment.
+An index is the host's choice (uv's own settings); a local or editable source would be
+built, which never happens.
 """
 from __future__ import annotations
 
@@ -24,7 +35,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any, NamedTuple, Optional, Sequence
+from typing import Any, NamedTuple, NoReturn, Optional, Sequence
 
 _BLOCK = re.compile(r"(?m)^# /// (?P<type>[a-zA-Z0-9-]+)$\s(?P<content>(^#(| .*)$\s)+)^# ///$")
 _CACHE: dict[str, tuple[int, int, Optional["Declared"]]] = {}
@@ -145,20 +156,70 @@ def _strings(value: Any, path: str, what: str) -> list[str]:
 
 
 def normalise(requirements: Sequence[str], where: str = "") -> tuple[str, ...]:
-    """Requirements as one spelling: whitespace collapsed, sorted, unique."""
+    """Requirements in their one spelling (requirement()), sorted and unique; a blank
+    entry is skipped.  DeclarationError naming the first that is not a requirement."""
     out = set()
     for req in requirements:
-        text = " ".join(req.split())
-        if not text:
-            continue
-        spec = text.split(";", 1)[0]
-        if ("://" in text or "@" in spec or text.startswith((".", "/", "\\"))
-                or any(token.startswith("-") for token in text.split())):
-            raise DeclarationError(f"{where}: {text!r} is not a requirement from an index "
-                                   f"(URLs, direct references, paths and options are refused: "
-                                   f"the index is the host's, nothing is built from source)")
-        out.add(text)
+        if req.strip():
+            out.add(requirement(req, where))
     return tuple(sorted(out))
+
+
+#: File names uv and pip take for a local archive rather than a project's name.
+_ARCHIVES = (".whl", ".zip", ".tar.gz", ".tgz", ".tar.bz2", ".tbz", ".tar.xz", ".txz",
+             ".tlz", ".tar.lz", ".tar.lzma", ".tar", ".egg")
+#: What the rebuilt spelling may hold: a marker's strings and an arbitrary (===) version
+#: are free text, and uv reads its requirements as a requirements file, which expands
+#: ${VARIABLES} and has comments and line continuations.
+_SPELLING = re.compile(r"[A-Za-z0-9 ._\-\[\],;<>=!~*+()'\"]*")
+#: (two letters at least: "C:" begins a path)
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:")
+_WHAT = ("a requirement is a project's name on the host's index, with optional [extras], "
+         "version specifiers and a '; marker' (PEP 508): paths, file names, URLs, "
+         "'name @' references and options are refused, the index is the host's and "
+         "nothing is built from source")
+
+
+def requirement(text: str, where: str = "") -> str:
+    """The one spelling of the requirement ``text`` (see the module's docstring), or
+    DeclarationError naming it and why it is none."""
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
+
+    line = " ".join(text.split())
+    try:
+        req = Requirement(line)
+    except InvalidRequirement as exc:
+        _refuse(where, line, _kind(line) or f"not PEP 508: {str(exc).splitlines()[0]}")
+    if req.url:
+        _refuse(where, line, "a direct reference (name @ URL)")
+    if req.name.lower().endswith(_ARCHIVES):
+        _refuse(where, line, "a file's name, not a project's")
+    extras = ",".join(sorted({canonicalize_name(e) for e in req.extras}))
+    spelled = (canonicalize_name(req.name) + (f"[{extras}]" if extras else "")
+               + str(req.specifier) + (f"; {req.marker}" if req.marker else ""))
+    odd = _SPELLING.sub("", spelled)
+    if odd:
+        _refuse(where, line, f"its marker or version holds {odd[0]!r} (only letters, digits, "
+                             f"spaces and . _ - [ ] , ; < > = ! ~ * + ( ) ' \" are passed on)")
+    return spelled
+
+
+def _kind(line: str) -> str:
+    """What a text that is no requirement looks like, for the message ("" if nothing)."""
+    head = line.split(";", 1)[0]
+    if any(word.startswith("-") for word in line.split()):
+        return "an option"
+    if "://" in line or _SCHEME.match(head):
+        return "a URL"
+    if "/" in head or "\\" in head or line.startswith((".", "~")):
+        return "a path"
+    return ""
+
+
+def _refuse(where: str, line: str, why: str) -> NoReturn:
+    raise DeclarationError(f"{where}: {line!r} is not a requirement from an index ({why}): "
+                           f"{_WHAT}")
 
 
 def env_key(requirements: Sequence[str], interpreter: dict[str, str]) -> str:

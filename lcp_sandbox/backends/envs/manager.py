@@ -110,13 +110,14 @@ class Environments:
             del self._durations[:-1000]
 
     def snapshot(self) -> dict[str, Any]:
-        """Builds by outcome and their durations, and what confined the last builder
-        (``metrics()["env_builds"]``)."""
+        """Builds by outcome and their durations, and what confined the last builder and
+        whom it ran as (``metrics()["env_builds"]``)."""
         with self._lock:
             durations = list(self._durations)
             return {**self._counts, "seconds_total": sum(durations),
                     "seconds_max": max(durations, default=0.0), "in_flight": len(self._building),
-                    "builder_landlock": builder.LANDLOCK[-1] if builder.LANDLOCK else None}
+                    "builder_landlock": builder.LANDLOCK[-1] if builder.LANDLOCK else None,
+                    "builder_runs_as": builder.RUNS_AS[-1] if builder.RUNS_AS else None}
 
     def unused(self) -> list[str]:
         """The environments of the store no declaration uses any more: every file that
