@@ -163,6 +163,9 @@ def _fresh_host(tmp: Path, store: str, kind: str, r: int, ws: str) -> float:
 
 def measure(rounds: int = 8, warm_calls: int = 400, seed: int = 1) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="lcp-bench-envs-"))
+    # (passable by any user: on a root host, builds run as a uid of their own and read the
+    # wheels as that uid)
+    tmp.chmod(0o711)
     rng = random.Random(seed)
     random.seed(seed)
     try:

@@ -22,7 +22,7 @@ MARKER = "; python_version >= '3'"
 
 @pytest.fixture
 def places(open_tmp, tmp_path):
-    """The host's index (no alpha), the attacker's folder (alpha 1.0, and ``sub/``), and
+    """The host's index (no alpha), the attacker's folder (alpha 1.0, and a folder in it), and
     uv pointed at the index only."""
     index, elsewhere = open_tmp / "index", open_tmp / "elsewhere"
     (elsewhere / "sub").mkdir(parents=True)

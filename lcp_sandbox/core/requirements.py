@@ -16,7 +16,7 @@ nothing else (requirement() says why anything else is refused):
 
     "Alpha_X [Fast] >=1.0,<2 ; python_version>='3.8'"
         ─►  'alpha-x[fast]<2,>=1.0; python_version >= "3.8"'
-    "alpha-1.0-py3-none-any.whl", "sub/../x.whl", "file:/x.whl", "x @ https://...",
+    "alpha-1.0-py3-none-any.whl", "A/../x.whl", "file:/x.whl", "x @ https://...",
     "-e .", "--index-url ..."
         ─►  DeclarationError naming it and why
 
