@@ -224,3 +224,87 @@ def test_a_tenant_s_processes_are_capped_and_another_tenant_forks_on(open_tmp, s
         assert a2.execute_tool("tool_hold", {"count": 60})["output"] == {"held": 60, "error": None}
         a2.execute_tool("tool_release")
         assert "tenant_processes" not in shared.stats(tenant="a")[0]["protections"]
+
+
+# ---------------------------------------------------------------- given back
+def _store(folder) -> list:
+    return [json.loads(line) for line in (folder / tenant_uids.STORE).read_text().splitlines()]
+
+
+def test_a_uid_given_back_is_given_again_and_the_store_says_so(tmp_path):
+    """A range of 4: a fifth tenant gets none while four hold theirs, and gets the uid of one
+    that gave it back; a restart reads the release records (the fifth tenant keeps its uid,
+    the released tenant has none)."""
+    four = (RANGE[0], 4)
+    uids = TenantUids(four, str(tmp_path))
+    held = {t: uids.of(t)[0] for t in "abcd"}
+    with pytest.raises(OSError, match=r"no uid left in uid_range"):
+        uids.of("e")
+    assert uids.release("b") == held["b"] and uids.release("b") is None
+    assert uids.of("e")[0] == held["b"]
+    assert _store(tmp_path)[-2:] == [{"tenant": "b", "uid": held["b"], "released": True},
+                                     {"tenant": "e", "uid": held["b"]}]
+    again = TenantUids(four, str(tmp_path))
+    assert again.tenants() == ["a", "c", "d", "e"] and again.of("e")[0] == held["b"]
+    with pytest.raises(OSError, match=r"no uid left in uid_range"):
+        again.of("b")                                   # b's uid is e's now: none left
+
+
+@needs_root
+def test_a_uid_is_not_given_again_while_a_file_or_process_of_it_remains(tmp_path, monkeypatch):
+    """Given back, the uid still owns a file under tenants_root (left in a folder any uid may
+    enter), then runs a process: either way a new tenant does not get it."""
+    import subprocess
+    monkeypatch.setattr(tenant_uids, "HELD_RECHECK_S", 0.0)
+    uids = TenantUids((RANGE[0] + 10, 1), str(tmp_path))
+    uid = uids.of("a")[0]
+    (tmp_path / "shared").mkdir(mode=0o777)
+    left = tmp_path / "shared" / "left.txt"
+    left.write_text("a's")
+    os.chown(left, uid, uid)
+    uids.release("a")
+    with pytest.raises(OSError, match="1 given back still hold something"):
+        uids.of("b")
+    left.unlink()
+    sleeper = subprocess.Popen(["sleep", "60"], user=uid, group=uid)
+    try:
+        with pytest.raises(OSError, match="1 given back still hold something"):
+            uids.of("b")
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert uids.of("b")[0] == uid                      # nothing of it is left
+
+
+def test_the_store_is_rewritten_once_most_of_it_says_nothing(tmp_path, monkeypatch):
+    """Tenants come and go: the store stays about as long as what it says (its live tenants
+    and the uids given back), and a restart reads the same from it."""
+    monkeypatch.setattr(tenant_uids, "holders", lambda uids, places: {})
+    uids = TenantUids((RANGE[0], 8), str(tmp_path))
+    uids.of("kept")
+    for i in range(6000):
+        uids.of(f"t{i}")
+        uids.release(f"t{i}")
+    lines = _store(tmp_path)
+    assert len(lines) < 5000, len(lines)
+    again = TenantUids((RANGE[0], 8), str(tmp_path))
+    assert again.tenants() == ["kept"] and again.of("kept") == uids.of("kept")
+    assert again._returned == uids._returned and len(again._returned) >= 1
+
+
+@needs_root
+def test_removing_a_tenant_deletes_its_root_and_gives_its_uid_back(open_tmp):
+    with Supervisor(confine=True, uid_range=(RANGE[0] + 20, 1), tenants_root=str(open_tmp)) as sup:
+        a = tenant(sup, open_tmp, "a")
+        ua = ids(a)
+        (open_tmp / "a" / "notes.txt").write_text("a's")
+        refused = tenant(sup, open_tmp, "b").execute_tool("tool_status")
+        assert refused["status_code"] == 503 and "no uid left in uid_range" in refused["error"]
+        a.close()
+        with pytest.raises(ValueError, match="not a tenant's own folder"):
+            sup.remove_tenant("a", str(open_tmp))           # tenants_root itself: refused
+        assert sup.remove_tenant("a", str(open_tmp / "a")) == ua[0]
+        assert not (open_tmp / "a").exists()
+        b = tenant(sup, open_tmp, "b")
+        assert ids(b) == ua                                 # the uid a gave back
+        assert (open_tmp / "b").stat().st_uid == ua[0]

@@ -33,6 +33,7 @@ from concurrent.futures import Future
 from typing import Any, Callable, Optional, Union
 
 from ... import protocol as P
+from ...core.keywords import checked_keywords
 from ...core.limits import Limits, confine_setting
 from ...core.outcomes import SandboxEvent, Unavailable
 from ...core.policy import (
@@ -52,6 +53,7 @@ from .descriptors import out_of_descriptors, raise_open_files_limit
 from .endings import CallEnds, NotConfined
 from .extras import WorkerExtras
 from .handover import hand_over_root
+from .leaving import Leaving
 from .output import OutputPump
 from .platforms import start_method as start_method_of
 from .pool import Pool
@@ -76,7 +78,7 @@ def _close_all() -> None:
         sup.close()
 
 
-class Supervisor(CallEnds, Reports, Starts, Closing):
+class Supervisor(CallEnds, Reports, Starts, Leaving, Closing):
     """Owns the zygote, the worker slots and the threads that watch them (a Backend)."""
 
     def __init__(self, max_workers: Optional[int] = None,
@@ -104,6 +106,7 @@ class Supervisor(CallEnds, Reports, Starts, Closing):
         core/egress_rules.py); ``envs_dir``: the store of the libraries' own environments
         (None: LCP_SANDBOX_ENVS_DIR, else the user's cache), ``env_wait_s`` how long a call
         waits for its library's environment to be built (backends/envs/)."""
+        checked_keywords("Supervisor", locals())
         self.start_method = start_method_of(start_method)
         self.crash_policy = crash_policy or CrashPolicy()
         self.confine = confine_setting(confine)
@@ -300,20 +303,6 @@ class Supervisor(CallEnds, Reports, Starts, Closing):
                             "shows what is active.", kind, slot.library.name, slot.tenant, state)
 
     # ------------------------------------------------------------ lifecycle
-    def stop(self, tenant: str, library_key: str) -> bool:
-        """Stop the worker(s) of one library of one tenant and forget the slot(s)."""
-        keys = [k for k in list(self._slots) if k[0] == tenant and k[1] == library_key]
-        for key in keys:
-            slot = self._slots.pop(key, None)
-            if slot is None:
-                continue
-            with slot.lock:
-                proc = slot.proc
-                if proc is not None:
-                    self._retire(slot, proc, "stop", "stopped by the host")
-                    proc.wait_gone(2.0)
-        return bool(keys)
-
     def interrupt(self, tenant: str, thread_id: int) -> bool:
         """Interrupt ``tenant``'s call that host thread ``thread_id`` waits for, as its
         soft timeout would (the tool gets ToolTimeout, once back from the host if it
