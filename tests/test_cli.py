@@ -181,3 +181,17 @@ def test_the_engines_warnings_show_by_default(tmp_path):
     (bad / "lib.py").write_text('import os\nos._exit(3)\n\ndef tool_x() -> dict:\n    """x"""\n    return {}\n')
     r = cli("call", str(bad), "tool_x", "--workspace", str(tmp_path / "ws"))
     assert r.returncode == 1 and "WARNING lcp_sandbox" in r.stderr, r.stderr
+
+
+def test_disks_list_and_prune_name_their_root_and_find_nothing_in_an_empty_one(tmp_path):
+    """`lcp-sandbox disks list|prune ROOT` (tests/test_disks.py runs them over real disks):
+    a ROOT that is not a folder is one line and exit status 2; an empty one lists nothing."""
+    p = cli("--help")
+    assert "lcp-sandbox disks list|prune ROOT" in p.stdout and "    disks " in p.stdout
+    for cmd in ("list", "prune"):
+        p = cli("disks", cmd, str(tmp_path / "none"))
+        assert p.returncode == 2 and p.stderr.strip() == (
+            f"lcp-sandbox disks: {str(tmp_path / 'none')!r} is not a folder")
+        p = cli("disks", cmd, str(tmp_path))
+        assert (p.returncode, p.stdout) == (0, ""), p.stderr
+    assert json.loads(cli("disks", "list", str(tmp_path), "--json").stdout) == []

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import subprocess
 import sys
@@ -25,6 +26,8 @@ from conftest import poll, stop_server, wait_gone
 pytest.importorskip("mcp")
 
 import httpx2  # noqa: E402
+
+from lcp_sandbox.backends.local import disks  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 LIBS = HERE / "mcp_load_libs"
@@ -125,8 +128,11 @@ def test_an_idle_session_ends_and_its_workers_stop(tmp_path):
         h = open_session(c, srv)
         assert result_of(call(c, srv, h, "tool_quick"))["result"]["structuredContent"]["output"]
         worker = next(p for p in srv.workers() if _works_in(p, srv.root))
+        workspace = srv.root / h["mcp-session-id"]
+        assert workspace.is_dir()
         assert wait_gone(worker.pid)
         assert call(c, srv, h, "tool_quick").status_code == 404             # the session is gone
+        assert poll(lambda: not workspace.exists())                        # and its workspace
 
 
 def _works_in(proc: psutil.Process, root: Path) -> bool:
@@ -236,7 +242,9 @@ def _uss(procs: list[psutil.Process]) -> int:
 
 
 def test_300_clients_at_once_are_all_answered_and_leave_nothing_behind(tmp_path):
-    with serving(tmp_path) as srv, httpx2.Client(timeout=60) as c:
+    # 300 clients from one address: the per-client cap (64 by default) raised to let them in
+    with serving(tmp_path, "--max-sessions-per-client", "400") as srv, \
+            httpx2.Client(timeout=60) as c:
         warm = open_session(c, srv)                     # a session that lives through the flood
         assert call(c, srv, warm, "tool_quick").status_code == 200
         for _ in range(3):                              # the library's template is made by now
@@ -260,6 +268,8 @@ def test_300_clients_at_once_are_all_answered_and_leave_nothing_behind(tmp_path)
         # after each hand-out: one may be on its way when the baseline is read.
         assert poll(lambda: len(srv.workers()) <= base + 1, 60), (len(srv.workers()), base)
         assert _uss(srv.workers()) <= base_uss + 24 * 2**20
+        assert poll(lambda: [p.name for p in srv.root.iterdir() if p.is_dir()] == [
+            warm["mcp-session-id"]])                        # the ended sessions' workspaces: gone
 
 
 def test_past_max_connections_clients_get_503_not_a_dropped_connection(tmp_path):
@@ -368,3 +378,155 @@ def test_each_tool_call_is_a_span_under_the_sdks_request_span(tmp_path):
     parent = ours[0].parent
     assert parent is not None and any(s.context.span_id == parent.span_id for s in spans
                                       if s.name != ours[0].name)
+
+
+# ---------------------------------------------------------------- what a session takes, it gives back
+ROOT_HOST = pytest.mark.skipif(os.geteuid() != 0, reason="a uid per session needs a root host")
+# A uid range of this test process's own (CI runs two suites at once; see test_tenant_uids).
+UID_FIRST = 1_801_000_000 + os.getpid() % 997 * 1000
+
+
+def _live_tenants(root: Path) -> set:
+    """The tenants that hold a uid, as the server's store in ``root`` says."""
+    live: dict = {}
+    for line in (root / ".lcp-sandbox-uids.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("released"):
+            live.pop(rec.get("tenant"), None)
+        else:
+            live[rec["tenant"]] = rec["uid"]
+    return set(live)
+
+
+def _host_state(root: Path) -> tuple:
+    """What the host holds for the sessions under ``root``: folders (workspaces, disk
+    images), mounts (/proc/self/mountinfo), loop devices (losetup), uids (the store)."""
+    folders = sorted(p.name for p in root.iterdir() if p.name != ".lcp-sandbox-uids.jsonl")
+    with open("/proc/self/mountinfo", encoding="utf-8") as f:
+        mounts = sorted(line.split()[4] for line in f if line.split()[4].startswith(str(root)))
+    loops = [line for line in subprocess.run(["losetup", "-a"], capture_output=True,
+                                             text=True).stdout.splitlines() if str(root) in line]
+    return folders, mounts, len(loops), sorted(_live_tenants(root))
+
+
+def _uid_of(srv: Server, sid: str) -> int:
+    """The uid the worker of session ``sid`` runs as."""
+    worker = next(p for p in srv.workers() if _works_in(p, srv.root / sid))
+    return worker.uids().real
+
+
+@ROOT_HOST
+def test_with_a_uid_range_of_4_a_fifth_session_gets_a_uid_once_four_have_ended(tmp_path):
+    """--uid-range FIRST 4: four sessions hold the four uids, a fifth's call is refused
+    (503 naming uid_range); once the four have ended (DELETE), the fifth and a sixth get
+    uids, of the range, and the four sessions' workspaces are gone."""
+    with serving(tmp_path, "--uid-range", str(UID_FIRST), "4") as srv, \
+            httpx2.Client(timeout=60) as c:
+        four = [open_session(c, srv) for _ in range(4)]
+        for h in four:
+            assert result_of(call(c, srv, h, "tool_quick"))["result"]["isError"] is False
+        uids = {_uid_of(srv, h["mcp-session-id"]) for h in four}
+        assert uids == set(range(UID_FIRST, UID_FIRST + 4))
+        fifth = open_session(c, srv)
+        refused = result_of(call(c, srv, fifth, "tool_quick"))["result"]["structuredContent"]
+        assert refused["status_code"] == 503 and "no uid left in uid_range" in refused["error"]
+        for h in four:
+            assert c.delete(srv.url, headers=h).status_code == 200
+        assert poll(lambda: not any((srv.root / h["mcp-session-id"]).exists() for h in four))
+        for h in (fifth, open_session(c, srv)):
+            assert result_of(call(c, srv, h, "tool_quick"))["result"]["isError"] is False
+            assert _uid_of(srv, h["mcp-session-id"]) in uids
+
+
+@ROOT_HOST
+def test_after_a_session_flood_uids_disks_and_workspaces_are_back_where_they_were(tmp_path):
+    """Sessions with a disk each (disk_mb) and a uid range of 4, one kept through a flood
+    of 24 sessions (6 at a time) that each call a tool and end: afterwards the host holds
+    what it held before the flood (the kept session's workspace, disk image, mount, loop
+    device and uid, nothing else), and new sessions are served."""
+    (tmp_path / "config.json").write_text(json.dumps({"load": {"sandbox": {"disk_mb": 8}}}))
+    with serving(tmp_path, "--uid-range", str(UID_FIRST + 100), "4", "--config",
+                 str(tmp_path / "config.json")) as srv, httpx2.Client(timeout=60) as c:
+        kept = open_session(c, srv)
+        assert result_of(call(c, srv, kept, "tool_quick"))["result"]["isError"] is False
+        before = _host_state(srv.root)
+        sid = kept["mcp-session-id"]
+        assert before == ([f".lcp-sandbox-disk-{sid}.img", sid], [str(srv.root / sid)], 1,
+                          [f"mcp-{sid}"])
+        tally: dict = {}
+
+        async def flood() -> None:
+            for _ in range(4):
+                await asyncio.gather(*(_client(srv.url, "tool_quick", tally) for _ in range(6)))
+        asyncio.run(asyncio.wait_for(flood(), 240))
+        assert tally == {"call 200": 24}, tally
+        assert poll(lambda: _host_state(srv.root) == before, 60), _host_state(srv.root)
+        for _ in range(2):
+            h = open_session(c, srv)
+            assert result_of(call(c, srv, h, "tool_quick"))["result"]["isError"] is False
+            c.delete(srv.url, headers=h)
+        assert result_of(call(c, srv, kept, "tool_quick", rid=3))["result"][
+            "structuredContent"]["output"] == {"calls": 2}          # the kept session's state
+
+
+def test_sessions_are_capped_per_client_address(tmp_path):
+    """--max-sessions-per-client 2, no token: a client address holding two sessions gets
+    429 with Retry-After for a third (nothing made), another address is served, and the
+    first gets a session again once it has ended one."""
+    with serving(tmp_path, "--max-sessions-per-client", "2") as srv, \
+            httpx2.Client(timeout=30) as c, \
+            httpx2.Client(timeout=30, transport=httpx2.HTTPTransport(
+                local_address="127.0.0.2")) as other:
+        held = [open_session(c, srv) for _ in range(2)]
+        for h in held:
+            assert call(c, srv, h, "tool_quick").status_code == 200
+        made = sorted(p.name for p in srv.root.iterdir())
+        r = c.post(srv.url, headers=ACCEPT, json=INIT)
+        assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
+        assert "mcp-session-id" not in r.headers
+        error = r.json()["error"]
+        assert error["code"] == -32030 and "--max-sessions-per-client" in error["message"]
+        assert sorted(p.name for p in srv.root.iterdir()) == made           # nothing made
+        assert call(c, srv, open_session(other, srv), "tool_quick").status_code == 200
+        c.delete(srv.url, headers=held[0])
+        assert poll(lambda: c.post(srv.url, headers=ACCEPT, json=INIT).status_code == 200)
+
+
+def test_with_a_token_the_token_is_the_client(tmp_path):
+    """--max-sessions-per-client 1 with a bearer token: every holder of the token is one
+    client, whatever its address."""
+    auth = {"Authorization": "Bearer t0ken-for-the-cap"}
+    with serving(tmp_path, "--max-sessions-per-client", "1", token="t0ken-for-the-cap") as srv, \
+            httpx2.Client(timeout=30) as c, \
+            httpx2.Client(timeout=30, transport=httpx2.HTTPTransport(
+                local_address="127.0.0.2")) as other:
+        open_session(c, srv, auth)
+        r = other.post(srv.url, headers={**ACCEPT, **auth}, json=INIT)
+        assert r.status_code == 429 and "--max-sessions-per-client" in r.json()["error"]["message"]
+
+
+@ROOT_HOST
+def test_a_killed_server_s_sessions_are_removed_by_the_next_one(tmp_path):
+    """A server killed (SIGKILL) with live sessions ends none of them; the next server on
+    the same workspace root removes them before it serves: their workspaces, disks (left
+    mounted) and uids."""
+    (tmp_path / "config.json").write_text(json.dumps({"load": {"sandbox": {"disk_mb": 8}}}))
+    args = ("--uid-range", str(UID_FIRST + 200), "2", "--config", str(tmp_path / "config.json"))
+    with serving(tmp_path, *args) as srv, httpx2.Client(timeout=60) as c:
+        for _ in range(2):
+            h = open_session(c, srv)
+            assert result_of(call(c, srv, h, "tool_quick"))["result"]["isError"] is False
+        left = _host_state(srv.root)
+        assert len(left[0]) == 4 and len(left[1]) == 2 and len(left[3]) == 2, left
+        srv.proc.kill()
+        srv.proc.wait()
+    try:
+        with serving(tmp_path, *args) as srv, httpx2.Client(timeout=60) as c:
+            assert _host_state(srv.root)[0:2] == ([], []) and _host_state(srv.root)[3] == []
+            for _ in range(2):
+                h = open_session(c, srv)
+                assert result_of(call(c, srv, h, "tool_quick"))["result"]["isError"] is False
+    finally:
+        for disk in disks.on_disk(str(tmp_path / "sessions")):     # (when the test failed)
+            if disk["mounted"]:
+                subprocess.run(["umount", "-l", disk["root"]])

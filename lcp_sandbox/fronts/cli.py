@@ -6,6 +6,7 @@
   lcp-sandbox bench ...                speed figures against baselines
   lcp-sandbox serve-mcp FOLDER...      serve the tools to MCP clients (stdio or Streamable HTTP)
   lcp-sandbox envs build|list|prune    the libraries' own environments (their dependencies)
+  lcp-sandbox disks list|prune ROOT    the tenant disks (disk_mb) under a tenants_root
 
 -v / --verbose (before or after the subcommand) logs the engine and the tools' output.
 """
@@ -27,6 +28,7 @@ from typing import Any, Optional
 
 from ..binding.locations import bundled_tools_dir
 from ..core.policy import ENGINE_DIR
+from .disks_cli import add_parser as add_disks
 from .envs_cli import add_parser as add_envs
 from .lollms import SandboxedBinding
 from .mcp_cli import add_parser as add_serve_mcp
@@ -269,7 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", default=False,
                         help="log the engine and the tools' output on stderr")
     sub = parser.add_subparsers(dest="cmd", required=True,
-                                metavar="{tools,call,demo,bench,serve-mcp,envs}")
+                                metavar="{tools,call,demo,bench,serve-mcp,envs,disks}")
 
     p = sub.add_parser("tools", help="print the discovered tool specs as JSON", parents=[verbose])
     p.add_argument("folders", nargs="+", metavar="FOLDER", help="folder of tool libraries")
@@ -313,6 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench(sub, verbose)
     add_serve_mcp(sub, [verbose])
     add_envs(sub, [verbose])
+    add_disks(sub, [verbose])
     return parser
 
 

@@ -12,6 +12,7 @@ import sys
 from typing import Any, Optional
 
 from ..core.egress_rules import policy_of
+from ..core.policy import DEFAULT_UID_RANGE, uid_range_setting
 
 TOKEN_ENV = "LCP_SANDBOX_MCP_TOKEN"
 
@@ -19,9 +20,10 @@ DESCRIPTION = """\
 Serve the tools of FOLDER(s) to MCP clients, each library in isolated worker processes.
 stdio (default): one session, workspace --workspace (default: the current folder); only MCP
 messages are written to stdout. http: Streamable HTTP at /mcp; every MCP session is a tenant of
-its own, with its own workers and its own workspace <workspace-root>/<session id>, stopped when
-the session ends. Host and Origin are checked on every request; on any address but loopback a
-bearer token is required (--token-file, or the environment variable LCP_SANDBOX_MCP_TOKEN)."""
+its own, with its own workers and its own workspace <workspace-root>/<session id> (and, run as
+root, its own uid), all stopped and removed when the session ends. Host and Origin are checked
+on every request; on any address but loopback a bearer token is required (--token-file, or the
+environment variable LCP_SANDBOX_MCP_TOKEN)."""
 
 
 def add_parser(sub: Any, parents: list) -> None:
@@ -43,6 +45,10 @@ def add_parser(sub: Any, parents: list) -> None:
     p.add_argument("--workspace-root", metavar="DIR", default="mcp-workspaces",
                    help="http: each session's workspace is DIR/<session id> "
                         "(default: ./mcp-workspaces)")
+    p.add_argument("--uid-range", nargs=2, type=int, metavar=("FIRST", "COUNT"), default=None,
+                   help="http, run as root: each session's workers run as a uid of the "
+                        "session's own from FIRST to FIRST+COUNT-1, given back when the session "
+                        "ends (default: %d %d)" % DEFAULT_UID_RANGE)
     p.add_argument("--config", metavar="FILE",
                    help="JSON file with the host_tool_configs "
                         "({\"host_tool_configs\": {...}} or the dict itself)")
@@ -84,14 +90,21 @@ def add_parser(sub: Any, parents: list) -> None:
 
 def _add_load_options(p: argparse.ArgumentParser) -> None:
     """What keeps one client from taking the server (every session costs processes)."""
-    from .mcp_limits import default_max_sessions
+    from .mcp_limits import DEFAULT_SESSIONS_PER_CLIENT, default_max_sessions
     g = p.add_argument_group("load (http; --rate-limit over stdio too)")
     g.add_argument("--max-sessions", type=_positive_int, default=default_max_sessions(),
                    metavar="N", help="live sessions at most; past it a new session gets 503 "
                    "with Retry-After and nothing is started (default: one per 32 MiB of this "
                    "machine's memory, 16 to 4,096: %(default)s here)")
+    g.add_argument("--max-sessions-per-client", type=_positive_int,
+                   default=DEFAULT_SESSIONS_PER_CLIENT, metavar="N",
+                   help="live sessions at most per client: per bearer token when the server "
+                   "has one (every holder of it is one client), else per client address; past "
+                   "it a new session gets 429 with Retry-After (default: "
+                   f"{DEFAULT_SESSIONS_PER_CLIENT})")
     g.add_argument("--session-idle-timeout", type=_positive_float, default=1800.0, metavar="S",
-                   help="a session idle this long ends and its workers stop (default: 1800)")
+                   help="a session with no request for this long ends, as on DELETE: its "
+                   "workers stop, its workspace, disk and uid are removed (default: 1800)")
     g.add_argument("--max-workers", type=_positive_int, default=None, metavar="N",
                    help="worker processes at most, all sessions together (default: no cap)")
     g.add_argument("--max-workers-per-session", type=_positive_int, default=None, metavar="N",
@@ -192,6 +205,15 @@ def _network(args: argparse.Namespace, confine: object) -> "bool | dict[str, lis
     return policy
 
 
+def _uid_range(given: Optional[list]) -> Optional[tuple[int, int]]:
+    if given is None:
+        return None
+    try:
+        return uid_range_setting(tuple(given))
+    except (TypeError, ValueError) as exc:
+        raise _usage(f"--uid-range: {exc}") from None
+
+
 def _serve(args: argparse.Namespace) -> int:
     for folder in args.folders:
         if not os.path.isdir(folder):
@@ -215,7 +237,9 @@ def _serve(args: argparse.Namespace) -> int:
         confine=confine, network=_network(args, confine),
         timeout_s=args.timeout or None, memory_mb=args.memory_mb,
         auto_confirm=args.auto_confirm, max_sessions=args.max_sessions,
-        session_idle_timeout_s=args.session_idle_timeout, max_workers=args.max_workers,
+        max_sessions_per_client=args.max_sessions_per_client,
+        session_idle_timeout_s=args.session_idle_timeout, uid_range=_uid_range(args.uid_range),
+        max_workers=args.max_workers,
         max_workers_per_session=args.max_workers_per_session,
         max_calls_per_session=args.max_calls_per_session, rate_limit=args.rate_limit,
         metrics=args.metrics, max_connections=args.max_connections)

@@ -1,6 +1,9 @@
 """What keeps one MCP client from taking the server: caps and rates, per session.
 
-    new session (initialize)   SessionCap.admit()     over --max-sessions ─► 503 + Retry-After
+    new session (initialize)   the SDK's manager      over --max-sessions ─► 503 + Retry-After
+                               ClientSessions.admit() over --max-sessions-per-client (per
+                                                       bearer token, else per address)
+                                                       ─► 429 + Retry-After
     tools/call                 TokenBucket.take()     over --rate-limit   ─► 429 + Retry-After
                                (per session)           (or a JSON-RPC error with the delay)
                                calls semaphore         over --max-calls-per-session: waits its
@@ -13,6 +16,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Any, Optional
+
+#: Live sessions one client (its bearer token, else its address) may hold by default.
+DEFAULT_SESSIONS_PER_CLIENT = 64
 
 
 def default_max_sessions() -> int:
@@ -57,3 +63,62 @@ def rate_error(rate: float, wait: float) -> dict[str, Any]:
     return {"code": RATE_LIMITED, "message": f"Rate limit of {rate:g} tool calls a second: "
                                              f"retry after {after} s",
             "data": {"retryAfter": float(after)}}
+
+
+class ClientSessions:
+    """The live sessions of each client, at most ``cap`` each.
+
+    A request that may open a session takes a place first (admit), so a burst of opening
+    requests cannot pass the cap together; its answer keeps the place for the session it
+    made, or gives it back (opened).  The MCP server tells when a session starts (its
+    initialize) and ends (DELETE, idle timeout, the server's end): started(), ended()."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.held: dict[str, int] = {}          # client -> places taken
+        self._owner: dict[str, str] = {}        # session id -> its client
+        self._live: set[str] = set()            # sessions started and not ended
+
+    def admit(self, client: str) -> bool:
+        """Take a place for a new session of ``client``; False when it holds ``cap``."""
+        if self.held.get(client, 0) >= self.cap:
+            return False
+        self.held[client] = self.held.get(client, 0) + 1
+        return True
+
+    def opened(self, client: str, sid: Optional[str]) -> None:
+        """The answer to ``client``'s opening request: the session ``sid`` it made (a live
+        one keeps the place), or None (the place is given back)."""
+        if sid is not None and sid in self._live and sid not in self._owner:
+            self._owner[sid] = client
+            return
+        self._give_back(client)
+
+    def started(self, sid: str) -> None:
+        self._live.add(sid)
+
+    def ended(self, sid: str) -> None:
+        self._live.discard(sid)
+        client = self._owner.pop(sid, None)
+        if client is not None:
+            self._give_back(client)
+
+    def _give_back(self, client: str) -> None:
+        left = self.held.get(client, 0) - 1
+        if left > 0:
+            self.held[client] = left
+        else:
+            self.held.pop(client, None)
+
+
+def too_many_sessions(cap: int, idle_s: float) -> dict[str, Any]:
+    """The JSON-RPC error of a new session refused at the client's cap (HTTP: 429)."""
+    return {"code": TOO_MANY_SESSIONS,
+            "message": f"Too many sessions: this client already holds {cap} live sessions, the "
+                       f"most one client may hold (--max-sessions-per-client). End one (HTTP "
+                       f"DELETE with its mcp-session-id), or wait until one has been idle for "
+                       f"{idle_s:g} s (--session-idle-timeout)."}
+
+
+#: The JSON-RPC error code of a new session over its client's cap (with HTTP 429).
+TOO_MANY_SESSIONS = -32030

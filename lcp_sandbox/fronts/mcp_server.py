@@ -14,7 +14,11 @@
       refresh: a library file changed on disk ─► restart_library,
                discover_tools(force_refresh=True), notifications/tools/list_changed
       session ends (DELETE, idle timeout, stdin closed) ─► binding.close(): its workers stop
-    One Supervisor serves every session.
+               HTTP: ─► Supervisor.remove_tenant(): its disk, its workspace, its uid go too
+      initialize (HTTP) ─► _track: the session counts for its client (mcp_limits.ClientSessions)
+                           until it ends
+    One Supervisor serves every session; at the start of an HTTP server, the sessions an
+    earlier one left (stopped without ending them: killed) are removed (sweep).
 
 Only the public API of SandboxedBinding and Supervisor is used.  mcp 2.3 gives a
 low-level handler no public way to its connection (per-connection state and
@@ -42,7 +46,13 @@ from ..core.version import __version__
 from . import mcp_mapping as M
 from .lollms import SandboxedBinding
 from .mcp_calls import ToolCall, current_call
-from .mcp_limits import TokenBucket, default_max_sessions, rate_error
+from .mcp_limits import (
+    DEFAULT_SESSIONS_PER_CLIENT,
+    ClientSessions,
+    TokenBucket,
+    default_max_sessions,
+    rate_error,
+)
 
 log = logging.getLogger("lcp_sandbox.mcp")
 
@@ -51,6 +61,7 @@ RATE_BURST_S = 2.0               # a session's rate limit lets this many seconds
 _tracer = trace.get_tracer("lcp_sandbox")
 _SESSION_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 _STATE_KEY = "lcp_sandbox.session"
+_COUNTED_KEY = "lcp_sandbox.counted"
 
 NO_ELICITATION = ("The MCP client cannot confirm actions (it did not declare the elicitation "
                   "capability), so the action was rejected.")
@@ -72,7 +83,9 @@ class ServeOptions:
     auto_confirm: Optional[str] = None       # the answer when the client cannot be asked
     # What keeps one client from taking the server (docs/mcp.md; mcp_limits.py)
     max_sessions: int = field(default_factory=default_max_sessions)
+    max_sessions_per_client: int = DEFAULT_SESSIONS_PER_CLIENT     # per bearer token / address
     session_idle_timeout_s: float = 1800.0
+    uid_range: Optional[tuple[int, int]] = None       # root host: the sessions' uids
     max_workers: Optional[int] = None                 # the supervisor's pool
     max_workers_per_session: Optional[int] = None
     max_calls_per_session: int = 8                    # more wait their turn
@@ -110,10 +123,12 @@ class _Session:
     """One MCP session: its binding (tenant, workers, workspace) and what it saw on disk."""
 
     def __init__(self, binding: SandboxedBinding, folders: list, workspace: str,
-                 options: ServeOptions) -> None:
+                 options: ServeOptions, own_workspace: bool = False) -> None:
         self.binding = binding
         self.folders = folders
         self.workspace = workspace
+        # HTTP: a folder of the session's own, removed when it ends (stdio: the user's)
+        self.own_workspace = own_workspace
         self.files = _snapshot(folders)
         self.refresh_lock: Optional[anyio.Lock] = None      # made on the event loop
         self.calls: Optional[anyio.Semaphore] = None         # likewise
@@ -184,12 +199,14 @@ class McpFront:
         self.stdio_session: Optional[_Session] = None
         self.sessions: dict[str, _Session] = {}            # HTTP sessions by MCP session id
         self.refusals: dict[str, int] = {}                 # the front's: session cap, rate
+        self.clients: Optional[ClientSessions] = None       # HTTP: sessions per client
         self._create_lock: Optional[anyio.Lock] = None
         self._limiter: Optional[anyio.CapacityLimiter] = None
         self.server = _Server("lcp-sandbox", version=__version__,
                               instructions="Tools of LCP libraries, each library run in an "
                                            "isolated worker process of this session.",
                               on_list_tools=self._list_tools, on_call_tool=self._call_tool)
+        self.server.middleware.append(self._track)
 
     # -------------------------------------------- sessions
     def make_session(self, workspace: str, tenant: str,
@@ -206,7 +223,7 @@ class McpFront:
         binding.set_confirm_handler(self._confirm)
         binding.set_user_interaction_handler(self._ask)
         log.info("session %s: workspace %s", tenant, workspace)
-        return _Session(binding, list(o.folders), workspace, o)
+        return _Session(binding, list(o.folders), workspace, o, workspace_root is not None)
 
     async def _session(self, ctx: Any) -> _Session:
         if self.stdio_session is not None:
@@ -232,10 +249,47 @@ class McpFront:
         return session
 
     async def end_session(self, session: _Session, sid: Optional[str] = None) -> None:
-        """Stop the session's workers (its running calls were cancelled, so interrupted)."""
+        """Stop the session's workers (its running calls were cancelled, so interrupted);
+        over HTTP, remove its workspace, its disk and give its uid back too."""
         log.info("session %s ended", session.binding.tenant)
         self.sessions.pop(sid or "", None)
-        await anyio.to_thread.run_sync(session.close, abandon_on_cancel=True)
+        await anyio.to_thread.run_sync(self._finish, session, abandon_on_cancel=True)
+
+    def _finish(self, session: _Session) -> None:
+        session.close()
+        if session.own_workspace:
+            self._remove(session.binding.tenant, session.workspace)
+
+    def _remove(self, tenant: str, workspace: str) -> None:
+        try:
+            self.supervisor.remove_tenant(tenant, workspace)
+        except (OSError, ValueError) as exc:
+            log.warning("session %s: not all of it was removed: %s", tenant, exc)
+
+    def sweep(self) -> int:
+        """Remove the sessions an earlier server on this workspace root left (their tenants
+        still hold a uid in its store: it was stopped without ending them); how many."""
+        root = self.options.workspace_root
+        stale = [t for t in self.supervisor.uids.tenants()
+                 if t.startswith("mcp-") and _SESSION_ID.fullmatch(t[4:])]
+        for tenant in stale:
+            self._remove(tenant, os.path.join(root, tenant[4:]))
+        if stale:
+            log.info("removed %d sessions an earlier server left in %s", len(stale), root)
+        return len(stale)
+
+    async def _track(self, ctx: Any, call_next: Any) -> Any:
+        """(server middleware) An HTTP session counts for its client from its initialize
+        until it ends (the connection's exit stack)."""
+        clients = self.clients
+        if ctx.method == "initialize" and clients is not None:
+            conn = _connection_of(ctx)
+            sid = getattr(conn, "session_id", None)
+            if conn is not None and isinstance(sid, str) and _COUNTED_KEY not in conn.state:
+                conn.state[_COUNTED_KEY] = True
+                clients.started(sid)
+                conn.exit_stack.callback(clients.ended, sid)
+        return await call_next(ctx)
 
     # -------------------------------------------- load: refusals and numbers
     def refused(self, reason: str) -> None:

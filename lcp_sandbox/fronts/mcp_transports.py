@@ -5,9 +5,12 @@
             _Guard: Host (421) and Origin (403) against the allowlists, then the bearer
             token (401), before the session manager sees the request (no session, no worker);
             a session's tools/call over --rate-limit: 429 + Retry-After (the body is read
-            here, then handed on); the manager's 503 for a session over --max-sessions
-            gets a Retry-After on its way out
+            here, then handed on); a request that would open a session for a client (its
+            bearer token, else its address) that holds --max-sessions-per-client: 429 +
+            Retry-After; the manager's 503 for a session over --max-sessions gets a
+            Retry-After on its way out
             /metrics (--metrics): the same guard, then McpFront.metrics() as Prometheus text
+            /healthz: outside the guard, 200 "ok" while the server serves (probes)
             uvicorn: at most --max-connections at once (more: 503), a listen backlog to match
 """
 from __future__ import annotations
@@ -28,11 +31,12 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
 
 from ..backends.local import Supervisor
-from .mcp_limits import rate_error, retry_after
+from .mcp_limits import ClientSessions, rate_error, retry_after, too_many_sessions
 from .mcp_server import McpFront, ServeOptions
 
 MCP_PATH = "/mcp"
 METRICS_PATH = "/metrics"
+HEALTH_PATH = "/healthz"
 SESSION_HEADER = b"mcp-session-id"
 MAX_PEEK = 4 * 1024 * 1024          # the SDK's own cap on a request body
 SESSION_CAP_RETRY_S = 5.0           # Retry-After of a new session refused at the cap
@@ -46,7 +50,7 @@ def serve_stdio(options: ServeOptions) -> int:
     from mcp.server.stdio import stdio_server
 
     async def main() -> None:
-        supervisor = Supervisor(confine=options.confine)
+        supervisor = Supervisor(confine=options.confine, **_uid_range(options))
         front = McpFront(options, supervisor)
         try:
             async with stdio_server() as (read, write):
@@ -98,11 +102,16 @@ def _bearer_ok(header: Optional[str], token: bytes) -> bool:
     return scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), token)
 
 
+def _uid_range(options: ServeOptions) -> dict[str, Any]:
+    return {} if options.uid_range is None else {"uid_range": options.uid_range}
+
+
 class _Guard:
     """Every HTTP request passes here first: a foreign Host (421) or Origin (403), or a
     missing or wrong bearer token (401), is refused before any session exists; with a
-    front, a session's tools/call over its rate gets 429, and a new session refused at
-    the session cap gets its 503 with a Retry-After."""
+    front, a session's tools/call over its rate gets 429, a new session of a client at
+    its cap gets 429, and a new session refused at the session cap gets its 503 with a
+    Retry-After."""
 
     def __init__(self, app: Callable, security: TransportSecuritySettings,
                  token: Optional[str], front: Optional[McpFront] = None) -> None:
@@ -129,6 +138,8 @@ class _Guard:
         if self.front is None:
             return await self.app(scope, receive, send)
         sid = request.headers.get("mcp-session-id")
+        if sid is None and self.front.clients is not None:
+            return await self._new_session(scope, receive, send, self.front.clients)
         session = self.front.sessions.get(sid) if sid else None
         if session is not None and session.bucket is not None and scope["method"] == "POST":
             body, receive = await _peek(receive)
@@ -138,6 +149,36 @@ class _Guard:
                 await _rate_limited(wait, self.front.options.rate_limit)(scope, receive, send)
                 return
         await self.app(scope, receive, send if sid else self._cap_aware(send))
+
+    def _client(self, scope: dict) -> str:
+        """Who a request comes from: the bearer token when the server has one (every
+        holder of it is one client), else the client's address."""
+        if self.token is not None:
+            return "bearer token"
+        client = scope.get("client")
+        return f"address {client[0]}" if client else "address unknown"
+
+    async def _new_session(self, scope: dict, receive: Callable, send: Callable,
+                           clients: ClientSessions) -> None:
+        """A request without a session may open one: its client must have room."""
+        assert self.front is not None
+        client = self._client(scope)
+        if not clients.admit(client):
+            self.front.refused("client_sessions")
+            await _too_many(clients.cap, self.front.options.session_idle_timeout_s)(
+                scope, receive, send)
+            return
+        made: list[str] = []
+
+        async def sending(message: dict) -> None:
+            if message["type"] == "http.response.start" and message["status"] < 400:
+                made.extend(v.decode("latin-1") for k, v in message.get("headers", ())
+                            if k.lower() == SESSION_HEADER)
+            await send(message)
+        try:
+            await self.app(scope, receive, self._cap_aware(sending))
+        finally:
+            clients.opened(client, made[0] if made else None)
 
     def _cap_aware(self, send: Callable) -> Callable:
         """``send`` for a request without a session: a 503 (the session cap) gets a
@@ -190,12 +231,20 @@ def _rate_limited(wait: float, rate: Optional[float]) -> Any:
                         headers={"Retry-After": retry_after(wait)})
 
 
+def _too_many(cap: int, idle_s: float) -> Any:
+    from starlette.responses import JSONResponse
+    return JSONResponse({"jsonrpc": "2.0", "id": None, "error": too_many_sessions(cap, idle_s)},
+                        status_code=429,
+                        headers={"Retry-After": retry_after(SESSION_CAP_RETRY_S)})
+
+
 def http_app(front: McpFront, security: TransportSecuritySettings, token: Optional[str] = None,
              on_ready: Optional[Callable[[], None]] = None) -> Any:
     """The Starlette app: Streamable HTTP at /mcp behind the guard."""
     from starlette.applications import Starlette
     from starlette.routing import Route
     o = front.options
+    front.clients = ClientSessions(o.max_sessions_per_client)
     manager = StreamableHTTPSessionManager(app=front.server, security_settings=security,
                                            session_idle_timeout=o.session_idle_timeout_s,
                                            max_sessions=o.max_sessions)
@@ -207,10 +256,19 @@ def http_app(front: McpFront, security: TransportSecuritySettings, token: Option
                 on_ready()
             yield
 
-    routes = [Route(MCP_PATH, endpoint=_Guard(manager.handle_request, security, token, front))]
+    routes = [Route(MCP_PATH, endpoint=_Guard(manager.handle_request, security, token, front)),
+              Route(HEALTH_PATH, endpoint=_health, methods=["GET"])]
     if o.metrics:
         routes.append(Route(METRICS_PATH, endpoint=_Guard(_metrics_app(front), security, token)))
     return Starlette(routes=routes, lifespan=lifespan)
+
+
+async def _health(request: Any) -> Any:
+    """GET (or HEAD) /healthz: 200 "ok" while the server serves, for liveness and readiness
+    probes.  Outside the guard: a kubelet's probe names the pod's address in its Host header
+    and holds no token, and the answer tells nothing but that the server is up."""
+    from starlette.responses import PlainTextResponse
+    return PlainTextResponse("ok\n")
 
 
 def _metrics_app(front: McpFront) -> Callable:
@@ -244,8 +302,10 @@ def serve_http(options: ServeOptions, host: str, port: int, token: Optional[str]
     os.makedirs(options.workspace_root, exist_ok=True)
     supervisor = Supervisor(confine=options.confine, tenants_root=options.workspace_root,
                             max_workers=options.max_workers,
-                            max_workers_per_tenant=options.max_workers_per_session)
+                            max_workers_per_tenant=options.max_workers_per_session,
+                            **_uid_range(options))
     front = McpFront(options, supervisor)
+    front.sweep()
     security = transport_security(host.strip("[]"), port, tuple(allowed_hosts),
                                   tuple(allowed_origins))
 

@@ -246,7 +246,7 @@ def _flags() -> Iterator[tuple[str, str, str]]:
         elif action.choices:
             names = f"{key} {{{','.join(map(str, action.choices))}}}"
         else:
-            names = f"{key} {action.metavar or action.dest.upper()}"
+            names = f"{key} {' '.join(_metavars(action))}"
         help_text = action.help or ""
         said = _DEFAULT_SAID.search(help_text)
         if said:
@@ -255,6 +255,12 @@ def _flags() -> Iterator[tuple[str, str, str]]:
             raise Missing(f"serve-mcp: the flag {key!r} has no help text (its description)")
         default = MACHINE_DEFAULTS.get(key) or (said.group(1) if said else _flag_default(action))
         yield f"`{names}`", default, help_text.strip().replace("*", "\\*")   # plain text
+
+
+def _metavars(action: argparse.Action) -> list[str]:
+    """The names of a flag's values (several for nargs=N with a tuple metavar)."""
+    meta = action.metavar or action.dest.upper()
+    return list(meta) if isinstance(meta, tuple) else [meta]
 
 
 def _flag_default(action: argparse.Action) -> str:
