@@ -32,12 +32,14 @@ from .. import protocol as P
 from ..backends.base import Backend, WorkerSpec
 from ..backends.local.supervisor import Supervisor
 from ..core import discovery, normalize
-from ..core.limits import Limits, check_together, library_limits
+from ..core.host_configs import config_limits
+from ..core.limits import Limits, check_together
 from ..core.outcomes import SandboxEvent
 from ..protocol import HANDLER_CONFIRM, HANDLER_UI, HOST_PARAMS
 from .lcp_surface import LcpSurface
 from .locations import as_paths, bundled_tools_dir, lollms_default_tools_dir
 from .objects import HostObjects, NamedRefs
+from .settings_check import check_arguments, check_entry_names
 from .tool_catalog import ToolCatalog
 from .worker_init import build_init, read_declarations
 from .workspaces import Workspaces
@@ -56,13 +58,10 @@ class SandboxedBinding(LcpSurface):
     host_tool_configs
         ``{library stem: dict}``, as ``LCPBinding``: passed to the library's
         ``init_tools_library`` and to tools that read their host config.  Its
-        ``"sandbox"`` entry sets that library's limits: ``timeout_s``,
-        ``memory_mb``, ``cpu_s``, ``max_open_files``, ``max_file_size_mb``,
-        ``max_result_mb``, ``grace_s``, ``log_bytes_per_s``, ``confine``,
-        ``network``, ``env``, ``read_paths``, ``run_as``, ``syscalls``, ``template``,
-        ``trusted_import``, ``max_processes``, ``requirements`` (core/limits.py; the
-        library's dependencies: docs/environments.md); an unknown key or a
-        wrong type makes the library's calls answer 500 naming it.
+        ``"sandbox"`` entry sets that library's limits (core/limits.py, the table of
+        docs/configuration.md): a wrong one makes the library's calls answer 500 naming
+        it.  An entry of no library is logged; one holding "sandbox", a slip of "sandbox"
+        ("Sandbox") or a "sandbox" that is no dict is refused here (core/host_configs.py).
     tools_folders
         A folder or a list of folders to discover libraries in (each ``X/``
         sub-folder is a library, and so is each loose ``.py`` file);
@@ -77,10 +76,9 @@ class SandboxedBinding(LcpSurface):
     user_interaction_handler
         Run in the host when a tool asks the user something.
     workspace
-        The tools' working directory (the worker's CWD during a call), resolved
-        against the host's CWD when the binding is made.  Default: the host's CWD
-        at each call.  A workspace that does not exist is created by the first
-        call that uses it.
+        The tools' working directory (the worker's CWD during a call), resolved against
+        the host's CWD when the binding is made.  Default: the host's CWD at each call.
+        A workspace that does not exist is created by the first call that uses it.
     tenant
         Who the calls are for (default ``"default"``).  Workers are keyed by
         (tenant, library): tenants never share a worker or its module state.
@@ -106,9 +104,10 @@ class SandboxedBinding(LcpSurface):
         workers a policy, ``{"allow": [rules], "deny": [rules]}`` (core/egress_rules.py),
         held by the supervisor's egress proxy.  Default: the supervisor's (True).
     other keywords
-        Load flags, as ``LCPBinding``: a library declaring
-        ``TOOL_LIBRARY_LOAD_FLAG = "X"`` loads only when ``X=True`` is given here
-        or in its ``host_tool_configs`` entry.
+        Load flags, as ``LCPBinding``: a library declaring ``TOOL_LIBRARY_LOAD_FLAG = "X"``
+        loads only when ``X=True`` is given here or in its ``host_tool_configs`` entry.
+        A keyword one slip from a keyword above (``confined=``, ``Confine=``), or naming
+        a supervisor keyword or a "sandbox" setting, is a TypeError (core/keywords.py).
 
     Use it as a context manager, or call ``close()``.  A front may register a
     subclass to build instead once a module is imported (``promote_when``): the
@@ -142,6 +141,7 @@ class SandboxedBinding(LcpSurface):
                  supervisor: Optional[Backend] = None, confine: Optional[Union[bool, str]] = None,
                  workspace_root: Optional[PathLike] = None,
                  network: Union[bool, dict[str, Any], None] = None, **kwargs: Any) -> None:
+        check_arguments(locals(), kwargs)
         self.binding_name = "sandboxed"
         self.host_tool_configs: dict = host_tool_configs if host_tool_configs is not None else {}
         self.confirm_handler = confirm_handler
@@ -153,6 +153,9 @@ class SandboxedBinding(LcpSurface):
         self.workspace = os.path.realpath(workspace) if workspace else None
         self.tenant = tenant
         self.workspace_root = os.path.realpath(workspace_root) if workspace_root else None
+        self.catalog = ToolCatalog(folders, files, self.host_tool_configs, kwargs,
+                                   lollms_default_tools_dir, self._derived_stale)
+        check_entry_names(self.host_tool_configs, self.catalog, files)
         self._own_supervisor = supervisor is None
         self.supervisor = supervisor or Supervisor()
         self.limits = check_together(Limits(
@@ -161,8 +164,6 @@ class SandboxedBinding(LcpSurface):
             network=self.supervisor.network if network is None else network))
         self._lib_limits: dict[str, Limits] = {}
         self._specs: dict[tuple, WorkerSpec] = {}      # (library key, root) -> its worker's spec
-        self.catalog = ToolCatalog(folders, files, self.host_tool_configs, kwargs,
-                                   lollms_default_tools_dir, self._derived_stale)
         self._resolvers: dict[str, NamedRefs] = {}
         self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._workspaces = Workspaces(tenant, self.workspace_root)
@@ -251,8 +252,7 @@ class SandboxedBinding(LcpSurface):
     def _limits(self, lib: discovery.Library) -> Limits:
         lim = self._lib_limits.get(lib.key)
         if lim is None:
-            cfg = self.host_tool_configs.get(lib.name) or {}
-            lim = library_limits(self.limits, cfg.get("sandbox"), lib.name)
+            lim = config_limits(self.limits, self.host_tool_configs.get(lib.name), lib.name)
             self._lib_limits[lib.key] = lim
         return lim
 

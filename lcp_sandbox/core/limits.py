@@ -6,26 +6,37 @@ process limits and worker/confine/ the confinement.
 """
 from __future__ import annotations
 
-import difflib
-import numbers
 from dataclasses import dataclass, replace
 from typing import Any, Optional, Union
 
 from .egress_rules import policy_of
+from .kinds import check_kind
 from .outcomes import CallFailed
 from .policy import BEST_EFFORT, run_as_setting
+from .spelling import closest
 from .syscalls import check_setting
 
 MIN_DISK_MB = 8                             # (an ext4 file system's own needs)
 
 
 def confine_setting(value: Any) -> Union[bool, str]:
-    """A ``confine`` setting checked: True, False or "best-effort"."""
-    if value == BEST_EFFORT:
-        return BEST_EFFORT
-    if value in (True, False, None, 0, 1):
+    """A ``confine`` setting checked: True, False or "best-effort" (None: False).  Exactly
+    those: 1 and 1.0 are no True, "Best-Effort" is no "best-effort"."""
+    if value is None or isinstance(value, bool):
         return bool(value)
+    if isinstance(value, str) and value == BEST_EFFORT:
+        return BEST_EFFORT
     raise ValueError(f"confine={value!r}: it is True, False or \"best-effort\"")
+
+
+def network_setting(value: Any) -> Union[bool, dict[str, Any]]:
+    """A ``network`` setting checked: True, False, or a policy (a dict of rules:
+    core/egress_rules.py); TypeError/ValueError naming it."""
+    if isinstance(value, bool):
+        return value
+    policy_of(value)
+    policy: dict[str, Any] = value
+    return policy
 
 
 @dataclass
@@ -68,7 +79,7 @@ class Limits:
 
     def __post_init__(self) -> None:
         for name, kind in _KINDS.items():
-            _check_kind(name, getattr(self, name), kind)
+            setattr(self, name, check_kind(name, getattr(self, name), kind))
         self.read_paths = tuple(self.read_paths)
         if self.requirements is not None:
             self.requirements = tuple(self.requirements)
@@ -77,25 +88,40 @@ class Limits:
         if self.run_as is not None:
             self.run_as = run_as_setting(self.run_as)
         if self.syscalls is not None:
-            self.syscalls = check_setting(self.syscalls)
-        if not isinstance(self.network, bool):
-            policy_of(self.network)                       # (ValueError/TypeError naming it)
+            self.syscalls = check_setting(_allow_listed(self.syscalls))
+        network_setting(self.network)
 
     @classmethod
     def merged(cls, base: "Limits", override: Optional[dict[str, Any]]) -> "Limits":
-        if not override:
+        """``base`` with the settings of ``override`` (None: none; anything but a dict,
+        [] and False too, is refused: it would leave out every protection it meant)."""
+        if override is None:
             return base
         if not isinstance(override, dict):
-            raise TypeError(f"it must be a dict of settings, not {type(override).__name__}")
+            raise TypeError(f"it must be a dict of settings, not {override!r} "
+                            f"({type(override).__name__})")
+        if not override:
+            return base
         unknown = [k for k in override if k not in cls.__dataclass_fields__]
         if unknown:
             raise ValueError("; ".join(_unknown(k) for k in unknown))
-        return replace(base, **override)     # (not asdict: it deep-copies every field, slowly)
+        # "confine": None is the binding's confine, never None (which would read as off).
+        given = {k: v for k, v in override.items() if not (k == "confine" and v is None)}
+        # (not asdict: it deep-copies every field, slowly)
+        return replace(base, **given)
+
+
+def _allow_listed(syscalls: Any) -> Any:
+    """``syscalls`` whose "allow" is a list of names (TypeError naming it), for
+    core/syscalls.py to check the names."""
+    if isinstance(syscalls, dict) and "allow" in syscalls:
+        check_kind("syscalls['allow']", syscalls["allow"], "strings")
+    return syscalls
 
 
 def _unknown(key: Any) -> str:
-    near = difflib.get_close_matches(str(key), Limits.__dataclass_fields__, 1)
-    return (f"{key!r} is no sandbox setting" + (f" (did you mean {near[0]!r}?)" if near else
+    near = closest(key, Limits.__dataclass_fields__)
+    return (f"{key!r} is no sandbox setting" + (f" (did you mean {near!r}?)" if near else
             f" (the settings: {', '.join(Limits.__dataclass_fields__)})"))
 
 
@@ -112,39 +138,8 @@ _KINDS = {"timeout_s": "number|None", "grace_s": "number", "memory_mb": "number|
 
 def count_setting(name: str, value: Any) -> Optional[int]:
     """A positive whole number, or None (no cap); TypeError/ValueError naming ``name``."""
-    _check_kind(name, value, "int|None")
-    if value is not None and value < 1:
-        raise ValueError(f"{name!r} is {value!r}: at least 1, or None for no cap")
-    return None if value is None else int(value)
-
-
-def _check_kind(name: str, value: Any, kind: str) -> None:
-    """TypeError/ValueError naming the setting when ``value`` is not of ``kind``."""
-    base, _, none_ok = kind.partition("|")
-    if value is None:
-        if none_ok:
-            return
-        raise TypeError(f"{name!r} must not be None")
-    if base == "bool":
-        ok = isinstance(value, bool)
-        wanted = "true or false"
-    elif base in ("number", "int"):
-        ok = (isinstance(value, numbers.Real) and not isinstance(value, bool)
-              and (base == "number" or float(value).is_integer()))
-        wanted = "a number" if base == "number" else "a whole number"
-        if ok and value < 0:
-            raise ValueError(f"{name!r} is {value!r}: it cannot be negative")
-    elif base == "env":
-        ok = isinstance(value, dict) and all(
-            isinstance(k, str) and isinstance(v, (str, int, float)) and not isinstance(v, bool)
-            for k, v in value.items())
-        wanted = "a dict of names to string (or number) values"
-    else:           # paths, strings
-        ok = (isinstance(value, (list, tuple))
-              and all(isinstance(p, str) and p for p in value))
-        wanted = "a list of paths (strings)" if base == "paths" else "a list of strings"
-    if not ok:
-        raise TypeError(f"{name!r} must be {wanted}, not {value!r} ({type(value).__name__})")
+    checked: Optional[int] = check_kind(name, value, "count|None")
+    return checked
 
 
 def library_limits(base: Limits, override: Optional[dict[str, Any]], library: str) -> Limits:

@@ -7,6 +7,7 @@ No processes, no system calls.
 from __future__ import annotations
 
 import functools
+import numbers
 import os
 import sys
 from typing import Any, Optional
@@ -77,32 +78,91 @@ def default_run_as(tenants_root: Optional[str]) -> "tuple[int, int] | str":
 
 
 def run_as_setting(value: Any) -> "tuple[int, int] | str":
-    """A run_as setting checked: (uid, gid), or "per-tenant"."""
-    return PER_TENANT if value == PER_TENANT else run_as_ids(value)
+    """A run_as setting checked: (uid, gid), or "per-tenant" (ValueError naming it)."""
+    if isinstance(value, str):
+        if value == PER_TENANT:
+            return PER_TENANT
+        raise ValueError(f"run_as={value!r}: it is (uid, gid) or {PER_TENANT!r}")
+    return run_as_ids(value)
+
+
+#: The largest uid or gid a worker may take (2**32 - 1 is the kernel's "no id").
+MAX_ID = 0xFFFFFFFE
+#: nobody's uid: the run_as of confined workers without a uid of their own.
+NOBODY_UID = DEFAULT_RUN_AS[0]
+#: uid_range=(first, count, LOGIN_UIDS): the host says these login-range uids belong to no one.
+LOGIN_UIDS = "login-uids"
+#: The login users' uids when /etc/login.defs does not say (UID_MIN, UID_MAX).
+DEFAULT_LOGIN_RANGE = (1000, 60000)
+
+
+def _whole(value: Any) -> bool:
+    # (a bool is an int to Python, never a uid; 1.0 and "1" are no uids either)
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _pair(value: Any, setting: str, wanted: str) -> tuple[int, int]:
+    """Two whole numbers, exactly (a list or tuple of two ints), else ValueError."""
+    if (not isinstance(value, (list, tuple)) or len(value) != 2
+            or not all(_whole(v) for v in value)):
+        raise ValueError(f"{setting} must be {wanted}, two whole numbers (ints); got {value!r}")
+    return int(value[0]), int(value[1])
 
 
 def uid_range_setting(value: Any) -> tuple[int, int]:
-    """(first uid, how many) of run_as="per-tenant", checked."""
-    try:
-        first, count = (int(v) for v in value)
-    except (TypeError, ValueError):
-        raise ValueError(f"uid_range must be (first uid, count); got {value!r}") from None
-    if first < 1000 or count < 1 or first + count > 0xFFFFFFFE:
-        raise ValueError(f"uid_range {value!r}: unprivileged uids, from 1000 up, and at least one")
+    """(first uid, how many) of run_as="per-tenant", checked: two ints, above the system
+    uids and outside the login users' (UID_MIN..UID_MAX of /etc/login.defs) and nobody's,
+    unless a third item, "login-uids", says the login-range uids given belong to no one."""
+    allowed = isinstance(value, (list, tuple)) and len(value) == 3 and value[2] == LOGIN_UIDS
+    first, count = _pair(value[:2] if allowed else value, "uid_range", "(first uid, count)")
+    last = first + count - 1
+    login_min, login_max = login_range()
+    if count < 1 or first < login_min or last > MAX_ID:
+        raise ValueError(f"uid_range {value!r}: unprivileged uids, from {login_min} (above the "
+                         f"system's) to {MAX_ID}, and at least one")
+    if first <= NOBODY_UID <= last:
+        raise ValueError(f"uid_range {value!r} holds {NOBODY_UID}, nobody's uid, which the "
+                         f"confined workers without a uid of their own share")
+    if first <= login_max and not allowed:
+        raise ValueError(f"uid_range {value!r} overlaps the login users' uids ({login_min} to "
+                         f"{login_max}, UID_MIN and UID_MAX of /etc/login.defs): a tenant "
+                         f"would share its uid with a person's files and processes. Take uids "
+                         f"above {login_max} (the default is {DEFAULT_UID_RANGE}), or, if "
+                         f"these belong to no one, say so: uid_range=({first}, {count}, "
+                         f"{LOGIN_UIDS!r})")
     return first, count
 
 
 def run_as_ids(value: Any) -> tuple[int, int]:
-    """(uid, gid) from a setting: two positive ints.  0 is refused: never root."""
-    try:
-        uid, gid = (int(v) for v in value)
-    except (TypeError, ValueError):
-        raise ValueError(f"run_as must be (uid, gid), two integers; got {value!r}") from None
-    if uid <= 0 or gid <= 0 or uid > 0xFFFFFFFE or gid > 0xFFFFFFFE:
+    """(uid, gid) from a setting: two ints, exactly, from 1 to 2**32 - 2.  0 is refused:
+    never root."""
+    uid, gid = _pair(value, "run_as", "(uid, gid)")
+    if not (0 < uid <= MAX_ID and 0 < gid <= MAX_ID):
         raise ValueError(f"run_as {value!r}: a confined worker runs as an unprivileged uid and gid "
                          "(not 0, not -1)")
     return uid, gid
 
+
+def login_range(text: Optional[str] = None) -> tuple[int, int]:
+    """(UID_MIN, UID_MAX) of the login users: from ``text`` (a login.defs), else the
+    system's /etc/login.defs, else 1000 to 60000."""
+    if text is None:
+        return _system_login_range()
+    found = {"UID_MIN": DEFAULT_LOGIN_RANGE[0], "UID_MAX": DEFAULT_LOGIN_RANGE[1]}
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) >= 2 and words[0] in found and words[1].isdigit():
+            found[words[0]] = int(words[1])
+    return found["UID_MIN"], found["UID_MAX"]
+
+
+@functools.lru_cache(maxsize=1)
+def _system_login_range() -> tuple[int, int]:
+    try:
+        with open("/etc/login.defs", encoding="utf-8", errors="replace") as f:
+            return login_range(f.read())
+    except OSError:
+        return DEFAULT_LOGIN_RANGE
 
 
 def path_within(path: str, root: str) -> bool:

@@ -33,6 +33,7 @@ import weakref
 from typing import Any, Callable, Optional, Union, overload
 
 from ... import protocol as P
+from ...core.keywords import checked_keywords
 from ...core.normalize import UNAVAILABLE, failure
 from ...core.outcomes import CallFailed, SandboxEvent, Unavailable
 from ..base import Closing, Lent, WorkerSpec, emit
@@ -133,6 +134,7 @@ class RaySupervisor(Closing):
                  max_workers_per_tenant: Optional[int] = None,
                  idle_timeout_s: Optional[float] = None, confine: bool = False,
                  on_event: Optional[Callable[[dict], None]] = None) -> None:
+        checked_keywords("RaySupervisor", locals())
         self.address = address
         self.max_workers_per_node = max_workers_per_node
         self.max_workers_per_tenant = max_workers_per_tenant
