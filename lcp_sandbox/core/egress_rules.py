@@ -181,12 +181,14 @@ def canonical_host(text: str) -> str:
     if not text.isascii() or not text.isprintable() or any(c in text for c in " %[]"):
         raise ValueError(f"{shown} is not a host: only ASCII letters, digits, '-', '.' (a name) "
                          f"or an IP address, with no control byte, space or %-escape")
-    try:
-        return str(ipaddress.ip_address(text))
-    except ValueError:
-        pass
     name = text.lower()[:-1] if text.endswith(".") else text.lower()
     labels = name.split(".")
+    # Only what may be an address is parsed as one (a name costs no exception)
+    if ":" in text or _NUMBER.fullmatch(labels[-1]):
+        try:
+            return str(ipaddress.ip_address(text))
+        except ValueError:
+            pass
     if len(name) > _NAME_MAX or not all(_LABEL.fullmatch(p) for p in labels):
         raise ValueError(f"{shown} is not a host name: labels of 1-63 letters, digits and "
                          f"inner hyphens, {_NAME_MAX} characters at most, no empty label")
@@ -253,8 +255,12 @@ def _port(text: str, rule: str, key: str) -> int:
 
 
 def _address(host: str) -> Optional[Address]:
+    host = host.strip("[]")
+    # A name (no ':', not ending in a digit) is not tried as an address: no exception to pay
+    if ":" not in host and not host[-1:].isdigit():
+        return None
     try:
-        return _plain(ipaddress.ip_address(host.strip("[]")))
+        return _plain(ipaddress.ip_address(host))
     except ValueError:
         return None
 
