@@ -509,7 +509,7 @@ def test_with_a_token_the_token_is_the_client(tmp_path):
 def test_a_killed_server_s_sessions_are_removed_by_the_next_one(tmp_path):
     """A server killed (SIGKILL) with live sessions ends none of them; the next server on
     the same workspace root removes them before it serves: their workspaces, disks (left
-    mounted) and uids."""
+    mounted) and uids.  A server stopped with SIGTERM ends its sessions itself."""
     (tmp_path / "config.json").write_text(json.dumps({"load": {"sandbox": {"disk_mb": 8}}}))
     args = ("--uid-range", str(UID_FIRST + 200), "2", "--config", str(tmp_path / "config.json"))
     with serving(tmp_path, *args) as srv, httpx2.Client(timeout=60) as c:
@@ -526,6 +526,7 @@ def test_a_killed_server_s_sessions_are_removed_by_the_next_one(tmp_path):
             for _ in range(2):
                 h = open_session(c, srv)
                 assert result_of(call(c, srv, h, "tool_quick"))["result"]["isError"] is False
+        assert _host_state(tmp_path / "sessions") == ([], [], 0, [])
     finally:
         for disk in disks.on_disk(str(tmp_path / "sessions")):     # (when the test failed)
             if disk["mounted"]:

@@ -408,7 +408,7 @@ def test_the_pages_mention_only_commands_the_cli_has():
     used = set()
     for page in PAGES:
         used |= set(re.findall(r"(?:^|`)lcp-sandbox ([\w-]+)", page.read_text(encoding="utf-8"), flags=re.M))
-    assert used and used <= {"tools", "call", "demo", "bench", "serve-mcp", "envs"}, used
+    assert used and used <= {"tools", "call", "demo", "bench", "serve-mcp", "envs", "disks"}, used
     for name in used:
         assert f"    {name} " in helps, name
 

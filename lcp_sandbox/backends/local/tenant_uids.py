@@ -252,14 +252,20 @@ def _processes(uids: set[int]) -> dict[int, str]:
         if not entry.name.isdigit():
             continue
         try:
-            with open(f"/proc/{entry.name}/status", "rb") as f:
-                text = f.read()
+            fd = os.open(f"/proc/{entry.name}/status", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             continue
-        for line in text.splitlines():
-            if line.startswith((b"Uid:", b"Gid:")):
-                for uid in {int(v) for v in line.split()[1:]} & uids:
-                    held.setdefault(uid, f"process {entry.name} runs as it")
+        try:
+            text = os.read(fd, 8192)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        for key in (b"\nUid:", b"\nGid:"):
+            start = text.find(key) + len(key)
+            ids = text[start:text.find(b"\n", start)].split()
+            for uid in {int(v) for v in ids} & uids:
+                held.setdefault(uid, f"process {entry.name} runs as it")
     return held
 
 
