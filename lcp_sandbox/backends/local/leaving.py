@@ -64,6 +64,9 @@ class Leaving:
             root = os.path.realpath(root)
             self._refuse_shared(root)
             self.extras.disks.remove(root)
+            if os.path.ismount(root):
+                raise OSError(f"tenant {tenant!r}: its root {root} is a mount point that is "
+                              f"not its disk: not removed, its uid is kept")
             shutil.rmtree(root, ignore_errors=True)
             if os.path.lexists(root):
                 raise OSError(f"tenant {tenant!r}: its root {root} could not be deleted "

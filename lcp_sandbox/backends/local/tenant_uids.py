@@ -132,7 +132,14 @@ class TenantUids:
             os.close(fd)
 
     def _compact(self) -> None:
-        """Rewrite the store with only what it still says (a new file renamed over it)."""
+        """Rewrite the store with only what it still says (a new file renamed over it); a
+        store that cannot be rewritten is kept as it is (and appended to)."""
+        try:
+            self._rewrite()
+        except OSError as exc:
+            log.warning("the tenants' uids in %s were not rewritten: %s", self.path, exc)
+
+    def _rewrite(self) -> None:
         if self.path is None:
             return
         records = [{"tenant": t, "uid": u} for t, u in sorted(self._uids.items())]
@@ -140,11 +147,14 @@ class TenantUids:
         part = f"{self.path}.{os.getpid()}.part"
         fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
-            os.write(fd, "".join(json.dumps(r) + "\n" for r in records).encode())
-            os.fsync(fd)
+            with os.fdopen(fd, "wb") as f:
+                f.write("".join(json.dumps(r) + "\n" for r in records).encode())
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(part, self.path)
         finally:
-            os.close(fd)
-        os.replace(part, self.path)
+            if os.path.exists(part):
+                os.unlink(part)
         self._lines, self._torn = len(records), False
 
     # ------------------------------------------------------------ giving and taking back
