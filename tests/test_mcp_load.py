@@ -427,12 +427,15 @@ def test_with_a_uid_range_of_4_a_fifth_session_gets_a_uid_once_four_have_ended(t
             assert result_of(call(c, srv, h, "tool_quick"))["result"]["isError"] is False
         uids = {_uid_of(srv, h["mcp-session-id"]) for h in four}
         assert uids == set(range(UID_FIRST, UID_FIRST + 4))
+        workers = [p.pid for p in srv.workers() if _works_in(p, srv.root)]
         fifth = open_session(c, srv)
         refused = result_of(call(c, srv, fifth, "tool_quick"))["result"]["structuredContent"]
         assert refused["status_code"] == 503 and "no uid left in uid_range" in refused["error"]
         for h in four:
             assert c.delete(srv.url, headers=h).status_code == 200
-        assert poll(lambda: not any((srv.root / h["mcp-session-id"]).exists() for h in four))
+        assert all(wait_gone(pid) for pid in workers)
+        assert poll(lambda: _live_tenants(srv.root) == set())          # the four gave theirs
+        assert not any((srv.root / h["mcp-session-id"]).exists() for h in four)
         for h in (fifth, open_session(c, srv)):
             assert result_of(call(c, srv, h, "tool_quick"))["result"]["isError"] is False
             assert _uid_of(srv, h["mcp-session-id"]) in uids

@@ -51,6 +51,8 @@ STORE = ".lcp-sandbox-uids.jsonl"
 WALK_BUDGET = 50_000
 #: Seconds a uid found held is not looked at again (a new tenant then gets a new uid).
 HELD_RECHECK_S = 60.0
+#: How holders() says that a process holds a uid.
+PROCESS_HELD = "process "
 #: The workers' temp dirs (handover.private_tmpdir, confined.tmp_parent) start so.
 TMP_PREFIX = "lcp-sandbox-"
 
@@ -236,7 +238,12 @@ class TenantUids:
         for uid, what in held.items():
             if uid not in self._held_at:
                 log.warning("uid %d, given back, is not given again yet: %s", uid, what)
-            self._held_at[uid] = now
+            if what.startswith(PROCESS_HELD):
+                # looked at again on the next call (processes are read every time anyway)
+                self._held_at[uid] = now - HELD_RECHECK_S
+            else:
+                # a file found costs a walk: not looked for again before HELD_RECHECK_S
+                self._held_at[uid] = now
         free = sorted(candidates - set(held))
         if free:
             self._held_at.pop(free[0], None)
@@ -275,7 +282,7 @@ def _processes(uids: set[int]) -> dict[int, str]:
             start = text.find(key) + len(key)
             ids = text[start:text.find(b"\n", start)].split()
             for uid in {int(v) for v in ids} & uids:
-                held.setdefault(uid, f"process {entry.name} runs as it")
+                held.setdefault(uid, f"{PROCESS_HELD}{entry.name} runs as it")
     return held
 
 
