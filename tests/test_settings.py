@@ -52,6 +52,8 @@ CORPUS = HERE / "corpus"
     ({"run_as": [1.9, 1.9]}, "run_as must be (uid, gid), two whole numbers"),
     ({"run_as": ["1", "1"]}, "run_as must be (uid, gid), two whole numbers"),
     ({"run_as": "per-tenants"}, "run_as='per-tenants'"),
+    ({"syscalls": {"allow": True}}, "'syscalls[\"allow\"]' must be a list of strings"),
+    ({"syscalls": {"allow": "read"}}, "'syscalls[\"allow\"]' must be a list of strings"),
     (["network"], "must be a dict of settings"),
     (False, "must be a dict of settings"),
     ([], "must be a dict of settings"),
@@ -74,6 +76,13 @@ def test_right_settings_pass_and_keep_their_values():
     assert (lim.max_open_files, lim.run_as) == (64, (1001, 1002))
     assert library_limits(Limits(), None, "lib") == Limits()
     assert library_limits(Limits(), {}, "lib") == Limits()
+
+
+def test_confine_none_in_a_sandbox_section_is_the_bindings_confine():
+    """None is "the binding's", as the table says: it never reads as unconfined."""
+    for confine in (True, "best-effort", False):
+        assert library_limits(Limits(confine=confine), {"confine": None}, "lib").confine == \
+            confine
 
 
 def test_a_library_with_a_mistyped_setting_starts_no_worker_and_others_run(make_binding):

@@ -115,7 +115,7 @@ def _allow_listed(syscalls: Any) -> Any:
     """``syscalls`` whose "allow" is a list of names (TypeError naming it), for
     core/syscalls.py to check the names."""
     if isinstance(syscalls, dict) and "allow" in syscalls:
-        check_kind("syscalls['allow']", syscalls["allow"], "strings")
+        check_kind('syscalls["allow"]', syscalls["allow"], "strings")
     return syscalls
 
 
