@@ -277,7 +277,8 @@ def test_foreign_origin_host_and_missing_token_are_refused_before_any_session(se
         r = http.post(server.url, headers={**base, "Origin": f"http://127.0.0.1:{port}"}, content=init)
         assert r.status_code == 200 and r.headers.get("mcp-session-id")
         http.delete(server.url, headers={**base, "mcp-session-id": r.headers["mcp-session-id"]})
-    assert sorted(os.listdir(server.root)) == before      # no session got a workspace (or a worker)
+    # no session got a workspace (or a worker); earlier tests' ended sessions may be going
+    assert set(os.listdir(server.root)) <= set(before)
 
 
 def test_a_non_loopback_bind_without_a_token_is_refused(tmp_path):
