@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+import socket
 
 import pytest
 
@@ -244,7 +245,61 @@ def test_every_library_of_the_folders_may_be_configured_loaded_or_not(supervisor
                           host_tool_configs=configs) as b:
         assert "tool_flagged_action" not in b.catalog.routes
     libs = [lib for lib in _libraries(CORPUS) if lib.name == "flagged_lib"]
-    assert check_names(configs, libs) == []
+    assert check_names(configs, libs) == ([], {"flagged_lib"})
+
+
+REACH = '''
+import socket
+
+def tool_reach(port: int) -> dict:
+    """Connects to the host's loopback."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        return {"success": True, "output": "reached"}
+    except OSError as exc:
+        return {"success": True, "output": f"not reached: {exc}"}
+'''
+
+
+def test_a_sandbox_entry_of_no_library_yet_holds_for_one_registered_later(caplog, supervisor,
+                                                                          tmp_path):
+    """A library registered after construction (register_tool_from_code) gets the sandbox
+    settings its host gave at construction: the entry waits for it, with a warning."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    configs = {"reach": {"sandbox": {"network": False}}}
+    with caplog.at_level(logging.WARNING, logger="lcp_sandbox"), listener, SandboxedBinding(
+            tools_folders=[LIBS], supervisor=supervisor, workspace=str(tmp_path),
+            tenant="later", host_tool_configs=configs) as b:
+        said = [r.getMessage() for r in caplog.records if "'reach'" in r.getMessage()]
+        assert any("will hold for a library of that name that comes later" in m
+                   for m in said), said
+        assert b.register_tool_from_code("reach", REACH)
+        r = b.execute_tool("tool_reach", {"port": port})
+        assert r["output"].startswith("not reached"), r
+        assert b.stats()[0]["protections"]["network"].startswith("on"), b.stats()
+
+
+def test_a_sandbox_entry_one_slip_from_a_library_registered_later_refuses_it(supervisor,
+                                                                            tmp_path):
+    configs = {"Reach": {"sandbox": {"network": False}}}
+    with SandboxedBinding(tools_folders=[LIBS], supervisor=supervisor, workspace=str(tmp_path),
+                          tenant="later-slip", host_tool_configs=configs) as b:
+        assert b.register_tool_from_code("reach", REACH) is False
+        assert b.execute_tool("tool_reach", {"port": 1})["status_code"] == 404
+        b.host_tool_configs["reach"] = {"sandbox": {"network": False}}
+        assert b.register_tool_from_code("reach", REACH) is True
+
+
+def test_a_sandbox_entry_added_after_construction_one_slip_from_a_library_is_a_500(
+        make_binding):
+    b = make_binding()
+    b.host_tool_configs["Faults"] = {"sandbox": {"network": False}}
+    r = b.execute_tool("tool_get_state")
+    assert r["status_code"] == 500, r
+    assert "host_tool_configs['Faults'] has 'sandbox' settings and is one slip from this " \
+           "library's name: put them under host_tool_configs['faults']" in r["error"]
+    assert b.stats() == []
 
 
 def _libraries(folder):

@@ -155,7 +155,7 @@ class SandboxedBinding(LcpSurface):
         self.workspace_root = os.path.realpath(workspace_root) if workspace_root else None
         self.catalog = ToolCatalog(folders, files, self.host_tool_configs, kwargs,
                                    lollms_default_tools_dir, self._derived_stale)
-        check_entry_names(self.host_tool_configs, self.catalog, files)
+        self._reachable = check_entry_names(self.host_tool_configs, self.catalog, files)
         self._own_supervisor = supervisor is None
         self.supervisor = supervisor or Supervisor()
         self.limits = check_together(Limits(
@@ -252,7 +252,7 @@ class SandboxedBinding(LcpSurface):
     def _limits(self, lib: discovery.Library) -> Limits:
         lim = self._lib_limits.get(lib.key)
         if lim is None:
-            lim = config_limits(self.limits, self.host_tool_configs.get(lib.name), lib.name)
+            lim = config_limits(self.limits, self.host_tool_configs, lib.name, self._reachable)
             self._lib_limits[lib.key] = lim
         return lim
 

@@ -33,11 +33,14 @@ def check_arguments(values: Mapping[str, Any], flags: Mapping[str, Any]) -> None
     check_entries({} if configs is None else configs)
 
 
-def check_entry_names(configs: dict, catalog: ToolCatalog, files: list[Path]) -> None:
+def check_entry_names(configs: dict, catalog: ToolCatalog, files: list[Path]) -> set[str]:
     """Log the entries of ``configs`` that name no library the binding can reach; ValueError
-    for one whose "sandbox" section would hold nowhere."""
+    for one whose "sandbox" section would hold nowhere.  Returns the names of the libraries
+    (and their files) it can reach (none looked for without entries: nothing to check)."""
     if not configs:
-        return
+        return set()
     reachable = discovery.iter_libraries(catalog.search_dirs(), files, catalog.cache)
-    for warning in check_names(configs, reachable):
+    warnings, names = check_names(configs, reachable)
+    for warning in warnings:
         log.warning("%s", warning)
+    return names

@@ -6,15 +6,18 @@
                                        slip of "sandbox" ("Sandbox", "sandbox ", "sand_box"):
                                        TypeError/ValueError naming it
     check_names(configs, libraries)    whose each entry is, against the libraries the binding
-                                       can reach: an entry of no library (nor file of one)
-                                       holding "sandbox" is an error (its protections would
-                                       hold nowhere), and so is "sandbox" under a file of a
-                                       folder library (that library's is under its folder's
-                                       name); other entries of no library come back as
-                                       warnings naming the libraries there are
-    config_limits(base, entry, name)   a library's limits from its whole entry, checked as
-                                       above at each library's first call (the dict is live:
-                                       a host may change it after construction)
+                                       can reach: "sandbox" under a slip of a library's name
+                                       ("rt-set", "rt_set.py" for rt_set) or under a file of
+                                       a folder library (whose workers follow the folder's
+                                       entry) is an error; other entries of no library are
+                                       warnings naming the libraries there are (one holding
+                                       "sandbox" waits for a library of that name that comes
+                                       later: register_tool_from_code); sandbox settings
+                                       beside "sandbox" are warnings too
+    config_limits(base, configs, name, known)
+                                       a library's limits, checked as above at each library's
+                                       first call (the dict is live: a host may change it
+                                       after construction, and libraries come later too)
 """
 from __future__ import annotations
 
@@ -58,10 +61,12 @@ def check_entries(configs: Any) -> None:
         sandbox_section(entry, key)
 
 
-def check_names(configs: dict[Any, Any], libraries: Iterable[Library]) -> list[str]:
-    """The warnings about entries that name no library of ``libraries``, or hold sandbox
-    settings beside ``"sandbox"``; ValueError for an entry whose ``"sandbox"`` section
-    would hold nowhere."""
+def check_names(configs: dict[Any, Any], libraries: Iterable[Library]) -> tuple[list[str],
+                                                                               set[str]]:
+    """(the warnings about entries that name no library of ``libraries`` or hold sandbox
+    settings beside ``"sandbox"``, the names of those libraries and of their files);
+    ValueError for a ``"sandbox"`` section that would hold nowhere, or under a slip of a
+    library's name."""
     libs = list(libraries)
     names = {lib.name for lib in libs}
     folder_of = {f.stem: lib.name for lib in libs for f in lib.files if f.stem != lib.name}
@@ -74,14 +79,26 @@ def check_names(configs: dict[Any, Any], libraries: Iterable[Library]) -> list[s
             if SANDBOX in entry:
                 raise ValueError(_file_not_library(key, folder_of[key]))
             continue
-        text = _names_no_library(key, sorted(names))
-        if SANDBOX in entry:
-            raise ValueError(f"{text}: its {SANDBOX!r} settings would protect nothing. A library "
-                             f"that comes later (register_tool_from_code, a file written "
-                             f"after the binding was made) gets its entry when it comes: "
-                             f"binding.host_tool_configs is read at each library's first call")
-        warnings.append(f"{text}: the entry is kept, and used if such a library comes")
-    return warnings
+        meant = slip_of(key, {*names, *folder_of})
+        text = _names_no_library(key, sorted(names), meant)
+        if SANDBOX not in entry:
+            warnings.append(f"{text}: the entry is kept, for a library of that name that "
+                            f"comes later")
+        elif meant is not None:
+            raise ValueError(f"{text}: its {SANDBOX!r} settings would protect nothing")
+        else:
+            warnings.append(f"{text}: its {SANDBOX!r} settings will hold for a library of "
+                            f"that name that comes later (register_tool_from_code), and for "
+                            f"nothing else")
+    return warnings, {*names, *folder_of}
+
+
+def slip_of(key: Any, names: Iterable[str]) -> Optional[str]:
+    """The name of ``names`` that ``key`` is a slip of (core/spelling.py), its ``.py`` file
+    name included; None if none."""
+    known = list(names)
+    stem = key[:-3] if isinstance(key, str) and key.lower().endswith(".py") else key
+    return stem if stem != key and stem in known else near_miss(stem, known)
 
 
 def _misplaced(key: Any, entry: dict[Any, Any]) -> str:
@@ -91,9 +108,8 @@ def _misplaced(key: Any, entry: dict[Any, Any]) -> str:
             f"takes its settings from host_tool_configs[{key!r}][{SANDBOX!r}] only")
 
 
-def _names_no_library(key: Any, names: list[str]) -> str:
-    stem = key[:-3] if isinstance(key, str) and key.endswith(".py") else key
-    meant = stem if stem in names else closest(stem, names)
+def _names_no_library(key: Any, names: list[str], meant: Optional[str]) -> str:
+    meant = meant or closest(key, names)
     hint = f" (did you mean {meant!r}?)" if meant is not None else ""
     shown = ", ".join(names[:40]) + (", ..." if len(names) > 40 else "")
     return (f"host_tool_configs[{key!r}] names no library of this binding{hint}; its "
@@ -106,13 +122,25 @@ def _file_not_library(stem: str, library: str) -> str:
             f"host_tool_configs[{library!r}][{SANDBOX!r}]: put the settings there")
 
 
-def config_limits(base: Limits, entry: Any, library: str) -> Limits:
-    """The limits of ``library`` from its entry of ``host_tool_configs`` (None: none); an
-    entry that is wrong ends the call before any worker starts, with a 500 naming it."""
-    if entry is None:
-        return library_limits(base, None, library)
+def config_limits(base: Limits, configs: dict[Any, Any], library: str,
+                  known: Iterable[str] = ()) -> Limits:
+    """The limits of ``library`` from ``host_tool_configs`` as it is now; an entry that is
+    wrong, or (when the library's own entry has no "sandbox") a "sandbox" under a slip of
+    its name that names none of the ``known`` libraries, ends the call before any worker
+    starts, with a 500 naming it."""
     try:
-        section = sandbox_section(entry, library)
+        section = sandbox_section(configs[library], library) if library in configs else None
+        if section is None:
+            _no_slip_holds(configs, library, set(known))
     except (TypeError, ValueError) as exc:
         raise CallFailed(f"[{library}] not run: {exc}") from None
     return library_limits(base, section, library)
+
+
+def _no_slip_holds(configs: dict[Any, Any], library: str, known: set[str]) -> None:
+    for key, entry in configs.items():
+        if (key not in known and isinstance(entry, dict) and SANDBOX in entry
+                and slip_of(key, [library]) == library):
+            raise ValueError(f"host_tool_configs[{key!r}] has {SANDBOX!r} settings and is one "
+                             f"slip from this library's name: put them under "
+                             f"host_tool_configs[{library!r}]")
