@@ -42,13 +42,14 @@ WITHOUT_LANDLOCK = HERE / "without_landlock.py"
 UNPRIVILEGED = 4242
 #: A default container's capabilities: these are dropped (Docker keeps CHOWN, DAC_OVERRIDE,
 #: FOWNER, FSETID, KILL, SETGID, SETUID, SETPCAP, NET_BIND_SERVICE, NET_RAW, SYS_CHROOT,
-#: MKNOD, AUDIT_WRITE, SETFCAP).
+#: MKNOD, AUDIT_WRITE, SETFCAP; tests/test_deploy.py checks deploy/Dockerfile's list
+#: against these).
 CONTAINER_DROPS = ("cap_sys_admin,cap_net_admin,cap_sys_ptrace,cap_sys_module,cap_sys_rawio,"
                    "cap_sys_pacct,cap_sys_boot,cap_sys_nice,cap_sys_resource,cap_sys_time,"
                    "cap_sys_tty_config,cap_lease,cap_audit_control,cap_mac_override,"
                    "cap_mac_admin,cap_syslog,cap_wake_alarm,cap_block_suspend,cap_audit_read,"
                    "cap_perfmon,cap_bpf,cap_checkpoint_restore,cap_ipc_lock,cap_ipc_owner,"
-                   "cap_linux_immutable,cap_dac_read_search")
+                   "cap_linux_immutable,cap_dac_read_search,cap_net_broadcast")
 
 
 @pytest.fixture(scope="module")
