@@ -418,7 +418,7 @@ def answer(client) -> bytes:
 def test_each_tenant_has_a_share_and_the_host_answers_503_with_retry_after():
     proxy = egress.EgressProxy(Metrics())
     proxy.max_per_worker, proxy.max_per_tenant, proxy.max_connections = 2, 3, 5
-    assert egress.MAX_PER_TENANT == egress.MAX_CONNECTIONS // 16
+    assert egress.MAX_PER_TENANT == egress.MAX_CONNECTIONS // 32
     policy = policy_of({"allow": ["example.com"]})
     a1, a2, b, c = (egress.Identity(t, lib, policy)
                     for t, lib in (("a", "one"), ("a", "two"), ("b", "one"), ("c", "one")))
@@ -473,3 +473,10 @@ def test_the_head_limit_is_exact(one_port, servers):
         assert got["status"] == "HTTP/1.1 400 Bad Request", (size, got)
         assert f"a request head over {limit} bytes" in got["text"]
     assert [p for p in made["allowed"].seen if p.startswith(("/limit", "/over"))] == ["/limit"]
+
+
+def test_one_mcp_client_at_its_session_cap_holds_at_most_half_the_proxy():
+    """Each serve-mcp session is a tenant: a client holding every session it may by default,
+    each at its tenant's share, leaves the other half of the host's connections to others."""
+    from lcp_sandbox.fronts.mcp_limits import DEFAULT_SESSIONS_PER_CLIENT
+    assert DEFAULT_SESSIONS_PER_CLIENT * egress.MAX_PER_TENANT <= egress.MAX_CONNECTIONS // 2

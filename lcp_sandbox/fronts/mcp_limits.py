@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 #: Live sessions one client (its bearer token, else its address) may hold by default.
-DEFAULT_SESSIONS_PER_CLIENT = 64
+DEFAULT_SESSIONS_PER_CLIENT = 16
 
 
 def default_max_sessions() -> int:

@@ -19,8 +19,8 @@ sockets).  The worker is hostile: what it sends on its dialer may be anything (g
 a pipe, a listening socket, a flood); a received descriptor that is not a connected stream
 socket is closed unread.  Connections at once are capped: MAX_PER_WORKER a worker and
 MAX_PER_TENANT a tenant (429 beyond them), MAX_CONNECTIONS the host (503), each answered at
-once with ``Retry-After``; a tenant's cap is a sixteenth of the host's, so no fewer than
-sixteen tenants fill the host.  A whole request head comes within HEAD_TIMEOUT_S (one
+once with ``Retry-After``; a tenant's cap is a thirty-second of the host's, so no fewer than
+thirty-two tenants fill the host.  A whole request head comes within HEAD_TIMEOUT_S (one
 deadline, not one a read) and HEAD_LIMIT bytes.  Plain HTTP requests are forwarded with
 ``Connection: close``, so a kept-alive connection cannot carry a second request to another host.
 """
@@ -52,7 +52,7 @@ log = logging.getLogger("lcp_sandbox.egress")
 MAX_PER_WORKER = 64
 MAX_CONNECTIONS = 4096
 # A tenant's share of the host: four libraries at their own cap, and sixteen tenants to fill it
-MAX_PER_TENANT = MAX_CONNECTIONS // 16
+MAX_PER_TENANT = MAX_CONNECTIONS // 32
 # What a refusal at a cap tells the client to wait (slots free as connections end, and a
 # connection that sends no head ends within HEAD_TIMEOUT_S)
 RETRY_AFTER_S = 1
