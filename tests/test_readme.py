@@ -24,6 +24,8 @@ tools as ./tools and ./.venv, this interpreter's environment.  By language:
   path given to it is absolute; with this test folder's paths, the configuration starts a
   server from another folder ("/"), as a client would, which lists the tools and runs one.
 - no language: the diagrams (DIAGRAMS, by page and section), checked to be them.
+- console: docker and kubectl commands (docs/deploy.md), shown, not run (no container runtime
+  here): tests/test_deploy.py checks them against deploy/.
 
 EXPECTED_OUTPUT says what a block's run must print, by page and section, beyond exiting 0.
 """
@@ -148,7 +150,7 @@ def test_the_pages_have_the_blocks_this_test_knows():
     langs: dict = {}
     for b in BLOCKS:
         langs.setdefault(b.lang, []).append((b.page.name, b.section))
-    assert set(langs) == {"python", "bash", "", "json"}, langs
+    assert set(langs) == {"python", "bash", "", "json", "console"}, langs
     assert sorted(langs[""]) == sorted(DIAGRAMS)                          # the diagrams: not code
     assert set(EXPECTED_OUTPUT) <= set(langs["python"]), set(EXPECTED_OUTPUT) - set(langs["python"])
     assert {p.name for p in PAGES} >= {"README.md", "index.md", "quickstart.md", "configuration.md"}
