@@ -22,7 +22,7 @@ from envs_support import (
 )
 from lcp_sandbox import SandboxedBinding, Supervisor
 from lcp_sandbox.backends.envs import Store
-from lcp_sandbox.backends.envs.build import BUILDER_IDS
+from lcp_sandbox.core.policy import BUILDER_IDS
 from lcp_sandbox.core.requirements import DeclarationError, declared, env_key
 
 

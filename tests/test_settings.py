@@ -344,6 +344,7 @@ def test_run_as_is_two_ints_in_range(value):
     ((59_990, 20), "overlaps the login users' uids"),
     ((65_000, 1000), "holds 65534, nobody's uid"),
     ((5000, 10, "login"), "two whole numbers"),
+    ((1_799_999_990, 20), "the uid of the environment builder"),
 ])
 def test_uid_range_is_two_ints_outside_the_system_and_login_uids(value, named):
     with pytest.raises(ValueError) as caught:
@@ -351,6 +352,16 @@ def test_uid_range_is_two_ints_outside_the_system_and_login_uids(value, named):
     assert named in str(caught.value), caught.value
     with pytest.raises(ValueError, match="uid_range"):
         Supervisor(run_as="per-tenant", uid_range=value)
+
+
+def test_no_worker_runs_as_the_environment_builder():
+    """The builder's uid owns the store every library's environment comes from."""
+    from lcp_sandbox.core.policy import BUILDER_IDS
+    for value in (BUILDER_IDS, (BUILDER_IDS[0], 4242), (4242, BUILDER_IDS[1])):
+        with pytest.raises(ValueError, match="environment builder"):
+            run_as_setting(value)
+        with pytest.raises(ValueError, match="environment builder"):
+            Supervisor(run_as=value)
 
 
 def test_login_uids_are_taken_when_the_host_says_they_belong_to_no_one():

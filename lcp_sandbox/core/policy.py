@@ -86,6 +86,12 @@ def run_as_setting(value: Any) -> "tuple[int, int] | str":
     return run_as_ids(value)
 
 
+#: The uid and gid of environment builds on a root host (backends/envs/build.py): their
+#: own, neither a tenant's (confined workers run as nobody, 65534, by default) nor in the
+#: per-tenant range, which starts just above it; above the system, login and usual
+#: subordinate ids.  No run_as or uid_range may hold it: a worker with it could write the
+#: store every library's environment comes from.
+BUILDER_IDS = (DEFAULT_UID_RANGE[0] - 1, DEFAULT_UID_RANGE[0] - 1)
 #: The largest uid or gid a worker may take (2**32 - 1 is the kernel's "no id").
 MAX_ID = 0xFFFFFFFE
 #: nobody's uid: the run_as of confined workers without a uid of their own.
@@ -123,6 +129,10 @@ def uid_range_setting(value: Any) -> tuple[int, int]:
     if first <= NOBODY_UID <= last:
         raise ValueError(f"uid_range {value!r} holds {NOBODY_UID}, nobody's uid, which the "
                          f"confined workers without a uid of their own share")
+    if first <= BUILDER_IDS[0] <= last:
+        raise ValueError(f"uid_range {value!r} holds {BUILDER_IDS[0]}, the uid of the "
+                         f"environment builder, which owns the store of every library's "
+                         f"environment")
     if first <= login_max and not allowed:
         raise ValueError(f"uid_range {value!r} overlaps the login users' uids ({login_min} to "
                          f"{login_max}, UID_MIN and UID_MAX of /etc/login.defs): a tenant "
@@ -140,6 +150,9 @@ def run_as_ids(value: Any) -> tuple[int, int]:
     if not (0 < uid <= MAX_ID and 0 < gid <= MAX_ID):
         raise ValueError(f"run_as {value!r}: a confined worker runs as an unprivileged uid and gid "
                          "(not 0, not -1)")
+    if uid == BUILDER_IDS[0] or gid == BUILDER_IDS[1]:
+        raise ValueError(f"run_as {value!r}: {BUILDER_IDS[0]} is the environment builder's uid "
+                         f"and gid, which own the store of every library's environment")
     return uid, gid
 
 

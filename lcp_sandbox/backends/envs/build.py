@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from ...core.policy import DEFAULT_UID_RANGE
+from ...core.policy import BUILDER_IDS
 from ...core.requirements import DeclarationError, requirement
 from ..boot import boot_argv, boot_environment
 from .store import LOCK, MARKER, META, Store, interpreter, lock_digest, pinned
@@ -49,10 +49,6 @@ _KEEP = ("PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TEMP", "TMP", "SYS
          "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_CONFIG_DIRS", "SSL_CERT_FILE",
          "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY",
          "NO_PROXY", "http_proxy", "https_proxy", "all_proxy", "no_proxy", "LD_LIBRARY_PATH")
-#: The uid and gid of environment builds on a root host: their own, neither a tenant's
-#: (confined workers run as nobody, 65534, by default) nor in the per-tenant range, which
-#: starts just above it; above the system, login and usual subordinate ids.
-BUILDER_IDS = (DEFAULT_UID_RANGE[0] - 1, DEFAULT_UID_RANGE[0] - 1)
 _TIMEOUT_S = 3 * 1800.0
 #: What held for the last build: Landlock's report, and whom the builder ran as.
 LANDLOCK: list[str] = []
