@@ -35,7 +35,7 @@ def fork_spare(ctl: socket.socket, wake_r: int, wake_w: int, zygote_pid: int,
     moves only the next child there, and setns() back to our own namespace undoes it
     for the children after it (a second unshare would fail with EINVAL)."""
     moved = own_pidns >= 0 and libc.unshare(_CLONE_NEWPID) == 0
-    if own_pidns >= 0 and not moved:
+    if own_pidns >= 0 and not moved and not USERNS_REFUSED:
         got = _through_a_user_namespace(ctl, wake_r, wake_w, zygote_pid)
         if got is not None:
             return got
@@ -70,6 +70,11 @@ def _through_a_user_namespace(ctl: socket.socket, wake_r: int, wake_w: int,
     subreaper).  The spare's capabilities hold inside its user namespace only, enough for
     its own mounts, and go with the rest (confine/privileges.py).  None when the system
     refuses a user namespace (the worker then says what is missing)."""
+    if libc.unshare(0) != 0:
+        # A system call filter refuses unshare itself (a default container's: Docker's
+        # profile answers EPERM whatever the flags): no helper forked per spare to learn it.
+        USERNS_REFUSED.append(True)
+        return None
     mine, its = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     status_r, status_w = os.pipe()
     up_r, up_w = os.pipe()                   # helper -> zygote: "unshared", then the pid
@@ -144,6 +149,10 @@ def _helper(ctl: socket.socket, wake_r: int, wake_w: int, inbox: socket.socket,
             os._exit(70)
     os.write(up_w, struct.pack("=i", pid))
 
+
+#: (In the zygote) not empty once unshare(2) was refused whatever its flags: spares are then
+#: forked without a PID namespace of their own (their workers say what holds instead).
+USERNS_REFUSED: list[bool] = []
 
 #: (In the zygote) the status pipe of each spare or worker that is the init of a PID
 #: namespace of its own, by its pid: the worker's own end is read there when it is reaped.

@@ -6,13 +6,16 @@ private temp dir that uid's: the worker never names a path the host acts on.
 """
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 import re
 import select
 import stat
+import sys
 import tempfile
 import threading
-from typing import Optional
+from typing import Iterable, Optional
 
 from ... import protocol as P
 from ...core import policy
@@ -36,12 +39,76 @@ def hand_over_root(init: P.Init, run_as: tuple[int, int], library: str, tool: st
                               f"confined tool must not be able to write. Use a workspace of its "
                               f"own.")
     hand_over(root, *run_as)
+    per_tenant: dict = {}
     if private:                       # its uid's alone: another tenant's uid cannot pass
         os.chmod(root, 0o700)
+        per_tenant = {"per_tenant": True, "nproc": nproc}                   # (confined.py)
+        if files_rest_on_uids(init.disabled or ()):
+            per_tenant["open_siblings"] = open_siblings(root)
     # The temp dir is the host's to make (templates.py, when it knows where) and to
     # remove: no path a worker names is ever deleted.
-    per_tenant = {"per_tenant": True, "nproc": nproc} if private else {}   # (confined.py)
     return init._replace(confine={**confine, "run_as": run_as, **per_tenant})
+
+
+def files_rest_on_uids(disabled: Iterable[str]) -> bool:
+    """Whether this host's confined workers keep their files apart by their uids alone
+    (worker/confine/apart.py): no Landlock, and a filter refuses namespaces, so no root of
+    their own either.  ``disabled``: a test's switches (lcp_sandbox.testing)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    return ("landlock" in disabled or _kernel_without_landlock()) and _namespaces_refused()
+
+
+@functools.lru_cache(maxsize=1)
+def _kernel_without_landlock() -> bool:
+    """landlock_create_ruleset(NULL, 0, VERSION) fails (as the worker's own asking would:
+    worker/confine/landlock.py): no Landlock in this kernel, or a filter hides it."""
+    return _libc().syscall(ctypes.c_long(_LANDLOCK_CREATE_RULESET), None, ctypes.c_size_t(0),
+                           ctypes.c_uint32(1)) < 1
+
+
+@functools.lru_cache(maxsize=1)
+def _namespaces_refused() -> bool:
+    """unshare(0), a no-op, is refused: a filter refuses namespaces to this host, and so
+    to its workers (as worker/confine/apart.namespaces_refused() finds in a worker)."""
+    return _libc().unshare(0) != 0
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+#: landlock_create_ruleset: the same number on every Linux architecture.
+_LANDLOCK_CREATE_RULESET = 444
+
+
+#: How many of the names open_siblings() found are said (the count is always said).
+_SIBLINGS_SHOWN = 5
+
+
+def open_siblings(root: str) -> list[str]:
+    """What lies beside ``root`` (a tenant's root, in the folder of the tenants' roots)
+    that another uid may open by name: a folder it may enter, a file it may read or write
+    (symlinks aside: their targets' own modes hold).  Where files rest on the uids alone,
+    another tenant's worker could open them: that worker's filesystem protection is then
+    not in force (apart.files_by_uid()).  At most _SIBLINGS_SHOWN names, then a count."""
+    path = os.path.realpath(root)
+    found: list[str] = []
+    try:
+        with os.scandir(os.path.dirname(path)) as entries:
+            for entry in entries:
+                if entry.path == path:
+                    continue
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if not stat.S_ISLNK(st.st_mode) and st.st_mode & stat.S_IRWXO:
+                    found.append(entry.name)
+    except OSError:
+        return []
+    shown = sorted(found)[:_SIBLINGS_SHOWN]
+    return shown + ([f"{len(found) - len(shown)} more"] if len(found) > len(shown) else [])
 
 
 def private_tmpdir(run_as: Optional[tuple[int, int]] = None, parent: Optional[str] = None) -> str:

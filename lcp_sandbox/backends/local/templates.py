@@ -307,7 +307,8 @@ class Templates:
         if tpl.pid:
             zygote.kill(tpl.pid)
         if not any(w in tpl.state for w in ("the import", "thread", "descriptor", "process",
-                                            "mapping", "pass through", "privileges")):
+                                            "mapping", "pass through", "privileges",
+                                            "not in force")):
             self._forget(tpl)                        # not the library's doing: try again next time
         else:
             self._drop_parent(tpl)                   # (kept as the record: no worker uses it)

@@ -63,6 +63,13 @@ from ...core.policy import (
 )
 from ..portable import environment_of, set_environment  # noqa: F401  (also for loop, template)
 from ..rlimits import apply_in_worker
+from .apart import (
+    files_by_uid,
+    holds_own_uid,
+    namespaces_refused,
+    private_umask,
+    processes_by_uid,
+)
 from .caps import cap_tenant_processes, disk_state, join_pids_cgroup
 from .egress import relay_to_proxy, start_relay
 from .handoff import KEEP, lock, take
@@ -70,7 +77,7 @@ from .landlock import ABI_CAP, DEVICES, SCOPED, add_rules, apply_landlock, enfor
 from .mounts import make_reachable, own_root
 from .network import isolate_network
 from .privileges import drop_privileges
-from .seccomp import POLICY, restrict_syscalls
+from .seccomp import ON_WITHOUT_UNIX, POLICY, UNIX_BLOCKED, Network, restrict_syscalls
 
 #: In a confined template (worker/template.py): what it applied for every worker it forks
 #: (its report, and "covered": make_reachable()'s).  A worker forked from it finds it here
@@ -123,7 +130,10 @@ def prepare(init: P.Init, shared: bool = False) -> dict:
     report: dict = {"env": "host environment" if conf is None else
                     "clean (allowlist" + (" + library env)" if extra else ")")}
     disabled = set(init.disabled or ())        # lcp_sandbox.testing.protections_off()
-    ABI_CAP[:] = [int(d.split("=")[1]) for d in disabled if d.startswith(LANDLOCK_ABI_SWITCH)]
+    # (not a spare's rehearsal, unconfined: a template's cap holds for its spares)
+    if conf is not None:
+        ABI_CAP[:] = [int(d.split("=")[1]) for d in disabled
+                      if d.startswith(LANDLOCK_ABI_SWITCH)]
     if conf is not None and SHARED:
         _stack(init, report, disabled)         # forked from a confined template
         apply_in_worker(lim)
@@ -167,31 +177,91 @@ def _confine(init: P.Init, report: dict, disabled: set, shared: bool) -> None:
     if lim.get("disk_mb"):
         report["disk"] = disk_state(conf["root"], lim["disk_mb"])
     ro = _read_only(conf, shared)
+    # (asked before anything narrows: its own filter refuses unshare too)
+    report["namespaces"] = "refused" if namespaces_refused() else "allowed"
     # in a PID namespace of its own (a fresh worker): its own /proc and its own root
     own, root = own_root([conf["root"], tmp], ro, DEVICES, build="root" not in disabled)
     covered = "" if root.startswith("own root") else make_reachable(
         [conf["root"], tmp, *ro], conf.get("run_as"))
     landlock = (SWITCHED_OFF if "landlock" in disabled
                 else apply_landlock([conf["root"], tmp], ro, DEVICES))
-    report["filesystem"] = _filesystem(root, landlock)
-    report["processes"] = _processes(own, landlock)
-    if covered:
-        report["filesystem"] += "; " + covered
-    report["covered"] = covered
     handing = shared and bool(conf.get("handoff"))       # its workers: each tenant's uid
     report["privileges"] = drop_privileges(conf.get("run_as"), KEEP if handing else 0)
     _cap_tenant(conf, report)
-    wanted = lim.get("syscalls") or {}
-    network = lim.get("network", True)
-    report["syscalls"], report["unix_sockets"] = restrict_syscalls(
-        POLICY if isinstance(network, dict) else network, tuple(wanted.get("allow", ())),
-        bool(wanted.get("allow_dangerous")), allowlist="syscalls" not in disabled)
+    _restrict(init, report, disabled, scoped=_scoped(landlock))
+    by_uid = _by_uid(conf, report, handing, root if root.startswith("own root") else landlock,
+                     tmp)
+    report["filesystem"] = _filesystem(root, landlock, by_uid[0])
+    report["processes"] = _processes(own, landlock, by_uid[1], report["unix_sockets"])
+    if covered:
+        report["filesystem"] += "; " + covered
+    report["covered"] = covered
     if handing and report["privileges"].startswith("uid "):
         why = lock(os.uname().machine)
         if why:
             report["privileges"] = f"failed (the key filter for its workers' uids: {why})"
         else:
             report["handoff"] = "on"
+
+
+def _scoped(filesystem: str) -> bool:
+    """Whether a Landlock layer's report (or a filesystem report that carries it) says
+    signals and abstract unix sockets are scoped to its domain (ABI 6+)."""
+    return filesystem.startswith("on") and SCOPED in filesystem
+
+
+def _restrict(init: P.Init, report: dict, disabled: set, scoped: bool) -> None:
+    """The system call filter.  With the network on and no Landlock scope, no unix socket
+    at all (abstract ones would reach the host's and other tenants'); with it off and no
+    network namespace of its own, the filter is what keeps it off the network."""
+    lim = init.limits
+    wanted = lim.get("syscalls") or {}
+    network = lim.get("network", True)
+    rule: Network = (POLICY if isinstance(network, dict) else
+                     ON_WITHOUT_UNIX if network is True and not scoped else network)
+    report["syscalls"], report["unix_sockets"] = restrict_syscalls(
+        rule, tuple(wanted.get("allow", ())), bool(wanted.get("allow_dangerous")),
+        allowlist="syscalls" not in disabled)
+    if network is False:
+        report["network"] = _off_by_filter(report["network"], report["unix_sockets"])
+
+
+def _off_by_filter(namespace: str, unix: str) -> str:
+    """A network-off confined worker's network report: its own namespace (isolate_network()'s
+    report, ``namespace``) as a second layer where there is one; where there is none, the
+    system call filter (``unix``, its socket rule's report) is the protection."""
+    if unix != UNIX_BLOCKED:
+        return namespace
+    if namespace.startswith("on"):
+        return namespace[:-1] + "; the system call filter: no socket but NETLINK_ROUTE)"
+    return ("on (the system call filter: no socket but AF_NETLINK's NETLINK_ROUTE, so no TCP, "
+            f"UDP, raw or unix socket; own network namespace: {namespace})")
+
+
+def _by_uid(conf: dict, report: dict, handing: bool, layer: str,
+            tmp: str) -> tuple[str, str]:
+    """(files, processes) kept apart by a uid of the tenant's own (apart.py), where Landlock
+    and its own namespaces do not hold them (``layer``: its own root's report, else its
+    Landlock layer's); ("", "") when they are not asked of the uid.  A template that hands
+    each worker its tenant's uid (``handing``) says its workers will hold them."""
+    own = holds_own_uid(conf, report["privileges"])
+    if own:
+        private_umask()
+    if layer.startswith("own root") or _scoped(layer):
+        return "", ""
+    # Files by the uid alone only where a root of its own cannot be had (a filter refuses
+    # namespaces): a fresh worker's own root hides the host's world-readable files too.
+    files_wanted = not layer.startswith("on") and report.get("namespaces") == "refused"
+    if handing and report["privileges"].startswith("uid "):
+        pending = ("on (each of its workers takes its tenant's own uid, no capabilities, and "
+                   "checks it)")
+        return (pending if files_wanted else ""), pending
+    if not own:
+        return "", ""
+    files = (files_by_uid(conf["root"], tmp, [*python_paths(), ENGINE_DIR],
+                          conf.get("open_siblings", ["(not checked by the host)"]))
+             if files_wanted else "")
+    return files, processes_by_uid()
 
 
 def _cap_tenant(conf: dict, report: dict) -> None:
@@ -225,48 +295,64 @@ def _stack(init: P.Init, report: dict, disabled: set) -> None:
     os.environ["TMPDIR"] = tempfile.tempdir = tmp
     ready, _LAYER[:] = _LAYER[:], []
     ro = _read_only(conf)
+    layer = SWITCHED_OFF
     try:
         if "landlock" in disabled:
             pass
         elif ready and ready[0][1] == ro:       # its ruleset, read rules added while it waited
             fd, abi = ready[0][0]
             add_rules(fd, abi, [conf["root"], tmp], (), ())
-            report["filesystem"] = enforce(fd, abi)
+            layer = enforce(fd, abi)
         else:
-            report["filesystem"] = apply_landlock([conf["root"], tmp], ro, DEVICES)
+            layer = apply_landlock([conf["root"], tmp], ro, DEVICES)
     finally:
         for (fd, _), _ in ready:
             os.close(fd)
-    report["processes"] = _processes("", report["filesystem"])
+    files, processes = _by_uid(conf, report, False, layer, tmp)
+    report["processes"] = _processes("", layer, processes, report["unix_sockets"])
+    report["filesystem"] = _filesystem("", layer, files)
     if "landlock" not in disabled:
         if SHARED.get("covered"):
             report["filesystem"] += "; " + SHARED["covered"]
 
 
-def _filesystem(root: str, landlock: str) -> str:
+def _filesystem(root: str, landlock: str, by_uid: str = "") -> str:
     """What a worker reaches of the file system: its own root (own_root()) and Landlock's
-    layer, each enough alone; either report when neither holds."""
+    layer, each enough alone; else its uid's own files (``by_uid``: apart.files_by_uid()'s
+    report, "" when not asked); either report when none holds."""
     if root.startswith("own root"):
         return f"on ({root}; Landlock: {landlock})"
+    if by_uid:
+        return f"{by_uid[:-1]}; Landlock: {landlock})" if by_uid.startswith("on") else \
+            f"{by_uid}; Landlock: {landlock}"
     return landlock + (f"; {root}" if root else "")
 
 
-def _processes(own: str, filesystem: str) -> str:
+def _processes(own: str, filesystem: str, by_uid: str = "", unix: str = "") -> str:
     """Whether the worker can reach processes outside its own tree: not in a PID namespace
-    of its own (``own``: own_root()'s first report, "" without one), and not to signal
-    them under Landlock ABI 6's scope (read off its layer's report, ``filesystem``)."""
-    scoped = filesystem.startswith("on") and SCOPED in filesystem
+    of its own (``own``: own_root()'s first report, "" without one), not to signal them
+    under Landlock ABI 6's scope (read off its layer's report, ``filesystem``), and not by
+    its uid's rights (``by_uid``: apart.processes_by_uid(), "" when it is not its tenant's
+    own).  Without the scope, nor the abstract unix sockets of others: the system call
+    filter's unix rule (``unix``, its report) must hold too."""
+    scoped = _scoped(filesystem)
+    if not scoped and not unix.startswith("blocked"):
+        return ("unavailable (abstract unix sockets of the host and of other tenants within "
+                f"reach: no Landlock scope, and the system call filter's unix rule: {unix})")
+    sockets = "" if scoped else "; abstract unix sockets: no unix socket at all (the filter)"
     if own.startswith("own PID namespace:"):
-        return f"on ({own}" + ("; Landlock scope too)" if scoped else ")")
+        return f"on ({own}" + ("; Landlock scope too)" if scoped else f"{sockets})")
     if scoped:
         return ("on (Landlock scope: no signal nor abstract socket outside its own domain; "
                 "no PID namespace: priorities and affinity of itself only, by the system "
                 "call filter)")
+    if by_uid.startswith("on"):
+        return f"{by_uid[:-1]}{sockets})"
     why = own or "in no PID namespace of its own"
     if filesystem.startswith(SWITCHED_OFF):
         return f"{SWITCHED_OFF}; {why}"
     if filesystem.startswith("on"):
         abi = filesystem[len("on (ABI "):].split(")")[0].split(",")[0]
         return (f"unavailable ({why}; Landlock ABI {abi} has no scope: it came with ABI 6, "
-                "Linux 6.12)")
-    return f"unavailable ({why}; no Landlock layer: {filesystem})"
+                "Linux 6.12; and no uid of its tenant's own)")
+    return f"unavailable ({why}; no Landlock layer: {filesystem}; and no uid of its tenant's own)"

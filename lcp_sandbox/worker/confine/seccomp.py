@@ -14,15 +14,18 @@ The filter, from core/syscalls.py's data:
       allowed                                     ALLOW
       clone3                                      ENOSYS (glibc falls back to clone)
       clone        flags with any CLONE_NEW*      EPERM, else ALLOW
-      socket       network on: AF_INET, AF_INET6, AF_NETLINK, AF_UNIX; network off:
+      socket       network on: AF_INET, AF_INET6, AF_NETLINK, AF_UNIX (ON_WITHOUT_UNIX,
+                   where no Landlock scope keeps abstract unix sockets apart: no AF_UNIX);
+                   network off:
                    AF_NETLINK with NETLINK_ROUTE only (no loopback: workers of one
                    confined template share its namespace); a network policy (a fresh
                    worker: its namespace its own): AF_INET, AF_INET6 and NETLINK_ROUTE,
                    no AF_UNIX (its dialer to the host's proxy was opened before); any other family
                    (AF_VSOCK reaches the hypervisor from any namespace, AF_ALG the
                    kernel's crypto, AF_PACKET...) or protocol                        EACCES
-      socketpair   network off or a policy: datagram type EACCES (an AF_UNIX datagram socket can
-                   sendto() any path even when paired); stream/seqpacket ALLOW
+      socketpair   network off, a policy or ON_WITHOUT_UNIX: datagram type EACCES (an
+                   AF_UNIX datagram socket can sendto() any path even when paired);
+                   stream/seqpacket ALLOW
       prctl, personality, ioctl   the options/requests of core/syscalls.py, else EPERM
       prlimit64    pid 0 (this process: glibc's getrlimit/setrlimit), else EPERM
       setpriority (PRIO_PROCESS, 0), sched_set{affinity,scheduler,param,attr} (0),
@@ -85,17 +88,26 @@ _NS_FLAGS = 0x7E020000       # CLONE_NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPI
 #: NETLINK_USERSOCK (any process may send to any port) would connect tenants; so no
 #: network-off confined worker, fresh or not, has loopback or any other socket.
 _SOCKET_FAMILIES_ON = (socket.AF_INET, socket.AF_INET6, socket.AF_NETLINK, socket.AF_UNIX)
+_SOCKET_FAMILIES_ON_WITHOUT_UNIX = (socket.AF_INET, socket.AF_INET6, socket.AF_NETLINK)
 ALLOW, EPERM = _RET_ALLOW, _RET_ERRNO | errno.EPERM
 _EACCES, _ENOSYS = _RET_ERRNO | errno.EACCES, _RET_ERRNO | errno.ENOSYS
 
+#: One BPF instruction: (code, jt, jf, k)
 Row = tuple[int, int, int, int]
 #: The "network" of a worker with a policy (core/egress_rules.py): restrict_syscalls(POLICY)
 POLICY = "policy"
+#: The "network" of a worker with the network on where nothing else keeps the abstract unix
+#: sockets of the host and of other tenants out of its reach (no Landlock scope, the host's
+#: network namespace): the network as the host's, but no AF_UNIX socket at all.
+ON_WITHOUT_UNIX = "on without unix sockets"
 Network = Union[bool, str]
 UNIX_BLOCKED_POLICY = ("blocked (seccomp: no unix socket can be created; TCP and UDP reach only "
                        "its own namespace's loopback, where the relay to the host's proxy is)")
 UNIX_BLOCKED = ("blocked (seccomp: no socket can be created but AF_NETLINK's NETLINK_ROUTE; "
-                "no loopback either)")                            # (code, jt, jf, k)
+                "no loopback either)")
+UNIX_BLOCKED_ON = ("blocked (seccomp: no unix socket can be created, abstract or pathname: no "
+                   "Landlock scope keeps the host's and other tenants' abstract sockets apart "
+                   "here; TCP and UDP as the host's, stream socketpairs)")
 
 
 class _SockFilter(ctypes.Structure):
@@ -132,6 +144,8 @@ def _blocks(network: Network, lifted: frozenset) -> dict[str, list[Row]]:
     """The argument checks of the FILTERED calls (none for a lifted one)."""
     if network is True:
         sock = _one_of(0, _SOCKET_FAMILIES_ON, ALLOW, _EACCES)
+    elif network == ON_WITHOUT_UNIX:
+        sock = _one_of(0, _SOCKET_FAMILIES_ON_WITHOUT_UNIX, ALLOW, _EACCES)
     elif network == POLICY:   # TCP/UDP in its own namespace (to the relay), NETLINK_ROUTE
         sock = [(_LD, 0, 0, _arg(0)), (_JEQ, 4, 0, socket.AF_INET), (_JEQ, 3, 0, socket.AF_INET6),
                 (_JEQ, 0, 3, socket.AF_NETLINK), (_LD, 0, 0, _arg(2)), (_JEQ, 0, 1, 0),
@@ -246,7 +260,7 @@ def prebuild() -> None:
     """Build the usual programs now (the zygote, before it forks: shared by every worker)."""
     machine = os.uname().machine
     if machine in _AUDIT_ARCH:
-        for network in (True, False):
+        for network in (True, False, ON_WITHOUT_UNIX):
             _packed(machine, network, True, (), False)
         S.allowed_on(machine, ())
 
@@ -328,18 +342,18 @@ def _refused(name: str, machine: str, *args: int) -> bool:
 def restrict_syscalls(network: Network, allow: tuple = (), dangerous: bool = False,
                       allowlist: bool = True) -> tuple[str, str]:
     """Install the filter; (what holds for system calls, what holds for unix sockets),
-    as stats() shows them.  ``network``: True, False or POLICY (its own namespace, the
-    host's proxy through the relay: TCP and UDP there, no unix socket).
-    ``allow``/``dangerous``: a library's "syscalls" setting (core/syscalls.py checked
-    it).  ``allowlist`` False: only the unix-socket rules of the network off (nothing at
-    all with the network on)."""
+    as stats() shows them.  ``network``: True, ON_WITHOUT_UNIX (the host's network, no
+    unix socket), False or POLICY (its own namespace, the host's proxy through the relay:
+    TCP and UDP there, no unix socket).  ``allow``/``dangerous``: a library's "syscalls"
+    setting (core/syscalls.py checked it).  ``allowlist`` False: only the socket rules
+    of the network off or a policy (nothing at all with the network on)."""
     machine = os.uname().machine
     unix = "not blocked (network on)"
     on = network is True
     if machine not in _AUDIT_ARCH or sys.byteorder != "little":
         why = f"unavailable (no filter for the {machine} architecture)"
         return why, unix if on else why
-    if not allowlist and on:
+    if not allowlist and network in (True, ON_WITHOUT_UNIX):
         return SWITCHED_OFF, unix
     allow = tuple(sorted(allow))
     failed = _install(_packed(machine, network, allowlist, allow, dangerous), machine)
@@ -356,13 +370,21 @@ def restrict_syscalls(network: Network, allow: tuple = (), dangerous: bool = Fal
             state = (f"allowlist ({n} calls, {machine}"
                      + (f"; the library's: {', '.join(extra + lifted)}" if allow else "") + ")")
     if not on:
-        unix = UNIX_BLOCKED if network is False else UNIX_BLOCKED_POLICY
-        refused = ((socket.AF_UNIX, "AF_UNIX"),) + (((socket.AF_INET, "AF_INET"),)
-                                                    if network is False else ())
-        for family, name in refused:
-            try:
-                socket.socket(family, socket.SOCK_STREAM).close()
-                unix = f"failed (the filter is installed but socket({name}) still works)"
-            except PermissionError:
-                pass
+        unix = _unix_blocked(network)
     return state, unix
+
+
+def _unix_blocked(network: Network) -> str:
+    """What holds for unix sockets once the filter of ``network`` (not True) is in: its
+    report, checked by trying the sockets it must refuse."""
+    unix = {False: UNIX_BLOCKED, ON_WITHOUT_UNIX: UNIX_BLOCKED_ON}.get(network,
+                                                                     UNIX_BLOCKED_POLICY)
+    refused = ((socket.AF_UNIX, "AF_UNIX"),) + (((socket.AF_INET, "AF_INET"),)
+                                                if network is False else ())
+    for family, name in refused:
+        try:
+            socket.socket(family, socket.SOCK_STREAM).close()
+            unix = f"failed (the filter is installed but socket({name}) still works)"
+        except PermissionError:
+            pass
+    return unix
