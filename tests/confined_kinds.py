@@ -25,9 +25,12 @@ from lcp_sandbox import SandboxedBinding, Supervisor
 from lcp_sandbox import protocol as P
 from lcp_sandbox.binding.objects import HostObjects
 from lcp_sandbox.testing import landlock_abi_at_most
+from lcp_sandbox.worker.confine.apart import namespaces_refused
 from lcp_sandbox.worker.confine.landlock import landlock_abi
 
 KINDS = ("fresh", "base", "template")
+#: A filter refuses namespaces to this test process, and so to the workers it starts.
+NAMESPACES_REFUSED = namespaces_refused()
 
 
 def started_as(kind: str, start: str) -> bool:
@@ -51,15 +54,21 @@ class Confined:
             self._capped = landlock_abi_at_most(self.sup, capped)
             self._capped.__enter__()
         abi = min(landlock_abi(), capped or 99)
+        # Landlock's scope (ABI 6+) keeps abstract unix sockets apart; without it a network-on
+        # confined worker gets no unix socket at all (worker/confine/seccomp.py)
+        self.scoped = abi >= 6
         if kind != "fresh" and abi < 6:
             self.sup.close()
-            pytest.skip(f"Landlock ABI {abi} here: a confined template (or base) refuses "
-                        f"without ABI 6's signal scope, its workers start fresh "
-                        f"(tests/test_host_kinds.py)")
+            pytest.skip(f"Landlock ABI {abi} here: without ABI 6's signal scope a worker forked "
+                        f"from a confined template (or base) is kept apart by a uid of its "
+                        f"tenant's own, or refused (tests/test_host_kinds.py attacks both)")
         self._warmed: set = set()
         # A fresh worker forked from the zygote has a PID namespace and a root of its own
-        # (a spawned one, on the spawn path, relies on Landlock as forked ones do).
-        self.own_namespaces = kind == "fresh" and self.sup.start_method == "zygote"
+        # (a spawned one, on the spawn path, relies on Landlock as forked ones do), unless
+        # a filter refuses namespaces here (a default container: without_landlock.py
+        # --docker-default)
+        self.own_namespaces = (kind == "fresh" and self.sup.start_method == "zygote"
+                               and not NAMESPACES_REFUSED)
         self.made: list = []
 
     def configs(self, folder, host_tool_configs: Optional[dict]) -> Optional[dict]:

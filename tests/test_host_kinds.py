@@ -12,10 +12,22 @@ another tenant and the host (tests/host_kind_attack.py, run as a host process of
     container without setuid    the same, also without CAP_SETUID / CAP_SETGID
     unprivileged                a host user (setpriv) with a Python it may read; with and
                                 without Landlock, with and without user namespaces
+    docker default              Docker's default seccomp profile (without_landlock.py
+                                --docker-default: no unshare, setns, mount, clone with
+                                CLONE_NEW*; clone3 ENOSYS) installed as root, then Docker's
+                                14 capabilities: no namespace at all; Landlock at ABI 7 (this
+                                kernel), at most 5, at most 3, and none
+    kubernetes restricted       the same filter under a non-root uid with no capability and
+                                no_new_privs (the "restricted" Pod Security Standard); one
+                                uid for every tenant (the host's)
 
-Where a fresh worker can have a PID namespace of its own in a root of its own, tenants
-are apart whatever the kernel; elsewhere Landlock (ABI 6's scope) holds files and signals;
-where neither holds, every call is refused with 503 and the host lives on.
+Each kind is attacked with the network on, off and by a policy.  Where a fresh worker can
+have a PID namespace of its own in a root of its own, tenants are apart whatever the
+kernel; elsewhere Landlock (ABI 6's scope) holds files and signals, or a uid of the
+tenant's own does (a root host in a default container: the kernel's uid checks, its root
+0700); a network-off worker without a network namespace is held off the network by the
+system call filter.  Where none of it holds, every call is refused with 503 naming what is
+missing, and the host lives on.
 """
 from __future__ import annotations
 
@@ -56,7 +68,7 @@ CONTAINER_DROPS = ("cap_sys_admin,cap_net_admin,cap_sys_ptrace,cap_sys_module,ca
 def user_python(open_tmp_module) -> str:
     """A Python an unprivileged user may run, with the engine and its dependencies: a
     virtualenv of the system's interpreter (the same CPython minor version, so the same
-    compiled modules) holding copies of the engine and its three dependencies (the
+    compiled modules) holding copies of the engine and of its runtime dependencies (the
     checkout may lie below a folder only root may pass)."""
     system = shutil.which(f"python3.{sys.version_info.minor}", path="/usr/bin:/usr/local/bin")
     if system is None or os.path.realpath(system).startswith("/root"):
@@ -64,20 +76,54 @@ def user_python(open_tmp_module) -> str:
     venv = open_tmp_module / "user-python"
     subprocess.run([system, "-m", "venv", "--without-pip", str(venv)], check=True)
     site = next(venv.glob("lib/python3.*/site-packages"))
-    import cloudpickle
-    import msgpack
-    import psutil
-    for module in (psutil, msgpack, cloudpickle):
-        shutil.copytree(os.path.dirname(module.__file__), site / module.__name__,
-                        ignore=shutil.ignore_patterns("__pycache__"))
+    for path in _runtime_files():
+        if path.is_dir():
+            shutil.copytree(path, site / path.name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(path, site / path.name)
     shutil.copytree(REPO / "lcp_sandbox", site / "lcp_sandbox",
                     ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run(["chmod", "-R", "a+rX", str(venv)], check=True)
     return str(venv / "bin" / "python")
 
 
-def host(kind: str, tmp: Path, user_python: str = "", **config) -> dict:
-    """Run the attack under ``kind``; what the host printed (it must live to print it)."""
+def _runtime_files() -> list:
+    """The top-level modules and packages of the engine's runtime dependencies
+    (pyproject.toml's, and theirs), as installed here."""
+    import importlib.metadata as md
+    import re
+    import tomllib
+
+    def name(requirement: str) -> str:
+        return re.split(r"[\s<>=!~;\[(]", requirement.strip(), maxsplit=1)[0]
+
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    todo = [name(r) for r in pyproject["project"]["dependencies"]]
+    seen: set = set()
+    found: dict = {}
+    while todo:
+        dist_name = todo.pop()
+        if dist_name.lower() in seen:
+            continue
+        seen.add(dist_name.lower())
+        dist = md.distribution(dist_name)
+        for file in dist.files or ():
+            top = file.parts[0]
+            if len(file.parts) == 1 and not top.endswith((".py", ".so")):
+                continue
+            if top.endswith((".dist-info", ".data")) or top in ("..", "__pycache__"):
+                continue
+            found[top] = Path(dist.locate_file(top))
+        todo += [name(r) for r in dist.requires or () if "extra ==" not in r]
+    return sorted(found.values())
+
+
+def host(kind: str, tmp: Path, user_python: str = "", tenants_mode: int = 0o711,
+         **config) -> dict:
+    """Run the attack under ``kind``; what the host printed (it must live to print it), by
+    network setting (``networks``, default ["on"]).  The tenants' folder lets every uid pass
+    and none list (``tenants_mode``), as docs/security.md asks of a host whose tenants are
+    apart by their uids."""
     work = tmp / kind
     work.mkdir(mode=0o755)
     shutil.copytree(LIBS, work / "libs")
@@ -87,50 +133,111 @@ def host(kind: str, tmp: Path, user_python: str = "", **config) -> dict:
     base.mkdir()
     python = user_python or sys.executable
     cmd = [python, str(work / "host.py"), str(work / "libs"), str(base), json.dumps(config)]
-    if kind.endswith("without_landlock") or "no_userns" in kind:
-        flags = (["--no-userns"] if "no_userns" in kind else []) + (
-            [] if kind.endswith("without_landlock") else ["--keep-landlock"])
-        cmd = [python, str(work / "without_landlock.py"), *flags, *cmd]
-    if kind.startswith("container"):
-        drops = CONTAINER_DROPS + (",cap_setuid,cap_setgid" if "setuid" in kind else "")
-        cmd = ["capsh", f"--drop={drops}", "--", "-c", " ".join(map(repr, cmd))]
-    if kind.startswith("unprivileged"):
+    cmd = _emulated(kind, cmd, python, work / "without_landlock.py")
+    if kind.startswith(("unprivileged", "restricted")):
         subprocess.run(["chmod", "-R", "a+rX", str(work)], check=True)
         os.chown(base, UNPRIVILEGED, UNPRIVILEGED)
-        cmd = ["setpriv", f"--reuid={UNPRIVILEGED}", f"--regid={UNPRIVILEGED}",
-               "--clear-groups", *cmd]
+    base.chmod(tenants_mode)
     env = {**os.environ, "HOME": str(work)}
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env, cwd=work)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=work)
     assert done.returncode == 0, (kind, done.returncode, done.stderr[-3000:])
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def assert_apart(out: dict, own_pid_namespace: bool) -> None:
-    """Tenant a reached nothing of tenant b or of the host; b's worker and state lived on."""
+def _emulated(kind: str, cmd: list, python: str, filters: Path) -> list:
+    """``cmd`` as run on a host of ``kind`` (the module docstring's list)."""
+    landlock = [] if kind.endswith("without_landlock") else ["--keep-landlock"]
+    if kind.startswith("docker"):
+        # Docker's profile, installed as root (as the runtime does), then its capabilities
+        cmd = [python, str(filters), "--docker-default", *landlock, *cmd]
+    elif kind.startswith("restricted"):
+        # a non-root uid with no capability and no_new_privs, under the same profile
+        cmd = ["setpriv", f"--reuid={UNPRIVILEGED}", f"--regid={UNPRIVILEGED}",
+               "--clear-groups", "--no-new-privs", "--inh-caps=-all", "--bounding-set=-all",
+               python, str(filters), "--docker-default", *landlock, *cmd]
+    elif kind.endswith("without_landlock") or "no_userns" in kind:
+        flags = (["--no-userns"] if "no_userns" in kind else []) + landlock
+        cmd = [python, str(filters), *flags, *cmd]
+    if kind.startswith("container"):
+        drops = CONTAINER_DROPS + (",cap_setuid,cap_setgid" if "setuid" in kind else "")
+        cmd = ["capsh", f"--drop={drops}", "--", "-c", " ".join(map(repr, cmd))]
+    if kind.startswith("unprivileged"):
+        cmd = ["setpriv", f"--reuid={UNPRIVILEGED}", f"--regid={UNPRIVILEGED}",
+               "--clear-groups", *cmd]
+    return cmd
+
+
+REFUSED = ("PermissionError", "FileNotFoundError", "ProcessLookupError", "OSError")
+
+
+def assert_apart(out: dict, own_pid_namespace: bool, by_uid: bool = False,
+                 landlock: bool = True, network: str = "on") -> None:
+    """Tenant a reached nothing of tenant b or of the host; b's worker and state lived on.
+    ``by_uid``: processes apart by a uid of the tenant's own (no PID namespace nor Landlock
+    scope); ``landlock`` False: files apart by that uid alone (no Landlock, no own root)."""
     attack = out["attack"]
     assert attack["status_code"] == 200, attack
     got = attack["output"]
     for what in ("read_secret", "list_other", "write_other", "proc_other", "proc_host",
-                 "signal_other", "signal_host", "write_tmp", "read_shadow"):
-        assert got[what] in ("PermissionError", "FileNotFoundError", "ProcessLookupError",
-                             "OSError"), (what, got[what])          # (OSError: read-only)
-    assert got["list_tenants"] in ("PermissionError", ["a"]), got["list_tenants"]
+                 "signal_other", "signal_host", "read_shadow", "read_uid_store"):
+        assert got[what] in REFUSED, (what, got[what])          # (OSError: read-only)
+    assert got["list_tenants"] in ("PermissionError", [f"a-{network}"]), got["list_tenants"]
     assert got["uid"] != 0
     assert out["planted"] is False
     assert out["kill"]["status_code"] == 200
     assert out["b_again"]["output"] == out["b_first"]["output"] + 1     # b's state kept
     assert out["b_same_worker"] is True
-    processes = out["a_stats"][0]["protections"]["processes"]
+    protections = out["a_stats"][0]["protections"]
+    processes = protections["processes"]
     if own_pid_namespace:
         assert processes.startswith("on (own PID namespace"), processes
         assert out["kill"]["output"] == "ProcessLookupError"      # nobody else in its namespace
-        assert out["a_stats"][0]["protections"]["filesystem"].startswith("on (own root")
+        assert protections["filesystem"].startswith("on (own root")
+    elif by_uid:
+        assert processes.startswith("on (a uid of its tenant's own"), processes
     else:
         assert processes.startswith("on (Landlock scope"), processes
     # by pid, a priority or an affinity is the worker's own only (the system call filter
     # refuses it before the kernel looks the pid up; in a PID namespace it names no one)
     assert got["renice_other"] in ("PermissionError", "ProcessLookupError")
     assert got["pin_other"] in ("PermissionError", "ProcessLookupError")
+    # what tempfile makes is in its private temp dir, its uid's alone
+    tmpdir, mode = got["mkstemp"]
+    assert os.path.basename(tmpdir).startswith("lcp-sandbox-") and mode == "0o600", got["mkstemp"]
+    shared = ("write_tmp", "write_shm", "write_var_tmp")
+    if landlock or own_pid_namespace:
+        for what in (*shared, "proc_other_cmdline"):
+            assert got[what] in REFUSED, (what, got[what])
+    else:
+        # no Landlock nor a root of its own: the sticky shared places stay writable, and
+        # what it makes there is its own (umask 077); command lines are visible to all uids
+        assert all(got[what] == "0o600" for what in shared), got
+        assert protections["filesystem"].startswith("on (a uid of its tenant's own")
+    assert_network(out, network, scoped=not (by_uid or own_pid_namespace) or landlock and
+                   "scoped" in protections["filesystem"])
+
+
+def assert_network(out: dict, network: str, scoped: bool) -> None:
+    """What tenant a reached of the host's endpoints and of tenant b's abstract socket."""
+    got = out["attack"]["output"]
+    # no abstract unix socket of the host or of another tenant: Landlock's scope, or no
+    # unix socket at all (the system call filter, where there is no scope)
+    assert got["abstract_host"] == "PermissionError", got["abstract_host"]
+    assert got.get("abstract_other", "PermissionError") == "PermissionError", got
+    unix = out["a_stats"][0]["protections"]["unix_sockets"]
+    if network == "off":
+        for what in ("tcp_host", "udp_host", "raw", "packet", "unix_host", "dgram_pair"):
+            assert got[what] == "PermissionError", (what, got[what])
+        assert out["udp_received"] is False
+        assert got["netlink"].pop("route") == "ok"              # what the filter allows
+        assert set(got["netlink"].values()) == {"PermissionError"}, got["netlink"]
+        assert out["a_stats"][0]["protections"]["network"].startswith("on ("), out["a_stats"]
+    elif not scoped:
+        assert unix.startswith("blocked (seccomp: no unix socket"), unix
+        assert got["unix_host"] == got["dgram_pair"] == "PermissionError", got
+        assert got["tcp_host"] == "ok"                          # the host's network, as asked
+    else:
+        assert unix == "not blocked (network on)" and got["tcp_host"] == "ok", unix
 
 
 def assert_refused(out: dict, *missing: str) -> None:
@@ -141,12 +248,18 @@ def assert_refused(out: dict, *missing: str) -> None:
         for kind in missing:
             assert f"{kind}: " in r["error"], (kind, r["error"])
         assert 'confine="best-effort"' in r["error"]
+    assert out["new_tenant"]["first"]["status_code"] == 503
     assert out["planted"] is False
+
+
+def on(out: dict) -> dict:
+    """The network-on attack (the default host_kind_attack.py runs)."""
+    return out["on"]
 
 
 @pytest.mark.parametrize("templates", [False, True], ids=["fresh", "templates"])
 def test_root(open_tmp, templates):
-    out = host("root", open_tmp, templates=templates)
+    out = on(host("root", open_tmp, templates=templates))
     start = out["a_stats"][0]["start"]
     assert (start == "template") is templates, start
     assert_apart(out, own_pid_namespace=not templates)
@@ -166,29 +279,37 @@ def assert_uid(out: dict, per_tenant: bool) -> None:
 @pytest.mark.parametrize("templates", [False, True], ids=["fresh", "templates"])
 def test_root_without_landlock(open_tmp, templates):
     """No Landlock: a fresh worker's own root and PID namespace keep tenants apart; a
-    template (which would rely on Landlock) refuses to import, so workers start fresh."""
-    out = host("root_without_landlock", open_tmp, templates=templates)
+    template (whose workers would rest on their uid alone for files, where a fresh worker
+    gets a root of its own) refuses to import, so workers start fresh."""
+    out = on(host("root_without_landlock", open_tmp, templates=templates))
     assert_apart(out, own_pid_namespace=True)
     assert "Landlock: unavailable (kernel without Landlock)" in \
         out["a_stats"][0]["protections"]["filesystem"]
     if templates:
-        assert all(t.startswith("refused: not in force: filesystem") for t in out["templates"])
+        assert out["templates"] and all(t.startswith("refused: not in force: filesystem")
+                                        for t in out["templates"]), out["templates"]
         assert out["a_stats"][0]["start"].startswith("fresh (refused: not in force")
 
 
 def test_root_landlock_abi_5(open_tmp):
-    """Landlock without the signal scope (Linux 6.2-6.11): templates refuse, fresh workers
-    hold by their PID namespace."""
-    out = host("root_abi_5", open_tmp, templates=True, abi=5)
-    assert all("processes (unavailable" in t for t in out["templates"]), out["templates"]
-    assert_apart(out, own_pid_namespace=True)
-    assert "Landlock: on (ABI 5)" in out["a_stats"][0]["protections"]["filesystem"]
+    """Landlock without the signal scope (Linux 6.2-6.11): a worker forked from the
+    template holds by Landlock (files) and a uid of its tenant's own (processes), with no
+    unix socket (no scope keeps abstract ones apart); a new tenant's first call comes from
+    the template too.  (A fresh worker holds by its PID namespace: test_root.)"""
+    got = host("root_abi_5", open_tmp, templates=True, abi=5, networks=["on", "off"])
+    for network, out in got.items():
+        assert out["templates"][-2:] == ["ok", "ok"], out["templates"]
+        assert out["a_stats"][0]["start"] == "template"
+        assert out["new_tenant"]["start"] == "template", out["new_tenant"]
+        assert_apart(out, own_pid_namespace=False, by_uid=True, network=network)
+        assert out["a_stats"][0]["protections"]["filesystem"].startswith("on (ABI 5)")
+        assert_uid(out, per_tenant=True)
 
 
 def test_container(open_tmp):
     """No CAP_SYS_ADMIN: the namespaces come through a user namespace the zygote maps (every
     uid to itself: it keeps CAP_SETUID), and the worker still becomes nobody."""
-    out = host("container", open_tmp)
+    out = on(host("container", open_tmp))
     assert_apart(out, own_pid_namespace=True)
     assert out["attack"]["output"]["uid"] == 65534
     assert out["a_stats"][0]["protections"]["privileges"].startswith("uid 65534 gid 65534")
@@ -197,20 +318,20 @@ def test_container(open_tmp):
 def test_container_with_a_tenants_root_gives_each_tenant_its_own_uid(open_tmp):
     """The same with a tenants_root: the worker forked from the shared template (network
     on), as a uid of its own (the template keeps CAP_SETUID behind its key)."""
-    out = host("container_tenants", open_tmp, templates=True)
+    out = on(host("container_tenants", open_tmp, templates=True))
     assert out["a_stats"][0]["start"] == "template" and out["templates"] == ["ok", "ok"]
     assert_apart(out, own_pid_namespace=False)
     assert_uid(out, per_tenant=True)
 
 
 def test_container_without_user_namespaces_relies_on_landlock(open_tmp):
-    out = host("container_no_userns", open_tmp)
+    out = on(host("container_no_userns", open_tmp))
     assert_apart(out, own_pid_namespace=False)
     assert out["attack"]["output"]["uid"] == 65534
 
 
 def test_container_without_setuid_never_runs_a_worker_as_root(open_tmp):
-    out = host("container_without_setuid", open_tmp)
+    out = on(host("container_without_setuid", open_tmp))
     assert_refused(out, "privileges")
 
 
@@ -218,32 +339,171 @@ def test_container_without_setuid_never_runs_a_worker_as_root(open_tmp):
 def test_unprivileged(open_tmp, user_python, landlock):
     """A host that is not root: the same namespaces, through a user namespace mapping its
     uid to itself; the worker keeps the host's uid."""
-    out = host("unprivileged" + ("" if landlock else "_without_landlock"), open_tmp,
-               user_python)
+    out = on(host("unprivileged" + ("" if landlock else "_without_landlock"), open_tmp,
+                  user_python))
     assert_apart(out, own_pid_namespace=True)
     assert out["attack"]["output"]["uid"] == UNPRIVILEGED
     assert out["a_stats"][0]["protections"]["privileges"].startswith(f"uid {UNPRIVILEGED} ")
 
 
 def test_unprivileged_without_user_namespaces_relies_on_landlock(open_tmp, user_python):
-    out = host("unprivileged_no_userns", open_tmp, user_python)
+    out = on(host("unprivileged_no_userns", open_tmp, user_python))
     assert_apart(out, own_pid_namespace=False)
 
 
 def test_unprivileged_without_user_namespaces_nor_landlock_is_refused(open_tmp, user_python):
     """Here kill(-1, SIGKILL) from a confined tool would have killed the host: refused."""
-    out = host("unprivileged_no_userns_without_landlock", open_tmp, user_python)
+    out = on(host("unprivileged_no_userns_without_landlock", open_tmp, user_python))
     assert_refused(out, "filesystem", "processes")
 
 
 def test_best_effort_without_landlock_runs_and_says_what_is_missing(open_tmp):
-    out = host("root_best_effort_without_landlock", open_tmp, confine="best-effort",
-               templates=True)
     """Degrading is opt-in: with confine="best-effort" the template imports and serves
-    without Landlock, and stats() say what is missing."""
+    without Landlock (files rest on nothing: a fresh worker could have a root of its own
+    here), and stats() say what is missing."""
+    out = on(host("root_best_effort_without_landlock", open_tmp, confine="best-effort",
+                  templates=True))
     assert out["b_first"]["status_code"] == out["attack"]["status_code"] == 200
     assert out["templates"] == ["ok", "ok"] and out["a_stats"][0]["start"] == "template"
     prot = out["a_stats"][0]["protections"]
     assert prot["filesystem"].startswith("unavailable (kernel without Landlock)"), prot
-    assert prot["processes"].startswith("unavailable"), prot
+    assert prot["processes"].startswith("on (a uid of its tenant's own"), prot
     assert "kill" not in out                 # (it would reach every process of its uid)
+
+
+# ------------------------------------------------------------------ default containers
+#: Landlock in the container kinds: this kernel's (7), at most 5 (no scope: Linux 6.10, RHEL
+#: 9.6), at most 3 (COS and Azure Linux 3 on 6.6), none (ENOSYS: COS before, gVisor).
+ABIS = {"abi_7": 0, "abi_5": 5, "abi_3": 3, "without_landlock": 0}
+ALL_NETWORKS = ["on", "off", "policy"]
+
+
+def container(kind: str, tmp: Path, abi: str, user_python: str = "", **config) -> dict:
+    """The attack in a default container (``kind``: docker or restricted) at ``abi``."""
+    return host(f"{kind}_{abi}", tmp, user_python, abi=ABIS[abi], networks=ALL_NETWORKS,
+                **config)
+
+
+def assert_policy_refused(out: dict) -> None:
+    """A network policy needs a network namespace of its own: 503 naming it."""
+    assert_refused(out, "network")
+    assert "unshare: Operation not permitted" in out["attack"]["error"]
+
+
+@pytest.mark.parametrize("abi", list(ABIS))
+def test_docker_default_with_a_tenants_root(open_tmp, abi):
+    """Root in a default Docker container, a uid per tenant: no namespace at all, so
+    processes are apart by Landlock's scope or else by the tenants' uids, files by Landlock
+    or else by the uids and 0700 roots, the network off by the system call filter.  Every
+    worker after a library's first is forked from its template, a new tenant's first too."""
+    got = container("docker", open_tmp, abi, templates=True)
+    landlock = abi != "without_landlock"
+    for network in ("on", "off"):
+        out = got[network]
+        assert out["a_stats"][0]["start"] == "template", out["a_stats"]
+        assert out["new_tenant"]["start"] == "template", out["new_tenant"]
+        assert out["new_tenant"]["first"]["status_code"] == 200, out["new_tenant"]
+        assert_apart(out, own_pid_namespace=False, by_uid=abi != "abi_7", landlock=landlock,
+                     network=network)
+        assert_uid(out, per_tenant=True)
+        assert out["a_stats"][0]["protections"]["filesystem"].startswith(
+            f"on (ABI {abi[-1]}" if landlock else "on (a uid of its tenant's own")
+    assert "system call filter" in got["off"]["a_stats"][0]["protections"]["network"]
+    assert_policy_refused(got["policy"])
+
+
+@pytest.mark.parametrize("abi", ["abi_5", "without_landlock"])
+def test_docker_default_fresh_workers(open_tmp, abi):
+    """The same with every worker fresh (the library's "template": false): each becomes its
+    tenant's uid itself, with no PID namespace nor root of its own."""
+    got = host(f"docker_{abi}", open_tmp, abi=ABIS[abi], networks=["on", "off"],
+               tenants_root=True, fresh=True)
+    for network, out in got.items():
+        assert out["a_stats"][0]["start"].startswith("fresh (templates off"), out["a_stats"]
+        assert_apart(out, own_pid_namespace=False, by_uid=True,
+                     landlock=abi != "without_landlock", network=network)
+        assert_uid(out, per_tenant=True)
+
+
+def test_docker_default_with_a_listable_tenants_folder_is_refused_without_landlock(open_tmp):
+    """Files apart by uid need the tenants' folder closed to listing: where it lists every
+    tenant's folder to every uid (0755), 503 saying so (and how to fix it)."""
+    out = on(host("docker_without_landlock", open_tmp, tenants_mode=0o755, templates=True))
+    assert_refused(out, "filesystem")
+    assert "lists the other tenants' folders" in out["attack"]["error"]
+    assert "chmod 0711" in out["attack"]["error"]
+
+
+def test_docker_default_with_a_tenants_folder_others_may_enter_is_refused_without_landlock(
+        open_tmp):
+    """A tenant's folder the host made 0755, before its tenant's first worker made it
+    0700: by its name, every uid could read it.  While one is there, 503 naming it."""
+    out = on(host("docker_without_landlock", open_tmp, unused_folder_mode=0o755,
+                  templates=True))
+    assert_refused(out, "filesystem")
+    assert "holds what every uid may open by name: unused" in out["attack"]["error"]
+
+
+@pytest.mark.parametrize("abi", ["abi_7", "abi_5", "without_landlock"])
+def test_docker_default_with_one_uid_for_all(open_tmp, abi):
+    """No tenants_root: every tenant's worker runs as nobody.  Landlock's scope keeps them
+    apart (ABI 6+); below it nothing does (the uids are the same): 503."""
+    got = container("docker", open_tmp, abi)
+    if abi == "abi_7":
+        for network in ("on", "off"):
+            assert_apart(got[network], own_pid_namespace=False, network=network)
+            assert got[network]["attack"]["output"]["uid"] == 65534
+        assert_policy_refused(got["policy"])
+        return
+    for network in ALL_NETWORKS:
+        assert_refused(got[network], "processes", *(["filesystem"] if abi ==
+                                                    "without_landlock" else []))
+
+
+@pytest.mark.parametrize("abi", list(ABIS))
+def test_kubernetes_restricted(open_tmp, user_python, abi):
+    """A non-root pod with no capability, no_new_privs and the runtime's default profile:
+    one uid for all (the host's).  Landlock's scope keeps tenants apart (ABI 6+); below it,
+    503 naming processes (and files without Landlock)."""
+    got = container("restricted", open_tmp, abi, user_python, templates=True)
+    if abi == "abi_7":
+        for network in ("on", "off"):
+            out = got[network]
+            assert out["a_stats"][0]["start"] == "template", out["a_stats"]
+            assert out["new_tenant"]["start"] == "template", out["new_tenant"]
+            assert_apart(out, own_pid_namespace=False, network=network)
+            assert out["attack"]["output"]["uid"] == UNPRIVILEGED
+        assert_policy_refused(got["policy"])
+        return
+    for network in ALL_NETWORKS:
+        assert_refused(got[network], "processes", *(["filesystem"] if abi ==
+                                                    "without_landlock" else []))
+
+
+def test_the_emulated_profile_names_the_engines_numbers():
+    """tests/without_landlock.py writes its numbers out; they are the kernel's (the engine's
+    table agrees), so the emulation refuses what Docker's profile refuses."""
+    import without_landlock as emulation
+
+    from lcp_sandbox.core.syscall_numbers import number
+    for machine, table in emulation.DOCKER_REFUSED.items():
+        for name, nr in {**table, **emulation.DOCKER_REFUSED_GENERIC}.items():
+            assert number(name, machine) == nr, (machine, name)
+        assert number("clone", machine) == emulation.CLONE[machine]
+        assert number("unshare", machine) == emulation.UNSHARE[machine]
+        assert number("clone3", machine) == emulation.CLONE3
+
+
+def test_the_emulated_container_holds_dockers_capabilities_and_profile():
+    """Under --docker-default a root command holds Docker's 14 capabilities (0xa80425fb, as
+    `docker run` gives its root), no_new_privs is not set, and namespaces are refused."""
+    probe = ("import ctypes, os\n"
+             "libc = ctypes.CDLL(None, use_errno=True)\n"
+             "status = dict(l.split(':', 1) for l in open('/proc/self/status') if ':' in l)\n"
+             "print(status['CapEff'].strip(), status['CapBnd'].strip(),\n"
+             "      status['NoNewPrivs'].strip(), libc.unshare(0), ctypes.get_errno())")
+    done = subprocess.run([sys.executable, str(WITHOUT_LANDLOCK), "--docker-default",
+                           "--keep-landlock", sys.executable, "-c", probe],
+                          capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["00000000a80425fb", "00000000a80425fb", "0", "-1", "1"]
+
