@@ -120,7 +120,7 @@ class Lent:
         return f"called {x}"
 
 
-def test_host_objects_give_no_way_out(tmp_path):
+def test_host_objects_give_no_way_out(tmp_path, open_tmp):
     marker = marker_path(tmp_path)
     evil_cmd = f"echo x > {marker}"
     attempts = [
@@ -143,7 +143,8 @@ def test_host_objects_give_no_way_out(tmp_path):
     ]
     seen = []
     configs = {"bystander": {"secret": lambda: seen.append("bystander's secret ran") or "secret"}}
-    with SandboxedBinding(tools_folders=[HOSTILE], workspace=str(tmp_path), host_tool_configs=configs,
+    # (a workspace its uid may reach without a mount namespace: a default container has none)
+    with SandboxedBinding(tools_folders=[HOSTILE], workspace=str(open_tmp), host_tool_configs=configs,
                           confine=True, timeout_s=20) as b:
         r = b.execute_tool("tool_walk", {"attempts": attempts}, tool_context=Lent())
     assert r["status_code"] == 200, r
