@@ -6,6 +6,7 @@ template) where it applies.  Libraries under tests/channel_libs/.
 """
 import os
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from confined_kinds import KINDS, Confined, started_as
 from conftest import HERE
 from lcp_sandbox import SandboxedBinding, Supervisor
 from lcp_sandbox.core.policy import ENGINE_DIR
+from lcp_sandbox.testing import protections_off
 
 LIBS = HERE / "channel_libs"
 LIB = LIBS / "chanprobe"
@@ -150,6 +152,36 @@ def test_two_network_off_tenants_of_one_template_share_no_channel(kind):
     if kind.kind != "fresh":           # one template's workers share its network namespace
         ns = {os.readlink(f"/proc/{p}/ns/net") for p in (pa, pb)}
         assert len(ns) == 1
+
+
+def test_network_off_without_a_namespace_is_held_by_the_filter(kind):
+    """Where no network namespace can be made (a default container), a network-off worker
+    is in the host's: its system call filter is what keeps it off (no TCP or UDP socket to
+    the host's loopback, no abstract socket, no netlink but NETLINK_ROUTE), and stats() say
+    so (tests/test_host_kinds.py: the same in an emulated default container)."""
+    host = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    host.bind(("127.0.0.1", 0))
+    host.listen(4)
+    abstract = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    abstract.bind(f"\0lcp-test-host-{os.getpid()}")
+    abstract.listen(4)
+    with host, abstract, protections_off(kind.sup, "netns"):
+        t = kind.binding(LIBS, "off-no-netns", host_tool_configs=OFF)
+        for what, addr in (("tcp", host.getsockname()[1]), ("udp", host.getsockname()[1]),
+                           ("abstract", f"lcp-test-host-{os.getpid()}"), ("usersock", 0)):
+            assert t.execute_tool("tool_reach", {"kind": what, "addr": addr})["output"] == \
+                "PermissionError", what
+        network = kind.sup.stats(tenant="off-no-netns")[0]["protections"]["network"]
+        assert network.startswith("on (the system call filter: no socket but AF_NETLINK's "
+                                  "NETLINK_ROUTE") and "switched off for a test" in network
+        kind.check(t)
+    # the allowlist off too: its socket rule still holds the network (the allowlist is
+    # what is missing)
+    with protections_off(kind.sup, "netns", "syscalls"):
+        bare = kind.binding(LIBS, "off-bare", host_tool_configs=OFF)
+        r = bare.execute_tool("tool_reach", {"kind": "tcp", "addr": 1})
+        assert r["status_code"] == 503 and "syscalls: unavailable" in r["error"], r
+        assert "network: " not in r["error"], r
 
 
 def test_siblings_reach_neither_abstract_sockets_nor_signals_of_each_other(kind):
