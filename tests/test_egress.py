@@ -5,6 +5,8 @@ from __future__ import annotations
 import http.server
 import ipaddress
 import logging
+import os
+import signal
 import socket
 import threading
 import time
@@ -447,6 +449,35 @@ def test_each_tenant_has_a_share_and_the_host_answers_503_with_retry_after():
         for x in clients + refused:
             x.close()
     assert poll(lambda: proxy.connections == 0) and proxy.tenants == {}
+
+
+def test_a_killed_worker_s_connections_end_though_the_server_never_answers(sup, open_tmp_module):
+    """Tunnels to a server that holds its answers (a long poll): once their worker is
+    killed, the proxy ends them, and their slots are its tenant's and the host's again."""
+    release = threading.Event()
+
+    class Held(Recorder):
+        def do_GET(self):               # noqa: N802 (the base class's name)
+            release.wait(120)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Held)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    t = binding(sup, open_tmp_module, "long-poll", {"allow": [f"127.0.0.1:{port}"]})
+    hold = {"host": "127.0.0.1", "port": port, "n": 6, "path": "/hold"}
+    try:
+        before = sup.egress.connections
+        assert out(t, "tool_hold", **hold) == {"opened": 6, "held": 6}
+        assert sup.egress.tenants["long-poll"] == 6 and sup.egress.connections == before + 6
+        os.kill(sup.stats(tenant="long-poll")[0]["pid"], signal.SIGKILL)
+        assert poll(lambda: "long-poll" not in sup.egress.tenants), sup.egress.tenants
+        assert sup.egress.connections == before
+        assert out(t, "tool_hold", **hold) == {"opened": 6, "held": 6}     # its next worker's
+    finally:
+        t.close()
+        release.set()
+        server.shutdown()
+        server.server_close()
 
 
 def test_a_head_trickled_a_byte_at_a_time_ends_at_one_deadline(sup, one_port, monkeypatch):

@@ -23,6 +23,9 @@ once with ``Retry-After``; a tenant's cap is a thirty-second of the host's, so n
 thirty-two tenants fill the host.  A whole request head comes within HEAD_TIMEOUT_S (one
 deadline, not one a read) and HEAD_LIMIT bytes.  Plain HTTP requests are forwarded with
 ``Connection: close``, so a kept-alive connection cannot carry a second request to another host.
+A connection lives no longer than the worker it came from: when a worker's dialer ends (the
+worker stopped, was killed, its session ended), the proxy shuts down both ends of each of its
+connections, so a server that never closes (a long poll) keeps no slot of a worker that is gone.
 """
 from __future__ import annotations
 
@@ -95,7 +98,7 @@ class EgressProxy:
         # Connections at once by tenant (a tenant with none has no entry)
         self.tenants: dict[str, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        self._open: set[socket.socket] = set()        # connections being served
+        self._open: set[_Connection] = set()          # connections being served
         self._pool = _Threads()
 
     def give(self, init: P.Init, slot: Slot) -> P.Init:
@@ -154,11 +157,8 @@ class EgressProxy:
     def close(self) -> None:
         with self._lock:
             loop, thread, self._loop = self._loop, self._thread, None
-            for sock in self._open:                # their threads' reads end
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            for conn in self._open:                # their threads' reads end
+                conn.end()
         if loop is not None and thread is not None:
             loop.call_soon_threadsafe(loop.stop)
             thread.join(5)
@@ -172,7 +172,11 @@ class EgressProxy:
             self._spawn(loop, self._dialer(dialer))
 
     async def _dialer(self, dialer: socket.socket) -> None:
-        """One worker's dialer: its token, then the sockets it hands over, until it ends."""
+        """One worker's dialer: its token, then the sockets it hands over, until it ends;
+        then the connections that came through it end too.  A dialer ends when its worker
+        has (stopped, killed, its session over): a connection of a worker that is gone
+        keeps no slot, whatever the server beyond it does (a long poll never ends by
+        itself)."""
         with dialer:
             loop = asyncio.get_running_loop()
             try:           # exactly the token's line: what follows may carry descriptors
@@ -183,36 +187,51 @@ class EgressProxy:
             ident = self._ids.get(line.strip().decode("ascii", "replace"))
             if ident is None:
                 return
-            while True:
-                await _readable(loop, dialer)
-                try:
-                    data, fds, _, _ = socket.recv_fds(dialer, 64, _FDS_PER_MESSAGE,
-                                                      socket.MSG_CMSG_CLOEXEC)
-                except BlockingIOError:
-                    continue
-                except OSError:
-                    return
-                if not data and not fds:
-                    return                                      # the worker ended
-                for fd in fds:
-                    self._take(ident, fd)
+            came: set[_Connection] = set()
+            try:
+                await self._handed(loop, dialer, ident, came)
+            finally:
+                with self._lock:
+                    for conn in came:
+                        conn.end()
 
-    def _take(self, ident: Identity, fd: int) -> None:
-        """A descriptor a worker sent: served, in a thread of the pool, if it is a
-        connected stream socket and its worker, its tenant and the host are under their
-        caps; else answered at once (429 or 503, with Retry-After) and closed."""
+    async def _handed(self, loop: asyncio.AbstractEventLoop, dialer: socket.socket,
+                      ident: Identity, came: set[_Connection]) -> None:
+        """Take the sockets a dialer hands over (each into ``came`` while it is served)
+        until it ends."""
+        while True:
+            await _readable(loop, dialer)
+            try:
+                data, fds, _, _ = socket.recv_fds(dialer, 64, _FDS_PER_MESSAGE,
+                                                  socket.MSG_CMSG_CLOEXEC)
+            except BlockingIOError:
+                continue
+            except OSError:
+                return
+            if not data and not fds:
+                return                                      # the worker ended
+            for fd in fds:
+                self._take(ident, fd, came)
+
+    def _take(self, ident: Identity, fd: int, came: Optional[set[_Connection]] = None) -> None:
+        """A descriptor a worker sent (through the dialer whose connections are ``came``):
+        served, in a thread of the pool, if it is a connected stream socket and its
+        worker, its tenant and the host are under their caps; else answered at once (429
+        or 503, with Retry-After) and closed."""
         sock = _stream_socket(fd)
         if sock is None:
             return
+        conn = _Connection(sock, set() if came is None else came)
         with self._lock:
             full = self._full(ident)
             if full is None:
                 ident.active += 1
                 self.tenants[ident.tenant] = self.tenants.get(ident.tenant, 0) + 1
                 self.connections += 1
-                self._open.add(sock)
+                self._open.add(conn)
+                conn.came.add(conn)
         if full is None:
-            self._pool.submit(self._serve, ident, sock)
+            self._pool.submit(self._serve, ident, conn)
             return
         with sock:
             try:
@@ -232,7 +251,7 @@ class EgressProxy:
                                        f"connections at once is reached", RETRY_AFTER_S)
         return None
 
-    def _release(self, ident: Identity, sock: socket.socket) -> None:
+    def _release(self, ident: Identity, conn: _Connection) -> None:
         """A connection ended: its slot back to its worker, its tenant and the host."""
         with self._lock:
             ident.active -= 1
@@ -240,21 +259,32 @@ class EgressProxy:
             if left:
                 self.tenants[ident.tenant] = left
             self.connections -= 1
-            self._open.discard(sock)
+            self._open.discard(conn)
+            conn.came.discard(conn)
+
+    def _track(self, conn: _Connection, upstream: Optional[socket.socket]) -> None:
+        """(egress_conn.serve's) The server's end of ``conn`` while it is open (None: it is
+        about to close); one that opens after its connection was ended is shut down now."""
+        with self._lock:
+            conn.upstream = upstream
+            if conn.ended:
+                conn.end()
 
     # ------------------------------------------------------------ one connection
-    def _serve(self, ident: Identity, sock: socket.socket) -> None:
+    def _serve(self, ident: Identity, conn: _Connection) -> None:
         """A connection (egress_conn.serve) on the socket, under ``ident``'s policy."""
+        sock = conn.client
         try:
             sock.setblocking(True)
-            serve(sock, lambda host, port: self._admit(ident, host, port), self.head_timeout_s)
+            serve(sock, lambda host, port: self._admit(ident, host, port), self.head_timeout_s,
+                  lambda upstream: self._track(conn, upstream))
         except OSError:
             pass
         except Exception:                                   # noqa: BLE001 (a bug: say it)
             log.exception("egress proxy: a connection of tenant %s, library %s failed",
                           ident.tenant, ident.library)
         finally:
-            self._release(ident, sock)
+            self._release(ident, conn)
             sock.close()
 
     def _admit(self, ident: Identity, host: str, port: int) -> list[Address]:
@@ -285,6 +315,27 @@ class EgressProxy:
                         " (further refusals of this worker are counted, not logged)"
                         if ident.refused == _LOGGED_PER_WORKER else "")
         raise Refused(403, f"lcp-sandbox network policy: {decision.why}")
+
+
+@dataclass(eq=False)
+class _Connection:
+    """A connection being served: the worker's socket, the server's while it is open, and
+    the set of the connections that came through the same dialer (it is one of them)."""
+    client: socket.socket
+    came: set["_Connection"]
+    upstream: Optional[socket.socket] = None
+    ended: bool = False
+
+    def end(self) -> None:
+        """Shut both ends down: the connection's thread sees them end and lets go (called
+        with the proxy's lock held, so neither socket is closed meanwhile)."""
+        self.ended = True
+        for sock in (self.client, self.upstream):
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
 
 
 async def _exactly(loop: asyncio.AbstractEventLoop, sock: socket.socket, n: int) -> bytes:

@@ -43,6 +43,7 @@ _VERSIONS = (b"1.0", b"1.1")
 _HTTP = "http://"
 
 Admit = Callable[[str, int], list[Address]]
+Track = Callable[[Optional[socket.socket]], None]
 
 
 class Refused(Exception):
@@ -64,15 +65,20 @@ class Request:
     upstream: Optional[bytes]
 
 
-def serve(client: socket.socket, admit: Admit, head_timeout_s: float = HEAD_TIMEOUT_S) -> None:
-    """One connection, to its end (the caller closes ``client``)."""
+def serve(client: socket.socket, admit: Admit, head_timeout_s: float = HEAD_TIMEOUT_S,
+          track: Optional[Track] = None) -> None:
+    """One connection, to its end (the caller closes ``client``).  ``track`` is told the
+    server's socket once it is connected, and None before it is closed: the proxy ends
+    a connection from outside by shutting both sockets down."""
     try:
         request, rest = read_request(client, head_timeout_s)
         upstream = connect(admit(request.host, request.port), request.port)
     except Refused as exc:
         client.sendall(response(exc.status, str(exc), exc.retry_after))
         return
-    with upstream:
+    if track is not None:
+        track(upstream)
+    try:
         if request.upstream is None:
             client.sendall(_ESTABLISHED)
         else:
@@ -80,6 +86,10 @@ def serve(client: socket.socket, admit: Admit, head_timeout_s: float = HEAD_TIME
         if rest:
             upstream.sendall(rest)
         relay(client, upstream)
+    finally:
+        if track is not None:
+            track(None)
+        upstream.close()
 
 
 def read_request(client: socket.socket, timeout_s: float) -> tuple[Request, bytes]:

@@ -191,3 +191,41 @@ def tool_trickle(gap: float, most: int) -> dict:
             except OSError as e:
                 return {"success": True, "output": {"sent": sent, "answer": type(e).__name__}}
     return {"success": True, "output": {"sent": most, "answer": ""}}
+
+
+HELD: list = []
+
+
+def _established(s: socket.socket) -> bool:
+    """Whether the proxy answered a CONNECT on ``s`` with 200 (its head read to its end)."""
+    head = b""
+    while b"\r\n\r\n" not in head:
+        data = s.recv(4096)
+        if not data:
+            break
+        head += data
+    return head.startswith(b"HTTP/1.1 200")
+
+
+def tool_hold(host: str, port: int, n: int, path: str) -> dict:
+    """Open ``n`` tunnels (CONNECT) to host:port through the proxy, send ``GET path`` in
+    each, and keep them open in this worker's module state after the call: how many the
+    proxy established, and how many this worker holds in all.
+
+    Args:
+        host (str): host
+        port (int): port
+        n (int): tunnels to open
+        path (str): the path each tunnel asks for (a server that answers it late holds it)
+    """
+    opened = 0
+    for _ in range(n):
+        s = socket.create_connection(_proxy(), timeout=20)
+        s.sendall(f"CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
+        if not _established(s):
+            s.close()
+            continue
+        s.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
+        HELD.append(s)
+        opened += 1
+    return {"success": True, "output": {"opened": opened, "held": len(HELD)}}
