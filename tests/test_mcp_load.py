@@ -7,6 +7,7 @@ bounded in count and time and ends by itself; nothing leaves the machine.
 from __future__ import annotations
 
 import asyncio
+import http.server
 import json
 import os
 import re
@@ -31,8 +32,8 @@ from lcp_sandbox.backends.local import disks  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 LIBS = HERE / "mcp_load_libs"
-SERVE = [sys.executable, "-m", "lcp_sandbox.fronts.cli", "serve-mcp", str(LIBS), "--transport",
-         "http", "--port", "0"]
+SERVE = [sys.executable, "-m", "lcp_sandbox.fronts.cli", "serve-mcp"]
+HTTP = ["--transport", "http", "--port", "0"]
 ACCEPT = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
 INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
         "params": {"protocolVersion": "2025-06-18", "capabilities": {},
@@ -55,13 +56,14 @@ class Server:
 
 
 @contextmanager
-def serving(tmp_path: Path, *args: str, token: Optional[str] = None) -> Iterator[Server]:
+def serving(tmp_path: Path, *args: str, token: Optional[str] = None,
+            folder: Path = LIBS) -> Iterator[Server]:
     root = tmp_path / "sessions"
     extra = list(args)
     if token:
         (tmp_path / "token").write_text(token)
         extra += ["--token-file", str(tmp_path / "token")]
-    proc = subprocess.Popen([*SERVE, "--workspace-root", str(root), *extra],
+    proc = subprocess.Popen([*SERVE, str(folder), *HTTP, "--workspace-root", str(root), *extra],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     lines: list[str] = []
     ready = threading.Event()
@@ -534,3 +536,103 @@ def test_a_killed_server_s_sessions_are_removed_by_the_next_one(tmp_path):
         for disk in disks.on_disk(str(tmp_path / "sessions")):     # (when the test failed)
             if disk["mounted"]:
                 subprocess.run(["umount", "-l", disk["root"]])
+
+
+# ---------------------------------------------------------------- the egress proxy's slots
+EGRESS_LIBS = HERE / "egress_libs"
+
+
+class _LongPoll(http.server.BaseHTTPRequestHandler):
+    """GET /hold is answered only once the test lets go, as a long poll is: the server
+    holds its end of the connection whatever the client does meanwhile."""
+
+    def do_GET(self) -> None:               # noqa: N802 (the base class's name)
+        with self.server.lock:              # type: ignore[attr-defined]
+            self.server.holding += 1        # type: ignore[attr-defined]
+        self.server.release.wait(300)       # type: ignore[attr-defined]
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def long_poll() -> Iterator[tuple[int, http.server.ThreadingHTTPServer]]:
+    """A server on the host's loopback whose answers to GET /hold wait for the test's end."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _LongPoll)
+    server.lock, server.holding = threading.Lock(), 0           # type: ignore[attr-defined]
+    server.release = threading.Event()                          # type: ignore[attr-defined]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1], server
+    server.release.set()                                        # type: ignore[attr-defined]
+    server.shutdown()
+    server.server_close()
+
+
+def _egress_open(c: httpx2.Client, srv: Server) -> tuple[int, int]:
+    """(connections open through the server's egress proxy, tenants holding one), as its
+    /metrics says."""
+    from prometheus_client.parser import text_string_to_metric_families
+    r = c.get(f"{srv.base}/metrics")
+    assert r.status_code == 200, r.text
+    got = {s.name: int(s.value) for fam in text_string_to_metric_families(r.text)
+           for s in fam.samples}
+    return got["lcp_sandbox_egress_open_connections"], got["lcp_sandbox_egress_open_tenants"]
+
+
+def test_after_a_session_flood_the_egress_proxy_s_slots_are_back_where_they_were(
+        tmp_path, long_poll):
+    """A library allowed one loopback server, whose answers come late (a long poll).  A
+    kept session holds 4 tunnels through the flood; 12 sessions at once each open 8 and
+    keep them in their worker's module state, then end (DELETE) with all of them open.
+    The host's proxy then counts what it counted before the flood (the kept session's 4,
+    one tenant): an ended session's connections end with its workers, whatever the
+    server beyond them does; new sessions get their tunnels, the kept one keeps its own."""
+    port, server = long_poll
+    config = {"netprobe": {"sandbox": {"network": {"allow": [f"127.0.0.1:{port}"]}}}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    hold = {"host": "127.0.0.1", "port": port, "path": "/hold"}
+    with serving(tmp_path, "--metrics", "--config", str(tmp_path / "config.json"),
+                 folder=EGRESS_LIBS) as srv, httpx2.Client(timeout=60) as c:
+        kept = open_session(c, srv)
+        assert result_of(call(c, srv, kept, "tool_hold", {**hold, "n": 4}))["result"][
+            "structuredContent"]["output"] == {"opened": 4, "held": 4}
+        before = _egress_open(c, srv)
+        assert before == (4, 1)
+
+        async def flood() -> list:
+            async with httpx2.AsyncClient(timeout=120) as ac:
+                async def session() -> tuple:
+                    r = await ac.post(srv.url, headers=ACCEPT, json=INIT)
+                    h = {**ACCEPT, "mcp-session-id": r.headers["mcp-session-id"]}
+                    await ac.post(srv.url, headers=h, json={
+                        "jsonrpc": "2.0", "method": "notifications/initialized"})
+                    r = await ac.post(srv.url, headers=h, json={
+                        "jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                        "params": {"name": "tool_hold", "arguments": {**hold, "n": 8}}})
+                    return h, result_of(r)["result"]["structuredContent"]["output"]
+                return await asyncio.gather(*(session() for _ in range(12)))
+        sessions = asyncio.run(asyncio.wait_for(flood(), 240))
+        assert [out for _, out in sessions] == [{"opened": 8, "held": 8}] * 12
+        assert _egress_open(c, srv) == (4 + 12 * 8, 13)
+        # every tunnel's request reached the server, which holds it unanswered
+        assert poll(lambda: server.holding == 4 + 12 * 8), server.holding
+
+        async def end() -> list:
+            async with httpx2.AsyncClient(timeout=120) as ac:
+                return await asyncio.gather(*(ac.delete(srv.url, headers=h)
+                                              for h, _ in sessions))
+        assert [r.status_code for r in asyncio.run(end())] == [200] * 12
+        assert poll(lambda: _egress_open(c, srv) == before, 60), _egress_open(c, srv)
+        for _ in range(2):
+            h = open_session(c, srv)
+            assert result_of(call(c, srv, h, "tool_hold", {**hold, "n": 8}))["result"][
+                "structuredContent"]["output"] == {"opened": 8, "held": 8}
+            assert _egress_open(c, srv) == (4 + 8, 2)
+            assert c.delete(srv.url, headers=h).status_code == 200
+            assert poll(lambda: _egress_open(c, srv) == before, 60), _egress_open(c, srv)
+        assert result_of(call(c, srv, kept, "tool_hold", {**hold, "n": 1}, rid=3))["result"][
+            "structuredContent"]["output"] == {"opened": 1, "held": 5}    # its worker, its state
+        assert _egress_open(c, srv) == (5, 1)

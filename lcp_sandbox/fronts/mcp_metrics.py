@@ -1,6 +1,7 @@
 """``GET /metrics``: the engine's numbers in Prometheus' text format.
 
-    scrape ─► snapshot() (Supervisor.metrics() + the front's sessions and refusals)
+    scrape ─► snapshot() (Supervisor.metrics() + the front's sessions and refusals, the
+              egress proxy's open connections)
            ─► families (prometheus_client's metric families) ─► text exposition format
 
 The numbers are kept as events happen (backends/metrics.py, the watchdog's memory
@@ -48,6 +49,12 @@ def _families(snap: dict[str, Any]) -> Iterator[Any]:
     sessions = GaugeMetricFamily(f"{PREFIX}_sessions", "Live MCP sessions")
     sessions.add_metric([], snap.get("sessions", 0))
     yield sessions
+    egress = snap.get("egress_open") or {}
+    for key, text in (("connections", "Connections open through the egress proxy, host-wide"),
+                      ("tenants", "Tenants holding a connection through the egress proxy")):
+        gauge = GaugeMetricFamily(f"{PREFIX}_egress_open_{key}", text)
+        gauge.add_metric([], egress.get(key, 0))
+        yield gauge
 
 
 def _labelled(family: Callable[..., Any], name: str, text: str, label: str,

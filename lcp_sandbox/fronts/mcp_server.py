@@ -297,14 +297,24 @@ class McpFront:
         self.refusals[reason] = self.refusals.get(reason, 0) + 1
 
     def metrics(self) -> dict[str, Any]:
-        """The engine's numbers (Supervisor.metrics()) and the front's: live sessions, and
-        refusals by reason (the front's added to the engine's)."""
+        """The engine's numbers (Supervisor.metrics()) and the front's: live sessions,
+        refusals by reason (the front's added to the engine's), and the egress proxy's
+        open connections."""
         snap = self.supervisor.metrics()
         refusals = dict(snap.get("refusals", {}))
         for reason, n in self.refusals.items():
             refusals[reason] = refusals.get(reason, 0) + n
         live = len(self.sessions) + (self.stdio_session is not None)
-        return {**snap, "refusals": refusals, "sessions": live}
+        return {**snap, "refusals": refusals, "sessions": live,
+                "egress_open": self._egress_open()}
+
+    def _egress_open(self) -> dict[str, int]:
+        """The egress proxy's connections at once, host-wide, and the tenants holding one
+        (by count only: a tenant's name holds its session's id)."""
+        proxy = getattr(self.supervisor, "egress", None)
+        if proxy is None:
+            return {"connections": 0, "tenants": 0}
+        return {"connections": proxy.connections, "tenants": len(proxy.tenants)}
 
     async def _refresh(self, session: _Session, ctx: Any) -> None:
         """Library files changed on disk: restart their workers, list again, tell the client."""
