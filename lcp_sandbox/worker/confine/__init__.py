@@ -25,7 +25,11 @@ this order (prepare(), below); each step needs what the later ones give up:
                           keeps CAP_SETUID/CAP_SETGID permitted, behind handoff.py's key)
     restrict_syscalls()   seccomp: the allowlist, and with the network off the unix-
                           socket rules (needs no_new_privs; last, so the steps above
-                          need none of their calls on the list)
+                          need none of their calls on the list); with the network on
+                          and no Landlock scope, no unix socket at all.  With the network
+                          off and no namespace of its own, this filter is its network
+    _by_uid()             where neither its own namespaces nor Landlock hold processes
+                          (and files), a uid of its tenant's own does (apart.py), checked
 
 A confined template (worker/template.py) runs all of it but the limits with the tenants'
 folder as its root (prepare(shared=True)) and keeps its report in SHARED; a worker forked
@@ -44,6 +48,7 @@ starts, and private_tmpdir() makes its temp dir.
     landlock.py     apply_landlock()  (its rules are described there)
     privileges.py   drop_privileges()
     handoff.py      lock(), take(): a uid per tenant from one shared template
+    apart.py        processes_by_uid(), files_by_uid(): tenants apart by their uids
     seccomp.py      restrict_syscalls()  (the list itself: core/syscalls.py)
 
 """
