@@ -261,6 +261,17 @@ def _add_bench(sub: Any, verbose: argparse.ArgumentParser) -> None:
         pass
 
 
+_FOLDER = "folder of tool libraries"
+
+
+def _command(sub: Any, verbose: argparse.ArgumentParser, name: str, summary: str,
+             more: str = "") -> argparse.ArgumentParser:
+    """A command of ``lcp-sandbox``: its ``--help`` opens with the one-line summary the
+    command list shows, then says ``more``."""
+    description = f"{summary[0].upper()}{summary[1:]}." + (f" {more}" if more else "")
+    return sub.add_parser(name, help=summary, description=description, parents=[verbose])
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``lcp-sandbox`` argument parser."""
     verbose = argparse.ArgumentParser(add_help=False)
@@ -273,18 +284,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="cmd", required=True,
                                 metavar="{tools,call,demo,bench,serve-mcp,envs,disks}")
 
-    p = sub.add_parser("tools", help="print the discovered tool specs as JSON", parents=[verbose])
-    p.add_argument("folders", nargs="+", metavar="FOLDER", help="folder of tool libraries")
+    p = _command(sub, verbose, "tools", "print the discovered tool specs as JSON")
+    p.add_argument("folders", nargs="+", metavar="FOLDER", help=_FOLDER)
     p.add_argument("--dynamic", action="store_true",
                    help="run dynamic prompt providers (in workers)")
     p.set_defaults(fn=cmd_tools)
 
-    p = sub.add_parser("call", help="run one tool call and print the result as JSON",
-                       parents=[verbose],
-                       description="Run one tool call and print the result as JSON. Exit status: "
-                                   "0 when the call succeeded, 1 when it failed, 2 for a mistake "
-                                   "in the command.")
-    p.add_argument("folder", metavar="FOLDER", help="folder of tool libraries")
+    p = _command(sub, verbose, "call", "run one tool call and print the result as JSON",
+                 "Exit status: 0 when the call succeeded, 1 when it failed, 2 for a mistake in "
+                 "the command.")
+    p.add_argument("folder", metavar="FOLDER", help=_FOLDER)
     p.add_argument("tool", metavar="TOOL", help="tool name, e.g. tool_read_file")
     p.add_argument("--params", default="{}", metavar="JSON",
                    help="the parameters, a JSON object (default: {}), "
@@ -296,12 +305,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the call's timeout (default: 60; 0: none)")
     p.set_defaults(fn=cmd_call)
 
-    p = sub.add_parser("demo", help="discover, call cold then warm, survive a crash",
-                       parents=[verbose],
-                       description="Discover the tools of FOLDER (default: the bundled tools), "
-                                   "time the calls (only the bundled demo calls, or the --tool "
-                                   "calls you name), then show the host surviving a tool that "
-                                   "segfaults.")
+    p = _command(sub, verbose, "demo", "discover, call cold then warm, survive a crash",
+                 "FOLDER is the bundled tools unless given; the calls timed are the bundled "
+                 "demo's, or the --tool calls you name; the last step is a tool that segfaults.")
     p.add_argument("folder", nargs="?", default=None, metavar="FOLDER",
                    help="folder of tool libraries (default: the bundled tools)")
     p.add_argument("--tool", dest="tool_calls", action=_ToolCall, metavar="NAME",
