@@ -227,3 +227,20 @@ def test_every_path_a_docstring_or_comment_names_exists():
                 if name not in EXAMPLE_PATHS and not any((b / name).exists() for b in bases):
                     missing.append(f"{path.relative_to(repo)}:{line} names {name}")
     assert not missing, "paths that do not exist:\n" + "\n".join(missing)
+
+
+def test_every_failure_the_package_defines_is_in_the_tree_of_outcomes():
+    """core/outcomes.py draws every exception class of the package and what a caller gets
+    of it: a new one must be placed there."""
+    tree = (PKG / "core" / "outcomes.py").read_text(encoding="utf-8").split('"""')[1]
+    drawn = set(re.findall(r"^ *(?:[│├└─ ]*)([A-Z]\w+)", tree, re.MULTILINE))
+    defined = set()
+    for path, rel, _ in modules():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef) and node.name[0] != "_" and any(
+                    isinstance(b, (ast.Name, ast.Attribute)) and
+                    re.search(r"(Exception|Error|Event|Gone|Unavailable|_Said|Said)$",
+                              ast.unparse(b)) for b in node.bases):
+                defined.add((node.name, str(rel)))
+    missing = sorted(f"{name} ({rel})" for name, rel in defined if name not in drawn)
+    assert not missing, f"draw these in core/outcomes.py's tree of failures: {missing}"

@@ -5,13 +5,53 @@ Each outcome is an exception that builds its own LCP failure result
 the binding returns that result.  Every text names the library and the tool,
 says what happened and what was done about it.
 
-    Unavailable       503  not run: closed, quarantined, no room, could not start
-    Refused           403  not run: a confinement root the worker must not own
-    WorkerDied        500  the worker died during the call (signal, exit code)
-    ProtocolViolated  500  the worker broke the protocol: killed, never believed
-    CallFailed        500  the host could not send the call, or failed handling it
-    TimedOut          504  interrupted (worker kept) or killed after the grace
-    OutOfMemory       507  an uncaught MemoryError, or killed over the limit
+Every failure the package defines, where, and what the caller of a call gets of it (the
+classes of this module are the public outcomes; the others never leave the engine):
+
+    SandboxEvent                     this module: execute_tool returns its .result
+    ├── Unavailable          503     not run: closed, quarantined, no room, could not start
+    ├── Refused              403     not run: a confinement root the worker must not own
+    ├── CallFailed           500     the host could not send the call, or failed handling it
+    ├── WorkerDied           500     the worker died during the call (signal, exit code)
+    ├── ProtocolViolated     500     the worker broke the protocol: killed, never believed
+    ├── Cancelled            499     the host cancelled the call: interrupted, worker kept
+    ├── TimedOut             504     interrupted (worker kept) or killed after the grace
+    └── OutOfMemory          507     an uncaught MemoryError, or killed over the limit
+
+    Raised in the host, each turned into one of the above by the supervisor
+    (backends/local/endings.py) or by the code that catches it:
+    WorkerGone                       backends/local/process.py: the worker hung up
+    │                                ─► WorkerDied, or OutOfMemory when the watchdog killed it
+    └── NeverReceived                it hung up before the call reached it
+                                     ─► the call goes once to a fresh worker
+    DeadlinePassed                   backends/local/process.py ─► TimedOut (killed)
+    NotConfined                      backends/local/endings.py: a protection asked for is not
+                                     in force ─► Unavailable (not_confined)
+    ZygoteGone                       backends/local/zygote.py ─► Unavailable (no_start)
+    ProtocolViolation                protocol/messages.py: what a worker sent breaks the
+                                     protocol ─► ProtocolViolated
+    PayloadError                     protocol/messages.py: the parameters cannot be sent
+                                     ─► CallFailed (the worker kept)
+    BuildFailed                      backends/envs/build.py ─► CallFailed
+    DeclarationError (ValueError)    core/requirements.py: a requirement that is not a name
+                                     ─► CallFailed naming it
+    Refused (egress)                 backends/local/egress_conn.py: a connection the egress
+                                     proxy does not make ─► an HTTP answer to the tool
+    HostGone                         backends/ray/relay.py: the driver gave up ─► the Ray
+                                     agent ends the call as the driver said
+
+    Raised in a worker, answered to the host as a tool's failure (500, the worker kept):
+    LoadFailed                       worker/loop.py: the library did not import or init
+    ToolTimeout (BaseException)      worker/loop.py: the soft timeout ─► TimedOut (kept)
+    Unsendable                       protocol/codec.py: a result the protocol cannot carry
+    EnvironmentConflict              worker/environment.py: a package the host pinned apart
+    NotInEnvironment (ImportError)   worker/packages.py: pipmaster asked for what is not
+                                     declared
+
+    Raised to a person at a command line (exit status 2), never by a call:
+    UsageError                       fronts/cli.py
+    ConfigError (ValueError)         fronts/mcp_config.py: serve-mcp's --config
+    Missing                          fronts/settings_table.py: a setting with no description
 """
 from __future__ import annotations
 
