@@ -83,7 +83,11 @@ def run_as_setting(value: Any) -> "tuple[int, int] | str":
         if value == PER_TENANT:
             return PER_TENANT
         raise ValueError(f"run_as={value!r}: it is (uid, gid) or {PER_TENANT!r}")
-    return run_as_ids(value)
+    uid, gid = run_as_ids(value)
+    if uid == BUILDER_IDS[0] or gid == BUILDER_IDS[1]:
+        raise ValueError(f"run_as {value!r}: {BUILDER_IDS[0]} is the environment builder's uid "
+                         f"and gid, which own the store of every library's environment")
+    return uid, gid
 
 
 #: The uid and gid of environment builds on a root host (backends/envs/build.py): their
@@ -150,9 +154,6 @@ def run_as_ids(value: Any) -> tuple[int, int]:
     if not (0 < uid <= MAX_ID and 0 < gid <= MAX_ID):
         raise ValueError(f"run_as {value!r}: a confined worker runs as an unprivileged uid and gid "
                          "(not 0, not -1)")
-    if uid == BUILDER_IDS[0] or gid == BUILDER_IDS[1]:
-        raise ValueError(f"run_as {value!r}: {BUILDER_IDS[0]} is the environment builder's uid "
-                         f"and gid, which own the store of every library's environment")
     return uid, gid
 
 
