@@ -474,12 +474,15 @@ NO_LOLLMS_SCRIPT = textwrap.dedent("""
 
 
 def test_without_lollms_client_nothing_imports_it(tmp_path):
-    import cloudpickle
-    import msgpack
-    import psutil
+    import importlib
+    import re
+    import tomllib
+    with open(REPO / "pyproject.toml", "rb") as f:
+        runtime = [re.match(r"[A-Za-z0-9_]+", d).group(0)
+                   for d in tomllib.load(f)["project"]["dependencies"]]
     links = tmp_path / "site"
     links.mkdir()
-    for module in (psutil, cloudpickle, msgpack):
+    for module in map(importlib.import_module, runtime):       # each is its own module name
         package = Path(module.__file__).resolve().parent
         (links / package.name).symlink_to(package, target_is_directory=True)
     ws = tmp_path / "ws"

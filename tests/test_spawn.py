@@ -64,7 +64,8 @@ def test_the_start_method_comes_from_the_argument_then_the_environment(monkeypat
 
 def test_confine_settings_are_checked():
     assert Limits(confine="best-effort").confine == "best-effort"
-    assert Limits(confine=1).confine is True
+    with pytest.raises(ValueError, match="best-effort"):
+        Limits(confine=1)                         # exactly True, False or "best-effort"
     with pytest.raises(ValueError, match="best-effort"):
         Limits(confine="maybe")
     with pytest.raises(ValueError, match="best-effort"):
