@@ -3,6 +3,22 @@
 A confined worker of a root host drops to an unprivileged uid (worker/confine/
 privileges.py).  Before it starts, the host makes the confinement root and a
 private temp dir that uid's: the worker never names a path the host acts on.
+
+Managing workers of another uid takes some of root's capabilities; a root host that
+lacks one (a container that dropped it) refuses confined calls (503) naming it, before
+anything runs, instead of starting a worker it could not stop or clean up after:
+
+    CAP_KILL          the zygote (started by the host, holding its capabilities) signals
+                      and kills them: without it a call past its timeout runs on
+    CAP_CHOWN         their root and temp dir are given to their uid: else they cannot
+                      enter them
+    CAP_FOWNER        the mode of a root given to their uid is set (0700): else no worker
+                      starts
+    CAP_DAC_OVERRIDE  what they leave in their temp dirs (0700, their uid's) is removed:
+                      else it stays behind
+    CAP_SETUID, CAP_SETGID, CAP_SETPCAP   each worker takes its uid and empties its
+                      bounding set: the "privileges" protection (confine="best-effort"
+                      runs without it, as it runs without any protection missing)
 """
 from __future__ import annotations
 
@@ -19,19 +35,66 @@ from typing import Iterable, Optional
 
 from ... import protocol as P
 from ...core import policy
-from ...core.outcomes import Refused
-from ...core.policy import DEFAULT_RUN_AS, may_hand_over, run_as_ids
+from ...core.outcomes import Refused, Unavailable
+from ...core.policy import BEST_EFFORT, DEFAULT_RUN_AS, may_hand_over, run_as_ids
 from ...core.policy import path_within as _within
+from ...system import capabilities
+
+#: What a root host does with each capability it needs for workers of another uid.
+MANAGING = {"KILL": "to signal and kill them (a call past its timeout would run on)",
+            "CHOWN": "to give them their root and temp dir (they could not enter them)",
+            "FOWNER": "to set the mode of a root it gave them (no worker would start)",
+            "DAC_OVERRIDE": "to remove what they leave in their temp dirs (it would stay "
+                            "behind)"}
+#: The ones a worker needs to take its uid and drop the rest (the "privileges" protection).
+DROPPING = ("SETUID", "SETGID", "SETPCAP")
+
+
+def check_capabilities(library: str, tool: str, uid: int, best_effort: bool,
+                       mask: Optional[int] = None) -> None:
+    """Before a confined worker of uid ``uid`` starts on a root host: 503 naming each
+    capability the host lacks to manage it (MANAGING) or to let it drop to that uid
+    (DROPPING: not with confine="best-effort").  ``mask``: the effective set (default:
+    this process's, read once)."""
+    if os.geteuid() != 0 or not sys.platform.startswith("linux"):
+        return
+    held = capabilities.own_effective() if mask is None else mask
+    managing = capabilities.missing(tuple(MANAGING), held)
+    dropping = [] if best_effort else capabilities.missing(DROPPING, held)
+    if not managing and not dropping:
+        return
+    said = []
+    if dropping:
+        said.append(f"its confinement is not all in force (privileges: unavailable: this "
+                    f"root host lacks {_caps(dropping)}, which its workers need to take uid "
+                    f"{uid} and drop every capability). With confine=\"best-effort\" it runs "
+                    f"with what there is.")
+    if managing:
+        what = "; ".join(f"CAP_{name} {MANAGING[name]}" for name in managing)
+        said.append(f"this root host lacks what it needs to manage workers that run as uid "
+                    f"{uid}: {what}. Nothing was run.")
+    fix = " ".join(f"--cap-add {name}" for name in dropping + managing)
+    said.append(f"Add {_caps(dropping + managing)} to the container (docker run {fix}; "
+                f"Kubernetes: securityContext.capabilities.add), or run the host as a "
+                f"non-root user: its workers then keep its uid and need none of them.")
+    raise Unavailable.not_run(library, tool, " ".join(said), "host_capabilities")
+
+
+def _caps(names: list[str]) -> str:
+    return ", ".join(f"CAP_{name}" for name in names)
 
 
 def hand_over_root(init: P.Init, run_as: tuple[int, int], library: str, tool: str,
                    private: bool = False, nproc: Optional[int] = None) -> P.Init:
     """Before a confined worker starts: its root becomes ``run_as``'s (``private``: mode
     0700, a uid of the tenant's own, whose processes ``nproc`` caps); returns the INIT that
-    says so.  A root that must not be handed over refuses the call (403); OSError when
+    says so.  A root host without the capabilities that takes refuses the call (503:
+    check_capabilities()), a root that must not be handed over too (403); OSError when
     handing over fails."""
     confine = init.confine or {}
     root = confine["root"]
+    check_capabilities(library, tool, run_as[0],
+                       (init.limits or {}).get("confine") == BEST_EFFORT)
     if not policy.may_hand_over(os.path.realpath(root)):
         # A confined tool could rewrite code that later runs unconfined (the zygote).
         raise Refused.not_run(library, tool, f"its confinement root {root!r} is or holds a system "
