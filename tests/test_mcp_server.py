@@ -290,6 +290,80 @@ def test_a_non_loopback_bind_without_a_token_is_refused(tmp_path):
     assert "LCP_SANDBOX_MCP_TOKEN" in p.stderr and not os.listdir(tmp_path)
 
 
+# ---------------------------------------------------------------- --config, checked at the start
+def _start(tmp_path: Path, config, *args: str) -> tuple:
+    """Start serve-mcp on FRONT_LIBS with ``config`` as --config: (its exit status, or None
+    if it served (then stopped), what it wrote on stderr)."""
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    proc = subprocess.Popen([*SERVE, str(FRONT_LIBS), "--workspace-root", str(tmp_path / "sessions"),
+                             "--config", str(tmp_path / "config.json"), *args],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, env=NO_TOKEN_ENV)
+    lines: list = []
+    ready: queue.Queue = queue.Queue()
+    threading.Thread(target=_pump, args=(proc.stderr, lines, ready), daemon=True).start()
+    served = ready.get(timeout=60) is not None
+    if served:
+        stop_server(proc)
+    else:
+        proc.wait(60)
+    return None if served else proc.returncode, "".join(lines)
+
+
+HTTP = ("--transport", "http", "--port", "0")
+
+
+@pytest.mark.parametrize("config, args, said", [
+    ({"faulty": {"Sandbox": {"network": False}}}, HTTP,
+     "host_tool_configs['faulty'] has 'Sandbox', which is not 'sandbox'"),
+    ({"faulty": {"sandbox ": {"network": False}}}, HTTP,
+     "host_tool_configs['faulty'] has 'sandbox ', which is not 'sandbox'"),
+    ({"faulty": {"sandbox": []}}, HTTP,
+     "host_tool_configs['faulty']['sandbox'] must be a dict of sandbox settings, not []"),
+    ({"faulty": {"sandbox": False}}, HTTP,
+     "host_tool_configs['faulty']['sandbox'] must be a dict of sandbox settings, not False"),
+    ({"faulty": {"sandbox": {"netwrok": False}}}, HTTP,
+     "'netwrok' is no sandbox setting (did you mean 'network'?)"),
+    ({"faulty": {"sandbox": {"timeout_s": "5"}}}, HTTP, "'timeout_s' must be a number"),
+    ({"faulty": {"sandbox": {"run_as": [True, True]}}}, HTTP, "run_as"),
+    ({"faulty": {"sandbox": {"disk_mb": 8}}}, (*HTTP, "--no-confine"),
+     "'disk_mb' is 8: it caps a confined worker's root (confine=True)"),
+    ({"fauty": {"sandbox": {"network": False}}}, HTTP,
+     "host_tool_configs['fauty'] names no library of this binding (did you mean 'faulty'?)"),
+    ({"weather": {"sandbox": {"network": False}}}, HTTP,
+     "host_tool_configs['weather'] has \"sandbox\" settings but names no library of the "
+     "served folders: they would protect nothing; the libraries: changing, faulty, interact"),
+    ({"faulty.py": {"sandbox": {"network": False}}}, HTTP,
+     "host_tool_configs['faulty.py'] names no library of this binding (did you mean 'faulty'?)"),
+    ({"host_tool_config": {"faulty": {"sandbox": {"network": False}}}}, HTTP,
+     "has 'host_tool_config', which is not 'host_tool_configs'"),
+    ({"host_tool_configs": {"faulty": {"sandbox": {"network": False}}}, "netwrok": False}, HTTP,
+     "has 'netwrok' beside 'host_tool_configs'"),
+    ({"faulty": {"sandbox": {"netwrok": False}}}, (), "'netwrok' is no sandbox setting"),
+], ids=["Sandbox", "sandbox-space", "sandbox-list", "sandbox-false", "netwrok", "timeout-str",
+        "run_as-bools", "disk-unconfined", "library-slip", "no-library", "library-file", "wrapper-slip",
+        "beside-wrapper", "stdio"])
+def test_a_wrong_config_stops_the_server_before_it_serves(tmp_path, config, args, said):
+    """A --config mistake is the command's: exit status 2 with one line naming it, before
+    the server listens or makes anything (over stdio too), not a 500 at the first call."""
+    status, err = _start(tmp_path, config, *args)
+    assert status == 2, err
+    assert err.startswith(f"lcp-sandbox serve-mcp: --config {str(tmp_path / 'config.json')!r}: "), err
+    assert said in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "sessions").exists()
+
+
+def test_a_config_entry_of_no_library_without_sandbox_is_a_warning_at_the_start(tmp_path):
+    """An entry with no "sandbox" holds the library's own settings, no protection: logged
+    once, before the ready line, and the server serves."""
+    status, err = _start(tmp_path, {"faulty": {"sandbox": {"timeout_s": 5}}, "fauty": {"x": 1}},
+                         *HTTP)
+    assert status is None, err
+    warning = err.index("host_tool_configs['fauty'] names no library of this binding "
+                        "(did you mean 'faulty'?)")
+    assert warning < err.index("serving http"), err
+
+
 # ---------------------------------------------------------------- elicitation
 def answering(*answers):
     """An elicitation callback giving these answers in turn; it records what it was asked."""

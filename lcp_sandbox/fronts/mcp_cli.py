@@ -6,13 +6,17 @@ Parsing and checks only; the ``mcp`` SDK is imported when the command runs, so
 from __future__ import annotations
 
 import argparse
-import json
+import logging
 import os
 import sys
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from ..core.egress_rules import policy_of
+from ..core.limits import Limits, check_together
 from ..core.policy import DEFAULT_UID_RANGE, uid_range_setting
+from .mcp_config import ConfigError, check_configs, read_configs
+
+log = logging.getLogger("lcp_sandbox.mcp")
 
 TOKEN_ENV = "LCP_SANDBOX_MCP_TOKEN"
 
@@ -51,7 +55,8 @@ def add_parser(sub: Any, parents: list) -> None:
                         "ends (default: %d %d)" % DEFAULT_UID_RANGE)
     p.add_argument("--config", metavar="FILE",
                    help="JSON file with the host_tool_configs "
-                        "({\"host_tool_configs\": {...}} or the dict itself)")
+                        "({\"host_tool_configs\": {...}} or the dict itself), checked when "
+                        "the server starts: a mistake in it is exit status 2")
     confine = p.add_mutually_exclusive_group()
     confine.add_argument("--confine", dest="confine", action="store_const", const=True,
                          default=None, help="confine the workers (see the docs' security page); "
@@ -148,18 +153,26 @@ def _configs(path: Optional[str]) -> dict:
     if not path:
         return {}
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except OSError as exc:
-        raise _usage(f"--config {path!r}: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise _usage(f"--config {path!r} is not valid JSON: {exc}") from None
-    if isinstance(data, dict) and isinstance(data.get("host_tool_configs"), dict):
-        data = data["host_tool_configs"]
-    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
-        raise _usage(f"--config {path!r} must hold a JSON object of library names to objects "
-                     f"(host_tool_configs)")
-    return data
+        return read_configs(path)
+    except ConfigError as exc:
+        raise _usage(f"--config {path!r}: {exc}") from None
+
+
+def _check_configs(args: argparse.Namespace, configs: dict, folders: list[str],
+                   confine: Union[bool, str], network: Union[bool, dict]) -> None:
+    """--config checked as every session's binding would check it, over the sessions' own
+    settings (mcp_config.py): before anything is served; its warnings logged once."""
+    try:
+        base = check_together(Limits(timeout_s=args.timeout or None, memory_mb=args.memory_mb,
+                                     confine=confine, network=network))
+    except (TypeError, ValueError) as exc:
+        raise _usage(str(exc)) from None
+    try:
+        warnings = check_configs(configs, folders, base)
+    except ConfigError as exc:
+        raise _usage(f"--config {args.config!r}: {exc}") from None
+    for warning in warnings:
+        log.warning("--config %r: %s", args.config, warning)
 
 
 def _token(path: Optional[str]) -> Optional[str]:
@@ -231,10 +244,13 @@ def _serve(args: argparse.Namespace) -> int:
                      f"reach it could run the tools. Give --token-file FILE (or set {TOKEN_ENV}), "
                      f"or bind to 127.0.0.1.")
     confine = (args.transport == "http") if args.confine is None else args.confine
+    network = _network(args, confine)
+    folders = [os.path.realpath(f) for f in args.folders]
+    _check_configs(args, configs, folders, confine, network)
     options = mcp_server.ServeOptions(
-        folders=[os.path.realpath(f) for f in args.folders], host_tool_configs=configs,
+        folders=folders, host_tool_configs=configs,
         workspace=args.workspace, workspace_root=os.path.realpath(args.workspace_root),
-        confine=confine, network=_network(args, confine),
+        confine=confine, network=network,
         timeout_s=args.timeout or None, memory_mb=args.memory_mb,
         auto_confirm=args.auto_confirm, max_sessions=args.max_sessions,
         max_sessions_per_client=args.max_sessions_per_client,
