@@ -244,3 +244,12 @@ def test_every_failure_the_package_defines_is_in_the_tree_of_outcomes():
                 defined.add((node.name, str(rel)))
     missing = sorted(f"{name} ({rel})" for name, rel in defined if name not in drawn)
     assert not missing, f"draw these in core/outcomes.py's tree of failures: {missing}"
+
+
+def test_the_module_table_of_internals_is_what_the_docstrings_say():
+    """docs/internals.md's module table is made from the modules' docstrings
+    (tests/module_map.py): a module added, moved or removed fails here until it is remade."""
+    import module_map
+    table = module_map.page_table(module_map.PAGE.read_text(encoding="utf-8"))
+    assert table is not None, f"docs/internals.md has lost its markers ({module_map.BEGIN})"
+    assert table == module_map.render(), f"run `{module_map.COMMAND}` and commit docs/internals.md"

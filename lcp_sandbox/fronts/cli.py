@@ -1,4 +1,4 @@
-"""Command line of lcp_sandbox.
+"""The `lcp-sandbox` command line: its commands, and the three it runs itself.
 
   lcp-sandbox tools FOLDER...          the discovered tool specs, as JSON
   lcp-sandbox call FOLDER TOOL ...     run one tool call, print its result as JSON
