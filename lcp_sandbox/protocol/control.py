@@ -4,6 +4,8 @@
       FORK(req, flags) + [sock, log] ► hand them to a spare worker (FORK_PIDNS: one
       ◄── FORKED(req, pid)             that is pid 1 of a PID namespace of its own)
       KILL(pid) / SIGNAL(pid, sig) ──► kill a worker's tree / signal it
+      ◄── KILL_FAILED(pid, errno)      a kill of that tree was refused (EPERM: the
+                                       zygote lacks CAP_KILL over the worker's uid)
       ◄── EXITED(pid, status)          a worker was reaped
       ◄── READY(zygote pid)            once, when it can fork
       TEMPLATE(req) + [conn] fd ──────► fork a template (worker/template.py) on that
@@ -20,6 +22,7 @@ from __future__ import annotations
 import struct
 
 FORK, KILL, SIGNAL, FORKED, EXITED, READY, TEMPLATE, TFORK = 1, 2, 3, 4, 5, 6, 7, 8
+KILL_FAILED = 9
 FORK_PIDNS = 1                       # FORK's flags: a worker in its own PID namespace
 RECORD = struct.Struct("!Bqqq")      # kind, then up to three integers
 MAX_RECORD = 64

@@ -17,6 +17,7 @@ them, reports how they ended, and kills process trees.
       TFORK(req, tpid) + [sock, log] ►  hand them to that template's spare (registered
       ◄── FORKED(req, pid, 1)           with its kernel-given pid); a plain one if none
       KILL(pid) ─────────────────────►  kill the worker's tree
+      ◄── KILL_FAILED(pid, errno)       a kill of it was refused (it lives on)
       ◄── EXITED(pid, status)           SIGCHLD: reap; kill orphans left behind
       EOF (host gone or closing) ────►  kill every worker, exit
 
@@ -33,6 +34,7 @@ killed when their worker is gone.
 from __future__ import annotations
 
 import collections
+import errno
 import gc
 import os
 import select
@@ -40,6 +42,7 @@ import signal
 import socket
 import struct
 import time
+from typing import Callable
 
 from ..protocol.control import (
     EXITED,
@@ -47,6 +50,7 @@ from ..protocol.control import (
     FORK_PIDNS,
     FORKED,
     KILL,
+    KILL_FAILED,
     MAX_RECORD,
     READY,
     SIGNAL,
@@ -65,30 +69,40 @@ REFILL_DELAY_S = 0.005      # how long after a hand-out replacements are forked
 ZYGOTE_REHEARSALS = 10      # dry runs of a worker's first session in the zygote itself
 
 
-def _kill_tree(pid: int, keep: frozenset = frozenset()) -> None:
+def _kill_tree(pid: int, keep: frozenset = frozenset()) -> int:
     """Kill ``pid``'s process group and descendants, except the registered workers in
     ``keep``: a dead template's group may still hold a spare just handed out as a
-    worker (it leaves the group when it gets its descriptors)."""
+    worker (it leaves the group when it gets its descriptors).  Returns the errno of the
+    first kill refused (EPERM: no CAP_KILL over their uid), 0 when none was (a process
+    already gone is no refusal)."""
+    refused = 0
     kids = process_tree(pid)[1:]             # taken first: killing re-parents them
     if not keep:
-        try:
-            os.killpg(pid, signal.SIGKILL)   # the worker leads its own process group
-        except OSError:
-            pass
+        # the worker leads its own process group
+        refused = _sigkill(os.killpg, pid)
     else:
         for k in children(os.getpid()):
             try:
-                if k not in keep and os.getpgid(k) == pid:
-                    os.kill(k, signal.SIGKILL)
+                in_group = k not in keep and os.getpgid(k) == pid
             except OSError:
-                pass
+                continue
+            if in_group:
+                refused = refused or _sigkill(os.kill, k)
     for k in kids:
-        if k in keep:
-            continue
-        try:
-            os.kill(k, signal.SIGKILL)
-        except OSError:
-            pass
+        if k not in keep:
+            refused = refused or _sigkill(os.kill, k)
+    return refused
+
+
+def _sigkill(send: Callable[[int, int], None], target: int) -> int:
+    """SIGKILL by ``send`` (os.kill or os.killpg): 0, or the errno it was refused with."""
+    try:
+        send(target, signal.SIGKILL)
+    except ProcessLookupError:
+        return 0
+    except OSError as exc:
+        return exc.errno or errno.EPERM
+    return 0
 
 
 def _kill_orphans(workers: set) -> None:
@@ -263,9 +277,12 @@ class Zygote:
         tpl.ask()
 
     def kill(self, pid: int) -> None:
-        """KILL: a worker's tree; never a pid we already reaped."""
+        """KILL: a worker's tree; never a pid we already reaped.  A kill refused is told
+        (KILL_FAILED): the host must not count the worker as stopped."""
         if pid in self.workers:
-            _kill_tree(pid)
+            refused = _kill_tree(pid)
+            if refused:
+                self.tell(pack(KILL_FAILED, pid, refused))
 
     def signal(self, pid: int, sig: int) -> None:
         """SIGNAL: one live worker (never a pid we already reaped)."""

@@ -26,7 +26,6 @@ templates, the watchdog, the crash policy and the counters, and calls ``_event``
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 from typing import Any, NoReturn, Optional
 
@@ -45,6 +44,7 @@ from ...protocol import Outcome, invalid_answer, is_error, rebuild_error
 from ..base import Lent, WorkerSpec
 from ..metrics import Metrics
 from . import cgroups
+from .handover import remove_tmpdir
 from .pool import Pool
 from .process import DeadlinePassed, KillReason, NeverReceived, WorkerGone, WorkerProcess
 from .slot import CrashPolicy, Slot
@@ -83,7 +83,7 @@ class CallEnds:
             self.pool.release(slot.tenant)
             self.templates.released(slot.template)
             if proc.tmpdir:
-                shutil.rmtree(proc.tmpdir, ignore_errors=True)
+                remove_tmpdir(proc.tmpdir, f"worker {proc.known_pid} of {slot.library.name}")
 
     def _retire(self, slot: Slot, proc: WorkerProcess, kind: str, why: str) -> None:
         """Stop an idle worker on purpose (eviction, idle timeout, host request)."""
@@ -152,8 +152,11 @@ class CallEnds:
         if isinstance(exc, P.ProtocolViolation):
             self._violation(slot, proc, tool, str(exc))
         if isinstance(exc, DeadlinePassed):
-            self._bury(slot, proc, served_a_call=True)
+            how = self._bury(slot, proc, served_a_call=True)
             self._event("timeout", slot, pid=proc.pid, tool=tool, stage="hard", seconds=timeout)
+            if proc.kill_reason is not None and proc.kill_reason.cause == "kill refused":
+                raise WorkerDied(name, tool, f"ran past its {timeout or 0.0:g} s timeout and "
+                                 f"{how}") from None
             raise TimedOut(name, tool, timeout or 0.0, killed=True) from None
         if isinstance(exc, NotConfined):
             proc.kill(KillReason("stopped: its confinement is not all in force", counts=False,

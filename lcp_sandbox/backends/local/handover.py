@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import logging
 import os
 import re
 import select
+import shutil
 import stat
 import sys
 import tempfile
@@ -172,6 +174,28 @@ def open_siblings(root: str) -> list[str]:
         return []
     shown = sorted(found)[:_SIBLINGS_SHOWN]
     return shown + ([f"{len(found) - len(shown)} more"] if len(found) > len(shown) else [])
+
+
+log = logging.getLogger("lcp_sandbox")
+
+
+def remove_tmpdir(path: str, whose: str) -> None:
+    """Remove a temp dir the host made for ``whose`` (a worker, a template) with all it
+    holds; what cannot be removed is logged as a warning, with how much is left and why
+    (a root host without CAP_DAC_OVERRIDE cannot enter what its workers' uid owns)."""
+    failed: list[str] = []
+
+    def note(function: object, where: str, exc: BaseException) -> None:
+        if not isinstance(exc, FileNotFoundError):
+            failed.append(f"{where}: {getattr(exc, 'strerror', None) or exc}")
+
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(path, onexc=note)
+    else:
+        shutil.rmtree(path, onerror=lambda function, where, info: note(function, where, info[1]))
+    if failed:
+        log.warning("the temp dir %s of %s is left behind, not all removed (%s%s)", path, whose,
+                    "; ".join(failed[:3]), f"; {len(failed) - 3} more" if len(failed) > 3 else "")
 
 
 def private_tmpdir(run_as: Optional[tuple[int, int]] = None, parent: Optional[str] = None) -> str:

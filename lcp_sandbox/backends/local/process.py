@@ -43,7 +43,7 @@ import os
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, Optional, Protocol, Union
 
 from ... import protocol as P
 from ...core.limits import Limits
@@ -51,6 +51,7 @@ from ...core.policy import PROTECTIONS
 from ...protocol import TIMED_OUT
 from ...system.proc import describe_exit
 from ..base import Lent
+from . import pid_guard
 from .output import OutputPump
 from .spin import SpinPolicy, calls_in_flight
 from .zygote import Zygote
@@ -75,6 +76,7 @@ class Parent(Protocol):
     alive: bool
 
     def kill(self, pid: int) -> None: ...
+    def kill_refused(self, pid: int) -> Optional[str]: ...
     def signal(self, pid: int, sig: int) -> None: ...
     def reaped(self, pid: int) -> bool: ...
     def wait_exit(self, pid: int, timeout: float) -> Optional[int]: ...
@@ -96,7 +98,7 @@ class DeadlinePassed(Exception):
 class WorkerProcess:
     __slots__ = ("forked", "zygote", "conn", "started", "tmpdir", "calls", "exit_status",
                  "kill_reason", "ready", "report", "on_ready", "interrupted", "_caps", "_caps_mb",
-                 "_pid", "start_kind")
+                 "_pid", "start_kind", "guard")
 
     def __init__(self, forked: Future[int], zygote: Parent, conn: P.Connection,
                  tmpdir: Optional[str] = None, start_kind: str = "fresh") -> None:
@@ -117,6 +119,8 @@ class WorkerProcess:
         self._caps: dict[int, int] = {}        # frame caps during a call, for ...
         self._caps_mb: Optional[float] = None  # ... this max_result_mb
         self._pid: Optional[int] = None        # the pid, once the zygote said it
+        # the host's guard of its processes (pid_guard.py): True until its first byte came
+        self.guard: Union[pid_guard.Watch, str, bool, None] = None
 
     @classmethod
     def start(cls, zygote: Zygote, init: P.Init, pump: OutputPump, library: str,
@@ -142,6 +146,10 @@ class WorkerProcess:
             else:
                 pump.add(log_r, library, log_bytes_per_s)
                 return cls(forked, zygote, conn, init.tmpdir, "forked ahead")
+        # a fresh confined worker may need the host's guard of its processes (pid_guard.py)
+        guarded = init.confine is not None and not template
+        if guarded:
+            init = init._replace(confine={**(init.confine or {}), "pid_guard": True})
         host_sock, worker_sock = P.pair()
         log_r, log_w = os.pipe()
         conn = P.Connection(host_sock)
@@ -160,7 +168,9 @@ class WorkerProcess:
             worker_sock.close()
             os.close(log_w)
         pump.add(log_r, library, log_bytes_per_s)
-        return cls(forked, zygote, conn, init.tmpdir, "template" if template else "fresh")
+        proc = cls(forked, zygote, conn, init.tmpdir, "template" if template else "fresh")
+        proc.guard = guarded
+        return proc
 
     @property
     def pid(self) -> int:
@@ -214,12 +224,19 @@ class WorkerProcess:
         """It is gone or going: close the connection, wait for the zygote's word
         (kill it if it lingers) and say how it ended."""
         self.conn.close()
+        pid_guard.release(self.guard)
         status = self.exit_status
         if status is None and self.zygote.alive:     # (a dead zygote's workers died with it)
             status = self.zygote.wait_exit(self.pid, 5.0)
             if status is None:                       # still there? make sure.
                 self.zygote.kill(self.pid)
                 status = self.zygote.wait_exit(self.pid, 5.0)
+            refused = self.zygote.kill_refused(self.pid) if status is None else None
+            if refused:
+                # never reported as killed: it may still run
+                self.kill_reason = KillReason(f"could not be killed ({refused}): it may still "
+                                              f"be running", counts=False, cause="kill refused")
+                return self.kill_reason.why
         return describe_exit(status)
 
     # ------------------------------------------------------------ a call
@@ -244,6 +261,8 @@ class WorkerProcess:
             self._set_caps(limits.max_result_mb)
         if not self.ready:
             spin = None                           # (its first call starts it: nothing to learn)
+            if self.guard is True:                # its first byte: the guard's listener
+                self.guard = pid_guard.receive(conn.sock, deadline, self.pid)
         objects.conn = conn
         token = id(self)                          # (one call at a time per worker)
         calls = calls_in_flight.enter(token)
@@ -334,7 +353,7 @@ class WorkerProcess:
         self.ready = True
         if self.interrupted and not soft_sent:   # interrupt() came before READY
             self.zygote.signal(self.pid, P.SOFT_TIMEOUT_SIGNAL)
-        self.report = ready.report
+        self.report = pid_guard.vouched(ready.report, self.guard)
         self.on_ready(self)
 
     def _answer(self, request: P.Request, objects: Lent, deadline: Optional[float],

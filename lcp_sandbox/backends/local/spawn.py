@@ -57,26 +57,35 @@ _POSIX = os.name == "posix"
 CONTROL_SIZE = 4            # worker/spawned.py's CONTROL record: the call's number, little-endian
 
 
-def kill_tree(pid: int) -> None:
-    """Kill ``pid``, its descendants and (POSIX) its process group."""
+def kill_tree(pid: int) -> Optional[str]:
+    """Kill ``pid``, its descendants and (POSIX) its process group; why a kill was
+    refused (EPERM: no CAP_KILL over their uid), None when none was."""
     try:
         kids = psutil.Process(pid).children(recursive=True)
     except psutil.Error:
         kids = []
+    refused: Optional[str] = None
     if _POSIX:
         try:
             os.killpg(pid, signal.SIGKILL)         # it leads its own group
-        except OSError:
+        except ProcessLookupError:
             pass
+        except OSError as exc:
+            refused = exc.strerror
     for proc in kids:
         try:
             proc.kill()
+        except psutil.AccessDenied:
+            refused = refused or "Operation not permitted"
         except psutil.Error:
             pass
     try:
         os.kill(pid, signal.SIGKILL if _POSIX else signal.SIGTERM)
-    except OSError:
+    except ProcessLookupError:
         pass
+    except OSError as exc:
+        refused = refused or exc.strerror
+    return refused
 
 
 class Child:
@@ -86,6 +95,7 @@ class Child:
         host_sock, its_sock = P.portable_pair()
         self.confined = confined
         self.alive = True
+        self.refused: Optional[str] = None       # kill(): why the last one was refused
         self.proc: Optional[WorkerProcess] = None     # the worker it became
         self.stream = Stream("spare", 64 * 1024)     # its output until it is handed out
         self.status: Optional[int] = None
@@ -136,8 +146,12 @@ class Child:
             if self.status is None:
                 if self.job is not None:
                     self.job.kill()
-                kill_tree(self.pid)
+                self.refused = kill_tree(self.pid)
         self._close_control()
+
+    def kill_refused(self, pid: int = 0) -> Optional[str]:
+        """Why its last kill was refused (None: it was not, or it ended since)."""
+        return None if self._ended.is_set() else self.refused
 
     def reaped(self, pid: int = 0) -> bool:
         return self._ended.is_set()

@@ -17,7 +17,6 @@ the Supervisor's ``_zygote``, ``_pump``, ``_lock``, ``_closed``, ``_watchdog``,
 """
 from __future__ import annotations
 
-import shutil
 import threading
 import time
 from typing import Optional, Union
@@ -25,7 +24,7 @@ from typing import Optional, Union
 from ... import protocol as P
 from ...core.outcomes import Unavailable
 from ..envs import Environments
-from .handover import private_tmpdir
+from .handover import private_tmpdir, remove_tmpdir
 from .output import OutputPump
 from .process import WorkerProcess
 from .slot import Slot
@@ -110,7 +109,7 @@ class Starts:
                 return zyg.start(slot, init, deadline, tool)
             except BaseException:
                 if init.tmpdir:
-                    shutil.rmtree(init.tmpdir, ignore_errors=True)
+                    remove_tmpdir(init.tmpdir, f"a worker of {slot.library.name}")
                 raise
         assert pump is not None
         return self.templates.start(zyg, slot, init, pump, deadline)

@@ -34,7 +34,6 @@ at import (confined.py).  See worker/template.py for the template process.
 from __future__ import annotations
 
 import os
-import shutil
 import threading
 import time
 from concurrent.futures import Future
@@ -44,7 +43,7 @@ from ... import protocol as P
 from ...core.limits import Limits
 from ...system.proc import tree_memory
 from . import confined
-from .handover import private_tmpdir
+from .handover import private_tmpdir, remove_tmpdir
 from .output import OutputPump
 from .process import WorkerProcess
 from .slot import Slot
@@ -148,7 +147,8 @@ class Templates:
             proc = WorkerProcess.start(zygote, init, pump, slot.library.name,
                                        slot.limits.log_bytes_per_s)
         except BaseException:
-            shutil.rmtree(init.tmpdir or "", ignore_errors=True)
+            if init.tmpdir:
+                remove_tmpdir(init.tmpdir, f"a worker of {slot.library.name}")
             raise
         return self._attach(slot, proc, f"fresh ({why})", None)
 
@@ -214,7 +214,7 @@ class Templates:
                                        slot.limits.log_bytes_per_s, template=tpl.pid)
         except BaseException:
             if init.tmpdir:
-                shutil.rmtree(init.tmpdir, ignore_errors=True)
+                remove_tmpdir(init.tmpdir, f"a worker of {slot.library.name}")
             self.released(tpl)
             raise
         self._attach(slot, proc, start, tpl)
@@ -324,7 +324,7 @@ class Templates:
         """Remove a confined template's temp-dir parent (no worker of it lives)."""
         parent, tpl.tmp_parent = tpl.tmp_parent, None
         if parent:
-            shutil.rmtree(parent, ignore_errors=True)
+            remove_tmpdir(parent, f"the template of {tpl.library}")
 
     def _unlisted(self, tpls: list[_Template]) -> list[_Template]:
         """(Holding the lock) ``tpls`` are off the list: those whose temp-dir parent can

@@ -8,6 +8,7 @@ kill and signal workers, learn how they ended.
     template(conn) ── TEMPLATE + fd ────► ◄── FORKED(template pid)
     kill / signal(pid) ── KILL / SIGNAL ─►
     reader thread ◄── EXITED(pid, status) ── wait_exit(), on_exit(pid, status)
+                  ◄── KILL_FAILED(pid, errno) ── kill_refused(pid); wait_exit() gives up
 
     take() ── a worker forked ahead (FORK sent when nobody waited, then PRIME: the
               host's environment and sys.path, set while nobody waits): it holds its
@@ -23,6 +24,7 @@ Records are protocol/control.py's.
 """
 from __future__ import annotations
 
+import logging
 import os
 import select
 import socket
@@ -36,13 +38,15 @@ from typing import Callable, Optional
 
 from ...core.policy import host_environment
 from ...protocol import control
-from ...protocol.control import EXITED, FORKED, READY, pack, unpack
+from ...protocol.control import EXITED, FORKED, KILL_FAILED, READY, pack, unpack
 from ...protocol.framing import Connection, pair
 from ...protocol.messages import PRIME, Prime
 from ..boot import boot_argv, boot_environment
 
 RESERVED = 1                # workers forked ahead, waiting for their INIT
 RESERVE_DELAY_S = 0.005     # after a take(): its replacement does not compete with the new worker
+
+log = logging.getLogger("lcp_sandbox")
 
 _ENTRY = "from lcp_sandbox.worker.zygote import main; main(int(sys.argv[1]))"   # (boot.py)
 
@@ -81,6 +85,8 @@ class Zygote:
         self._cond = threading.Condition()
         self._pending: dict[int, Forked] = {}
         self._exits: dict[int, int] = {}
+        # KILL_FAILED: the errno each worker's last kill was refused with
+        self._refused: dict[int, int] = {}
         self._next = 0
         self._on_exit = on_exit
         self.alive = True
@@ -162,11 +168,18 @@ class Zygote:
         elif kind == EXITED:                     # (pid, status)
             with self._cond:
                 self._exits[a] = b
+                self._refused.pop(a, None)
                 if len(self._exits) > 10000:
                     self._exits.pop(next(iter(self._exits)))
                 self._cond.notify_all()
             if self._on_exit:
                 self._on_exit(a, b)
+        elif kind == KILL_FAILED:                # (pid, errno)
+            with self._cond:
+                self._refused[a] = b
+                self._cond.notify_all()
+            log.warning("the zygote could not kill worker %d (%s): it lives on", a,
+                        os.strerror(b) if 0 < b < 4096 else f"errno {b}")
 
     def fork(self, sock_fd: int, log_fd: int, template: int = 0, pidns: bool = False) -> Forked:
         """Start a worker serving ``sock_fd``; the future's result is its pid.
@@ -262,8 +275,18 @@ class Zygote:
                 pass
 
     def kill(self, pid: int) -> None:
-        """Kill a worker and its whole process tree (no-op if already reaped)."""
+        """Kill a worker and its whole process tree (no-op if already reaped).  Asynchronous:
+        wait_exit() says it ended, kill_refused() that the kill was refused."""
+        with self._cond:
+            self._refused.pop(pid, None)
         self._send(control.KILL, pid)
+
+    def kill_refused(self, pid: int) -> Optional[str]:
+        """Why the zygote's last kill of ``pid`` was refused (None: it was not)."""
+        code = self._refused.get(pid)
+        if code is None:
+            return None
+        return os.strerror(code) if 0 < code < 4096 else f"errno {code}"
 
     def signal(self, pid: int, sig: int) -> None:
         """Send ``sig`` to a live worker (no-op if already reaped, so never a reused pid)."""
@@ -274,10 +297,15 @@ class Zygote:
         return pid in self._exits
 
     def wait_exit(self, pid: int, timeout: float) -> Optional[int]:
-        """The worker's Popen-style return code once the zygote reaped it."""
+        """The worker's Popen-style return code once the zygote reaped it; None at the
+        timeout, or at once when the zygote said its kill was refused (it lives on)."""
         with self._cond:
-            self._cond.wait_for(lambda: pid in self._exits or not self.alive, timeout)
-            return self._exits.pop(pid, None)
+            self._cond.wait_for(lambda: pid in self._exits or pid in self._refused
+                                or not self.alive, timeout)
+            status = self._exits.pop(pid, None)
+            if status is not None:
+                self._refused.pop(pid, None)
+            return status
 
     def close(self, timeout: float = 5.0) -> None:
         """Kill every worker and stop the zygote."""
