@@ -365,6 +365,10 @@ def session(conn: P.Connection, prepared: Optional[Callable[[], Any]] = None) ->
         kind, payload = conn.recv_frame()
     init = cast(P.Init, P.loads_from_host(kind, payload))
     report = prepare(init)
+    if init.confine and init.confine.get("pid_guard"):
+        # the host's guard of processes: its listener (or word of none) before READY
+        from .confine.guard import hand_over
+        hand_over(conn.sock)
     if prepared is not None:
         prepared()
     if REHEARSED:

@@ -30,6 +30,9 @@ this order (prepare(), below); each step needs what the later ones give up:
                           off and no namespace of its own, this filter is its network
     _by_uid()             where neither its own namespaces nor Landlock hold processes
                           (and files), a uid of its tenant's own does (apart.py), checked
+    _guard()              where none of those holds processes (one uid for all tenants),
+                          the host's guard: a filter whose listener the host holds
+                          (guard.py; handed over after prepare(), before READY)
 
 A confined template (worker/template.py) runs all of it but the limits with the tenants'
 folder as its root (prepare(shared=True)) and keeps its report in SHARED; a worker forked
@@ -49,6 +52,7 @@ starts, and private_tmpdir() makes its temp dir.
     privileges.py   drop_privileges()
     handoff.py      lock(), take(): a uid per tenant from one shared template
     apart.py        processes_by_uid(), files_by_uid(): tenants apart by their uids
+    guard.py        install(), hand_over(): the host's guard of processes
     seccomp.py      restrict_syscalls()  (the list itself: core/syscalls.py)
 
 """
@@ -77,6 +81,7 @@ from .apart import (
 )
 from .caps import cap_tenant_processes, disk_state, join_pids_cgroup
 from .egress import relay_to_proxy, start_relay
+from .guard import install as install_guard
 from .handoff import KEEP, lock, take
 from .landlock import ABI_CAP, DEVICES, SCOPED, add_rules, apply_landlock, enforce, open_ruleset
 from .mounts import make_reachable, own_root
@@ -197,7 +202,8 @@ def _confine(init: P.Init, report: dict, disabled: set, shared: bool) -> None:
     by_uid = _by_uid(conf, report, handing, root if root.startswith("own root") else landlock,
                      tmp)
     report["filesystem"] = _filesystem(root, landlock, by_uid[0])
-    report["processes"] = _processes(own, landlock, by_uid[1], report["unix_sockets"])
+    guarded = _guard(conf, shared, own, landlock, by_uid[1], report["unix_sockets"])
+    report["processes"] = _processes(own, landlock, by_uid[1], report["unix_sockets"], guarded)
     if covered:
         report["filesystem"] += "; " + covered
     report["covered"] = covered
@@ -207,6 +213,24 @@ def _confine(init: P.Init, report: dict, disabled: set, shared: bool) -> None:
             report["privileges"] = f"failed (the key filter for its workers' uids: {why})"
         else:
             report["handoff"] = "on"
+
+
+def _guard(conf: dict, shared: bool, own: str, layer: str, by_uid: str, unix: str) -> str:
+    """(A fresh worker the host offered its guard: ``conf["pid_guard"]``) where nothing
+    else keeps its signals in its own tree (no PID namespace of its own, no Landlock
+    scope, no uid of its tenant's own) and its unix rule holds, install the filter whose
+    listener goes to the host (guard.py); its report, "" when not installed."""
+    if (shared or not conf.get("pid_guard") or own.startswith("own PID namespace:")
+            or _scoped(layer) or by_uid.startswith("on") or not unix.startswith("blocked")
+            or layer.startswith(SWITCHED_OFF)):
+        return ""
+    failed = install_guard(os.uname().machine)
+    if failed:
+        return failed
+    return ("on (the host's guard (seccomp user notification): signals, pidfds, SIGIO "
+            "owners, and the other calls that name a process reach only its own process "
+            "tree, each decided by the host; no PID namespace, Landlock scope nor uid of "
+            "its own)")
 
 
 def _scoped(filesystem: str) -> bool:
@@ -333,13 +357,15 @@ def _filesystem(root: str, landlock: str, by_uid: str = "") -> str:
     return landlock + (f"; {root}" if root else "")
 
 
-def _processes(own: str, filesystem: str, by_uid: str = "", unix: str = "") -> str:
+def _processes(own: str, filesystem: str, by_uid: str = "", unix: str = "",
+               guarded: str = "") -> str:
     """Whether the worker can reach processes outside its own tree: not in a PID namespace
     of its own (``own``: own_root()'s first report, "" without one), not to signal them
     under Landlock ABI 6's scope (read off its layer's report, ``filesystem``), and not by
     its uid's rights (``by_uid``: apart.processes_by_uid(), "" when it is not its tenant's
-    own).  Without the scope, nor the abstract unix sockets of others: the system call
-    filter's unix rule (``unix``, its report) must hold too."""
+    own), nor past the host's guard (``guarded``: _guard()'s report, "" without it).
+    Without the scope, nor the abstract unix sockets of others: the system call filter's
+    unix rule (``unix``, its report) must hold too."""
     scoped = _scoped(filesystem)
     if not scoped and not unix.startswith("blocked"):
         return ("unavailable (abstract unix sockets of the host and of other tenants within "
@@ -353,7 +379,11 @@ def _processes(own: str, filesystem: str, by_uid: str = "", unix: str = "") -> s
                 "call filter)")
     if by_uid.startswith("on"):
         return f"{by_uid[:-1]}{sockets})"
+    if guarded.startswith("on"):
+        return f"{guarded[:-1]}{sockets})"
     why = own or "in no PID namespace of its own"
+    if guarded:
+        why += f"; the host's guard (seccomp user notification): {guarded}"
     if filesystem.startswith(SWITCHED_OFF):
         return f"{SWITCHED_OFF}; {why}"
     if filesystem.startswith("on"):

@@ -388,3 +388,53 @@ def _unix_blocked(network: Network) -> str:
         except PermissionError:
             pass
     return unix
+
+
+# ------------------------------------------------------------ the host's guard (guard.py)
+_SECCOMP_FILTER_FLAG_NEW_LISTENER, _SECCOMP_FILTER_FLAG_TSYNC_ESRCH = 8, 16
+
+
+def rows_for(machine: str, blocks: dict[str, list[Row]]) -> list[Row]:
+    """A filter answering each call of ``blocks`` (name: its rows) by its rows, refusing
+    another architecture and x32, allowing everything else (guard.py: the other filters
+    decide the rest)."""
+    prog: list[Row] = [(_LD, 0, 0, _OFF_ARCH), (_JEQ, 1, 0, _AUDIT_ARCH[machine]),
+                       (_RET, 0, 0, EPERM), (_LD, 0, 0, _OFF_NR)]
+    if machine == "x86_64":
+        prog += [(_JGE, 0, 1, _X32_BIT), (_RET, 0, 0, EPERM)]
+    names = [n for n in blocks if number(n, machine) is not None]
+    sizes = [len(blocks[n]) for n in names]
+    for i, name in enumerate(names):
+        prog.append((_JEQ, len(names) - i + sum(sizes[:i]), 0, number_of(name, machine)))
+    prog.append((_JA, 0, 0, sum(sizes)))
+    for name in names:
+        prog += blocks[name]
+    prog.append((_RET, 0, 0, ALLOW))
+    assert all(0 <= r[1] <= 255 and 0 <= r[2] <= 255 for r in prog) and len(prog) < 4096
+    return prog
+
+
+def install_listener(rows: list[Row], machine: str) -> Union[int, str]:
+    """Install ``rows`` on every thread of this process with a listener for its
+    SECCOMP_RET_USER_NOTIF answers: the listener's descriptor, or why not.  Before Linux
+    5.7 (no TSYNC with a listener) only a process of one thread may install it."""
+    if machine not in _AUDIT_ARCH or sys.byteorder != "little":
+        return f"unavailable (no filter for the {machine} architecture)"
+    prog_rows = (_SockFilter * len(rows))(*(_SockFilter(*r) for r in rows))
+    prog = _SockFprog(len(rows), ctypes.cast(prog_rows, ctypes.POINTER(_SockFilter)))
+    if _prctl(PR_SET_NO_NEW_PRIVS, 1) < 0:
+        return "unavailable (no_new_privs refused)"
+    nr = ctypes.c_long(number_of("seccomp", machine))
+    flags = (_SECCOMP_FILTER_FLAG_NEW_LISTENER | _SECCOMP_FILTER_FLAG_TSYNC
+             | _SECCOMP_FILTER_FLAG_TSYNC_ESRCH)
+    rc = _libc.syscall(nr, ctypes.c_long(_SECCOMP_SET_MODE_FILTER), ctypes.c_long(flags),
+                       ctypes.byref(prog))
+    if rc < 0 and ctypes.get_errno() == errno.EINVAL and len(os.listdir("/proc/self/task")) == 1:
+        rc = _libc.syscall(nr, ctypes.c_long(_SECCOMP_SET_MODE_FILTER),
+                           ctypes.c_long(_SECCOMP_FILTER_FLAG_NEW_LISTENER), ctypes.byref(prog))
+    if rc < 0:
+        err = ctypes.get_errno()
+        why = ("seccomp user notification needs Linux 5.0 (5.7 in a process of several "
+               "threads)" if err == errno.EINVAL else os.strerror(err))
+        return f"unavailable ({why})"
+    return int(rc)
