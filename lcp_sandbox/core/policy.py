@@ -224,7 +224,8 @@ PROVIDERS = {
             "devices (/dev/loop-control) and mkfs.ext4 (e2fsprogs)",
     "network": "network namespaces: CAP_SYS_ADMIN, or unprivileged user namespaces "
                "(kernel.unprivileged_userns_clone=1; on Ubuntu 24.04 also "
-               "kernel.apparmor_restrict_unprivileged_userns=0)",
+               "kernel.apparmor_restrict_unprivileged_userns=0); for a network policy, "
+               "Landlock ABI 4 (Linux 6.7+) instead",
 }
 
 

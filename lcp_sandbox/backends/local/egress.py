@@ -12,10 +12,29 @@
     name, resolve that same string, check every address: 403 naming the rule, or connect to
     an address that was checked and relay both ways until either side ends
 
-The proxy never listens on an address of the host's interfaces: its one listening socket is
-a unix socket in a folder only the host's user may enter, and a worker reaches it only through
-the dialer it opened before its confinement (its system call filter then refuses new unix
-sockets).  The worker is hostile: what it sends on its dialer may be anything (garbage, a file,
+A worker with no network namespace of its own (a default container refuses unshare) is in
+the host's network; it reaches the proxy by port instead (worker/confine/egress.py says why
+this holds):
+
+    worker (the host's network; Landlock: TCP connect    host process
+    to port P only, bind none; no socket of its own)
+    socket.socket() ──── on its dialer: "s" ───────────► makes a TCP socket, binds it to
+                    ◄─── that socket (SCM_RIGHTS) ─────── 127.0.0.1 and keeps it (at most
+                                                          max_per_worker a dialer, oldest let go)
+    connect(127.0.0.1:P) ──TCP────────────────────────► the by-port listener (0.0.0.0:P, opened
+                                                          when a worker first asks "p"): served
+                                                          as the worker that was handed the
+                                                          socket whose peer is this connection's
+                                                          own end; any other connection is
+                                                          closed unread
+
+Without such a worker the proxy listens on no address of the host's interfaces: its one
+listening socket is then a unix socket in a folder only the host's user may enter, and a
+worker reaches it only through the dialer it opened before its confinement (its system call
+filter then refuses new unix sockets).  The by-port listener takes P on every IPv4 address,
+so no other process of the host can listen at P on another address for a worker to reach.
+
+The worker is hostile: what it sends on its dialer may be anything (garbage, a file,
 a pipe, a listening socket, a flood); a received descriptor that is not a connected stream
 socket is closed unread.  Connections at once are capped: MAX_PER_WORKER a worker and
 MAX_PER_TENANT a tenant (429 beyond them), MAX_CONNECTIONS the host (503), each answered at
@@ -41,11 +60,12 @@ import stat
 import tempfile
 import threading
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Coroutine, Optional
 
 from ... import protocol as P
 from ...core.egress_rules import Address, Decision, Policy, canonical_host, policy_of
+from ...worker.confine.egress import A_SOCKET, ASK_PORT, ASK_SOCKET
 from ..metrics import Metrics
 from .egress_conn import HEAD_TIMEOUT_S, Refused, response, serve
 from .slot import Slot
@@ -100,6 +120,10 @@ class EgressProxy:
         self._tasks: set[asyncio.Task[None]] = set()
         self._open: set[_Connection] = set()          # connections being served
         self._pool = _Threads()
+        # The by-port listener (None until a worker without a namespace asks), and the
+        # sockets handed to such workers and not yet connected, by their port
+        self._tcp: Optional[socket.socket] = None
+        self._by_port: dict[int, _Handed] = {}
 
     def give(self, init: P.Init, slot: Slot) -> P.Init:
         """The INIT of ``slot``'s next worker with what it dials the proxy with: the
@@ -163,6 +187,8 @@ class EgressProxy:
             loop.call_soon_threadsafe(loop.stop)
             thread.join(5)
             shutil.rmtree(self._folder, ignore_errors=True)
+        if self._tcp is not None:
+            self._tcp.close()
 
     # ------------------------------------------------------------ dialers
     async def _accept(self, listener: socket.socket) -> None:
@@ -188,17 +214,22 @@ class EgressProxy:
             if ident is None:
                 return
             came: set[_Connection] = set()
+            handed = _Handed(ident, came)
             try:
-                await self._handed(loop, dialer, ident, came)
+                await self._handed(loop, dialer, handed)
             finally:
                 with self._lock:
                     for conn in came:
                         conn.end()
+                    for port in handed.sockets:
+                        self._by_port.pop(port, None)
+                handed.close()
 
     async def _handed(self, loop: asyncio.AbstractEventLoop, dialer: socket.socket,
-                      ident: Identity, came: set[_Connection]) -> None:
-        """Take the sockets a dialer hands over (each into ``came`` while it is served)
-        until it ends."""
+                      handed: _Handed) -> None:
+        """Take the sockets a dialer hands over (each into ``handed.came`` while it is
+        served), and answer what it asks (the by-port listener's port, a socket), until it
+        ends."""
         while True:
             await _readable(loop, dialer)
             try:
@@ -211,7 +242,78 @@ class EgressProxy:
             if not data and not fds:
                 return                                      # the worker ended
             for fd in fds:
-                self._take(ident, fd, came)
+                self._take(handed.ident, fd, handed.came)
+            for asked in data:
+                if asked == ASK_PORT[0]:
+                    self._send_port(loop, dialer)
+                elif asked == ASK_SOCKET[0]:
+                    self._hand(dialer, handed)
+
+    # ------------------------------------------------------------ by port
+    def _send_port(self, loop: asyncio.AbstractEventLoop, dialer: socket.socket) -> None:
+        """Tell a worker without a namespace the by-port listener's port (open it now if
+        none is)."""
+        if self._tcp is None:
+            tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            tcp.bind(("0.0.0.0", 0))
+            tcp.listen(512)
+            tcp.setblocking(False)
+            self._tcp = tcp
+            self._spawn(loop, self._accept_by_port(tcp))
+        try:
+            dialer.send(b"%d\n" % self._tcp.getsockname()[1])
+        except OSError:
+            pass
+
+    def _hand(self, dialer: socket.socket, handed: _Handed) -> None:
+        """A new TCP socket for the worker of ``handed``, bound to 127.0.0.1 (it reaches
+        no address but the host's own), kept here to know its connection by; the oldest
+        kept beyond max_per_worker is let go (a connection from it is then refused)."""
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+            socket.send_fds(dialer, [A_SOCKET], [sock.fileno()], socket.MSG_NOSIGNAL)
+        except OSError:
+            sock.close()
+            try:
+                dialer.send(b"n", socket.MSG_NOSIGNAL)
+            except OSError:
+                pass
+            return
+        with self._lock:
+            handed.sockets[port] = sock
+            self._by_port[port] = handed
+            while len(handed.sockets) > self.max_per_worker:
+                oldest = next(iter(handed.sockets))
+                self._by_port.pop(oldest, None)
+                handed.sockets.pop(oldest).close()
+
+    async def _accept_by_port(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            conn, peer = await loop.sock_accept(listener)
+            self._by_port_connection(conn, peer)
+
+    def _by_port_connection(self, conn: socket.socket, peer: Any) -> None:
+        """A connection on the by-port listener: served as the worker that was handed the
+        socket it comes from (that socket's peer is this connection's own end: no other
+        socket has the same pair of ends); any other is closed unread."""
+        with self._lock:
+            handed = self._by_port.get(peer[1]) if peer[0] == "127.0.0.1" else None
+            sock = handed.sockets.get(peer[1]) if handed is not None else None
+            try:
+                same = sock is not None and (sock.getpeername() == conn.getsockname()
+                                             and sock.getsockname() == conn.getpeername())
+            except OSError:
+                same = False
+            if handed is not None and sock is not None and same:
+                del self._by_port[peer[1]], handed.sockets[peer[1]]
+        if handed is None or sock is None or not same:
+            conn.close()
+            return
+        sock.close()
+        self._take(handed.ident, conn.detach(), handed.came)
 
     def _take(self, ident: Identity, fd: int, came: Optional[set[_Connection]] = None) -> None:
         """A descriptor a worker sent (through the dialer whose connections are ``came``):
@@ -315,6 +417,20 @@ class EgressProxy:
                         " (further refusals of this worker are counted, not logged)"
                         if ident.refused == _LOGGED_PER_WORKER else "")
         raise Refused(403, f"lcp-sandbox network policy: {decision.why}")
+
+
+@dataclass(eq=False)
+class _Handed:
+    """What came through one dialer: its worker's identity, its connections being served,
+    and (by port) the sockets handed to it and not yet connected, by their port."""
+    ident: Identity
+    came: set["_Connection"]
+    sockets: dict[int, socket.socket] = field(default_factory=dict)
+
+    def close(self) -> None:
+        for sock in self.sockets.values():
+            sock.close()
+        self.sockets.clear()
 
 
 @dataclass(eq=False)

@@ -12,17 +12,50 @@ In the worker's own network namespace (loopback only), before it confines itself
                        accepts and hands each accepted socket itself to the proxy
                        (SCM_RIGHTS): no byte of the traffic passes through the worker again
 
+Where it cannot have a namespace of its own (a default container refuses unshare), it is
+in the host's network, and the proxy is reached by port instead (Landlock ABI 4+):
+
+    dial_by_port()     connects the dialer and sends the token as above, then asks the proxy
+                       for its TCP port P (the proxy listens on it for such workers only)
+                       and announces http://127.0.0.1:P; the caller then applies Landlock's
+                       TCP rules (connect to P only, bind nothing, landlock.restrict_tcp())
+                       and the system call filter that refuses every new socket but
+                       NETLINK_ROUTE (no TCP, UDP, raw, packet or unix socket of its own)
+    start_relay()      installs supply(): ``socket.socket`` of the worker's Python asks the
+                       proxy, on the dialer, for each new TCP socket.  The proxy makes it,
+                       binds it to 127.0.0.1 and hands it over (SCM_RIGHTS)
+
+Why sockets from the proxy: Landlock restricts the port of a connect, not its address, so a
+socket of the worker's own could reach any host of the world at port P.  A socket bound to
+127.0.0.1 can only reach the host's own addresses (the kernel refuses a loopback source to
+any other: EINVAL), and on those, P is the proxy's on every address (it listens on
+0.0.0.0:P, so no other process can take P on another address of the host).  The proxy
+knows the worker by the socket: a connection is served only if it comes from a socket it
+handed to that worker and still holds (the same socket: its peer is the proxy's end), so
+no other process, tenant or worker can speak for it.  A program that makes its sockets
+itself (a C library, a subprocess such as curl) gets EACCES: it fails, it does not leak.
+
 The proxy (backends/local/egress.py) decides; this side holds nothing a tool could bend: a
 tool that uses the dialer itself only reaches the same proxy under the same policy.
 """
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import threading
+from typing import Any, Union
 
 _PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
 _READY: list[tuple[socket.socket, socket.socket]] = []      # (listener, dialer) to relay
+#: (by port) the dialer the worker's new TCP sockets come through, until start_relay()
+_SUPPLY: list[socket.socket] = []
+_SUPPLY_LOCK = threading.Lock()
+# What the dialer carries (backends/local/egress.py reads them): ask the proxy's port, ask
+# for a socket; the answer to the latter: a socket, or none (the worker holds too many)
+ASK_PORT, ASK_SOCKET, A_SOCKET = b"p", b"s", b"s"
+_ANSWER_S = 10.0
+_TYPE_MASK = 0xF
 
 
 def relay_to_proxy(egress: dict, rules: int) -> str:
@@ -36,17 +69,81 @@ def relay_to_proxy(egress: dict, rules: int) -> str:
         listener.listen(128)
     except OSError as exc:
         return f"unavailable (the host's egress proxy cannot be reached: {exc})"
-    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
-    for name in _PROXY_VARIABLES:
-        os.environ[name] = os.environ[name.lower()] = url
-    os.environ["NO_PROXY"] = os.environ["no_proxy"] = ""
+    url = _announce(listener.getsockname()[1])
     _READY[:] = [(listener, dialer)]
     return (f"policy ({rules} rules: own network namespace, loopback only; egress only "
             f"through the host's proxy, {url})")
 
 
+def _announce(port: int) -> str:
+    """HTTP_PROXY and the rest name the proxy at 127.0.0.1:``port``: the URL."""
+    url = f"http://127.0.0.1:{port}"
+    for name in _PROXY_VARIABLES:
+        os.environ[name] = os.environ[name.lower()] = url
+    os.environ["NO_PROXY"] = os.environ["no_proxy"] = ""
+    return url
+
+
+def dial_by_port(egress: dict) -> Union[int, str]:
+    """(No network namespace of its own) dial the proxy, learn its TCP port and announce
+    it: the port (for landlock.restrict_tcp()), or why the proxy cannot be reached."""
+    try:
+        dialer = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        dialer.settimeout(_ANSWER_S)
+        dialer.connect(egress["socket"])
+        dialer.sendall(egress["token"].encode("ascii") + b"\n" + ASK_PORT)
+        line = b""
+        while not line.endswith(b"\n") and len(line) < 8:
+            got = dialer.recv(8 - len(line))
+            if not got:
+                raise ConnectionResetError("the proxy closed the dialer")
+            line += got
+        port = int(line)
+        dialer.settimeout(None)
+    except (OSError, ValueError) as exc:
+        return f"the host's egress proxy cannot be reached: {exc}"
+    _announce(port)
+    _SUPPLY[:] = [dialer]
+    return port
+
+
+def supply(family: int = -1, type: int = -1, proto: int = -1,
+           fileno: Any = None) -> tuple[int, int, int, Any]:
+    """The arguments ``socket.socket`` goes on with: a new TCP socket (IPv4, as the proxy
+    is) is one the proxy made, bound to 127.0.0.1 (its descriptor as ``fileno``); any
+    other, unchanged (the system call filter refuses it)."""
+    stream = type == -1 or type & _TYPE_MASK == socket.SOCK_STREAM
+    if (fileno is not None or not _SUPPLY or family not in (-1, socket.AF_INET) or not stream
+            or proto not in (-1, 0, socket.IPPROTO_TCP)):
+        return family, type, proto, fileno
+    with _SUPPLY_LOCK:
+        dialer = _SUPPLY[0]
+        dialer.sendall(ASK_SOCKET)
+        data, fds, _, _ = socket.recv_fds(dialer, 1, 1, socket.MSG_CMSG_CLOEXEC)
+    if data != A_SOCKET or not fds:
+        for fd in fds:
+            os.close(fd)
+        raise OSError(errno.EMFILE, "the host's egress proxy hands this worker no more TCP "
+                                    "sockets (too many made and not yet connected)")
+    return socket.AF_INET, socket.SOCK_STREAM, 0, fds[0]
+
+
+class _ProxySocket(socket.socket):
+    """``socket.socket`` in a worker whose TCP sockets come from the proxy (supply())."""
+
+    def __init__(self, family: int = -1, type: int = -1, proto: int = -1,
+                 fileno: Any = None) -> None:
+        asked = type
+        super().__init__(*supply(family, type, proto, fileno))
+        if fileno is None and asked != -1 and asked & socket.SOCK_NONBLOCK:
+            self.setblocking(False)
+
+
 def start_relay() -> None:
-    """Start the relay relay_to_proxy() prepared, if it did."""
+    """Start the relay relay_to_proxy() prepared, if it did; or, by port, have new TCP
+    sockets come from the proxy."""
+    if _SUPPLY:
+        socket.socket = _ProxySocket  # type: ignore[misc]
     for listener, dialer in _READY:
         threading.Thread(target=_relay, args=(listener, dialer), name="lcp-sandbox-egress-relay",
                          daemon=True).start()

@@ -9,6 +9,11 @@
 With Landlock ABI >= 6 the worker also cannot signal processes outside its
 domain, nor reach abstract unix sockets outside it.  The rules cannot be
 widened later; the rule paths are opened now, while they are all reachable.
+
+A worker with a network policy and no network namespace of its own also gets a
+layer of TCP rules (restrict_tcp(), ABI >= 4): it may connect to one port (the
+host's egress proxy) and bind none.  Landlock checks the port, not the address:
+egress.py says why the address is held too.
 """
 from __future__ import annotations
 
@@ -31,6 +36,10 @@ _FILE_ONLY = FS_EXECUTE | FS_WRITE_FILE | FS_READ_FILE | FS_TRUNCATE | FS_IOCTL_
 SCOPE_ABSTRACT_UNIX, SCOPE_SIGNAL = 1 << 0, 1 << 1
 #: What its report says when the layer scopes signals and abstract sockets (ABI >= 6).
 SCOPED = "signals and abstract sockets scoped"
+NET_BIND_TCP, NET_CONNECT_TCP = 1 << 0, 1 << 1
+_RULE_NET_PORT = 2
+#: The first ABI with TCP rules (Linux 6.7).
+NET_ABI = 4
 DEVICES = ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random", "/dev/full")
 
 
@@ -129,3 +138,28 @@ def _add_path(ruleset_fd: int, path: str, rights: int) -> None:
     finally:
         os.close(pfd)
 
+
+
+def restrict_tcp(port: int) -> str:
+    """A layer of TCP rules on this process (and its future children): connect to
+    ``port`` only (any address: the caller keeps the address to loopback), bind nothing.
+    "" when in force, else why not."""
+    abi = landlock_abi()
+    if abi < NET_ABI:
+        return f"Landlock ABI {abi} has no TCP rules"
+    attr = struct.pack("QQ", 0, NET_BIND_TCP | NET_CONNECT_TCP)
+    buf = ctypes.create_string_buffer(attr, len(attr))
+    fd = _libc.syscall(_SYS_create_ruleset, buf, ctypes.c_size_t(len(attr)), ctypes.c_uint32(0))
+    if fd < 0:
+        return f"create_ruleset: {os.strerror(ctypes.get_errno())}"
+    try:
+        # packed struct landlock_net_port_attr: allowed_access, port
+        rule = struct.pack("=QQ", NET_CONNECT_TCP, port)
+        rbuf = ctypes.create_string_buffer(rule, len(rule))
+        if _libc.syscall(_SYS_add_rule, ctypes.c_int(fd), ctypes.c_int(_RULE_NET_PORT), rbuf,
+                         ctypes.c_uint32(0)) != 0:
+            return f"add_rule: {os.strerror(ctypes.get_errno())}"
+        state = enforce(fd, abi)
+        return "" if state.startswith("on") else state
+    finally:
+        os.close(fd)

@@ -20,7 +20,9 @@ The filter, from core/syscalls.py's data:
                    AF_NETLINK with NETLINK_ROUTE only (no loopback: workers of one
                    confined template share its namespace); a network policy (a fresh
                    worker: its namespace its own): AF_INET, AF_INET6 and NETLINK_ROUTE,
-                   no AF_UNIX (its dialer to the host's proxy was opened before); any other family
+                   no AF_UNIX (its dialer to the host's proxy was opened before); a policy
+                   without a namespace of its own (POLICY_BY_PORT): as the network off, its
+                   TCP sockets handed by the proxy, and listen EPERM; any other family
                    (AF_VSOCK reaches the hypervisor from any namespace, AF_ALG the
                    kernel's crypto, AF_PACKET...) or protocol                        EACCES
       socketpair   network off, a policy or ON_WITHOUT_UNIX: datagram type EACCES (an
@@ -96,6 +98,10 @@ _EACCES, _ENOSYS = _RET_ERRNO | errno.EACCES, _RET_ERRNO | errno.ENOSYS
 Row = tuple[int, int, int, int]
 #: The "network" of a worker with a policy (core/egress_rules.py): restrict_syscalls(POLICY)
 POLICY = "policy"
+#: The "network" of a worker with a policy and no network namespace of its own (egress.py's
+#: dial_by_port()): no socket but NETLINK_ROUTE, as with the network off (its TCP sockets
+#: come from the host's proxy), and no listen() (no server on the host's loopback)
+POLICY_BY_PORT = "policy by port"
 #: The "network" of a worker with the network on where nothing else keeps the abstract unix
 #: sockets of the host and of other tenants out of its reach (no Landlock scope, the host's
 #: network namespace): the network as the host's, but no AF_UNIX socket at all.
@@ -105,6 +111,8 @@ UNIX_BLOCKED_POLICY = ("blocked (seccomp: no unix socket can be created; TCP and
                        "its own namespace's loopback, where the relay to the host's proxy is)")
 UNIX_BLOCKED = ("blocked (seccomp: no socket can be created but AF_NETLINK's NETLINK_ROUTE; "
                 "no loopback either)")
+UNIX_BLOCKED_BY_PORT = ("blocked (seccomp: no socket can be created but AF_NETLINK's "
+                        "NETLINK_ROUTE, no listen(); its TCP sockets are the host's proxy's)")
 UNIX_BLOCKED_ON = ("blocked (seccomp: no unix socket can be created, abstract or pathname: no "
                    "Landlock scope keeps the host's and other tenants' abstract sockets apart "
                    "here; TCP and UDP as the host's, stream socketpairs)")
@@ -150,7 +158,7 @@ def _blocks(network: Network, lifted: frozenset) -> dict[str, list[Row]]:
         sock = [(_LD, 0, 0, _arg(0)), (_JEQ, 4, 0, socket.AF_INET), (_JEQ, 3, 0, socket.AF_INET6),
                 (_JEQ, 0, 3, socket.AF_NETLINK), (_LD, 0, 0, _arg(2)), (_JEQ, 0, 1, 0),
                 (_RET, 0, 0, ALLOW), (_RET, 0, 0, _EACCES)]
-    else:       # AF_NETLINK with NETLINK_ROUTE (0) only: see _SOCKET_FAMILIES_ON
+    else:       # False, POLICY_BY_PORT: NETLINK_ROUTE (0) only, see _SOCKET_FAMILIES_ON
         sock = [(_LD, 0, 0, _arg(0)), (_JEQ, 0, 3, socket.AF_NETLINK), (_LD, 0, 0, _arg(2)),
                 (_JEQ, 0, 1, 0), (_RET, 0, 0, ALLOW), (_RET, 0, 0, _EACCES)]
     out = {
@@ -192,6 +200,8 @@ def _answers(machine: str, network: Network, allowlist: bool, allow: tuple,
         for name in ("socket", "socketpair"):
             if name in blocks:
                 answers[number(name, machine)] = name
+    if network == POLICY_BY_PORT:
+        answers[number("listen", machine)] = EPERM
     used = set(answers.values())
     return answers, default, {k: v for k, v in blocks.items() if k in used}
 
@@ -377,10 +387,10 @@ def restrict_syscalls(network: Network, allow: tuple = (), dangerous: bool = Fal
 def _unix_blocked(network: Network) -> str:
     """What holds for unix sockets once the filter of ``network`` (not True) is in: its
     report, checked by trying the sockets it must refuse."""
-    unix = {False: UNIX_BLOCKED, ON_WITHOUT_UNIX: UNIX_BLOCKED_ON}.get(network,
-                                                                     UNIX_BLOCKED_POLICY)
+    unix = {False: UNIX_BLOCKED, ON_WITHOUT_UNIX: UNIX_BLOCKED_ON,
+            POLICY_BY_PORT: UNIX_BLOCKED_BY_PORT}.get(network, UNIX_BLOCKED_POLICY)
     refused = ((socket.AF_UNIX, "AF_UNIX"),) + (((socket.AF_INET, "AF_INET"),)
-                                                if network is False else ())
+                                                if network in (False, POLICY_BY_PORT) else ())
     for family, name in refused:
         try:
             socket.socket(family, socket.SOCK_STREAM).close()
