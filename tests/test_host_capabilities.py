@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import HERE
 
 from lcp_sandbox.backends.local.handover import check_capabilities
