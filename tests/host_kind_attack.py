@@ -96,6 +96,8 @@ def attack(network: str, host: dict) -> dict:
     out["attack"] = ta.execute_tool("tool_attack", {
         "other_root": b, "other_pid": b_pid or 1, "host_pid": os.getpid(), "host": host,
         "other_abstract": listening.get("name", "") if isinstance(listening, dict) else ""})
+    out["name_processes"] = ta.execute_tool("tool_name_processes", {
+        "other_pid": b_pid or 1, "host_pid": os.getpid(), "host_pgid": os.getpgid(0)})
     if config.get("confine", True) is True:
         out["kill"] = ta.execute_tool("tool_kill_everyone")
     # (best effort, where nothing may scope it, kill(-1) would reach every process of the

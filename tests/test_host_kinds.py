@@ -171,10 +171,11 @@ REFUSED = ("PermissionError", "FileNotFoundError", "ProcessLookupError", "OSErro
 
 
 def assert_apart(out: dict, own_pid_namespace: bool, by_uid: bool = False,
-                 landlock: bool = True, network: str = "on") -> None:
+                 landlock: bool = True, network: str = "on", guard: bool = False) -> None:
     """Tenant a reached nothing of tenant b or of the host; b's worker and state lived on.
     ``by_uid``: processes apart by a uid of the tenant's own (no PID namespace nor Landlock
-    scope); ``landlock`` False: files apart by that uid alone (no Landlock, no own root)."""
+    scope); ``landlock`` False: files apart by that uid alone (no Landlock, no own root);
+    ``guard``: processes apart by the host's guard (one uid for all, no scope)."""
     attack = out["attack"]
     assert attack["status_code"] == 200, attack
     got = attack["output"]
@@ -195,6 +196,10 @@ def assert_apart(out: dict, own_pid_namespace: bool, by_uid: bool = False,
         assert protections["filesystem"].startswith("on (own root")
     elif by_uid:
         assert processes.startswith("on (a uid of its tenant's own"), processes
+    elif guard:
+        assert processes.startswith("on (the host's guard (seccomp user notification)"), \
+            processes
+        assert_guarded(out)
     else:
         assert processes.startswith("on (Landlock scope"), processes
     # by pid, a priority or an affinity is the worker's own only (the system call filter
@@ -213,8 +218,43 @@ def assert_apart(out: dict, own_pid_namespace: bool, by_uid: bool = False,
         # what it makes there is its own (umask 077); command lines are visible to all uids
         assert all(got[what] == "0o600" for what in shared), got
         assert protections["filesystem"].startswith("on (a uid of its tenant's own")
-    assert_network(out, network, scoped=not (by_uid or own_pid_namespace) or landlock and
+    assert_network(out, network, scoped=not (by_uid or own_pid_namespace or guard) or landlock and
                    "scoped" in protections["filesystem"])
+
+
+#: What the host's guard refuses: each call names the other tenant's worker or the host
+#: (by the pids the host sees) or the host's process group.  EPERM, whatever the call would
+#: have answered (without the guard, the same uid passes: "ok" or EFAULT).
+GUARD_REFUSES = ("tgkill_other", "tkill_other", "sigqueue_host", "probe_other", "pidfd_other",
+                 "pidfd_host", "killpg_host", "sigio_other",
+                 "sigio_host_group", "priority_other", "pgid_other")
+
+
+def assert_guarded(out: dict) -> None:
+    """The host's guard: every call naming another tenant's or the host's process refused,
+    kill(-1) too; a tool still signals its own children (by pid and by their group), its
+    own group, and names itself."""
+    got = out["name_processes"]
+    assert got["status_code"] == 200, got
+    named = got["output"]
+    for what in GUARD_REFUSES:
+        assert named[what] == "PermissionError", (what, named[what])
+    # (refused by the system call filter before the guard: the caller's own only)
+    assert named["setpriority_other"] == named["prlimit_other"] == "PermissionError", named
+    assert named["own_child"] == named["own_child_group"] == "killed by 9", named
+    assert named["own_pidfd"] == "ok" and isinstance(named["own_priority"], int), named
+    # its process group is its own (the zygote makes each worker a group leader)
+    assert named["kill_own_group"] == "ok", named
+    assert out["kill"]["output"] == "PermissionError", out["kill"]
+
+
+def assert_guarded_or_refused(out: dict) -> None:
+    """A network policy: where it runs (its own checks are the egress suites'), its
+    processes are the guard's; where it does not, 503 naming the network."""
+    if out["attack"]["status_code"] == 503:
+        assert_policy_refused(out)
+    else:
+        assert_guarded(out)
 
 
 def assert_network(out: dict, network: str, scoped: bool) -> None:
@@ -447,25 +487,42 @@ def test_docker_default_with_a_tenants_folder_others_may_enter_is_refused_withou
 @pytest.mark.parametrize("abi", ["abi_7", "abi_5", "without_landlock"])
 def test_docker_default_with_one_uid_for_all(open_tmp, abi):
     """No tenants_root: every tenant's worker runs as nobody.  Landlock's scope keeps them
-    apart (ABI 6+); below it nothing does (the uids are the same): 503."""
+    apart (ABI 6+); below it the host's guard keeps their processes apart, and Landlock
+    their files; without Landlock nothing keeps files apart (the uids are the same): 503."""
     got = container("docker", open_tmp, abi)
-    if abi == "abi_7":
+    if abi != "without_landlock":
         for network in ("on", "off"):
-            assert_apart(got[network], own_pid_namespace=False, network=network)
+            assert_apart(got[network], own_pid_namespace=False, network=network,
+                         guard=abi != "abi_7")
             assert got[network]["attack"]["output"]["uid"] == 65534
-        assert_policy_refused(got["policy"])
+        if abi == "abi_7":
+            assert_policy_refused(got["policy"])
+        else:
+            assert_guarded_or_refused(got["policy"])
         return
     for network in ALL_NETWORKS:
-        assert_refused(got[network], "processes", *(["filesystem"] if abi ==
-                                                    "without_landlock" else []))
+        assert_refused(got[network], "filesystem")
 
 
 @pytest.mark.parametrize("abi", list(ABIS))
 def test_kubernetes_restricted(open_tmp, user_python, abi):
     """A non-root pod with no capability, no_new_privs and the runtime's default profile:
     one uid for all (the host's).  Landlock's scope keeps tenants apart (ABI 6+); below it,
-    503 naming processes (and files without Landlock)."""
+    the host's guard keeps their processes apart and Landlock their files, in workers that
+    start fresh (a template, whose import runs before any guard, is refused); without
+    Landlock, 503 naming files."""
     got = container("restricted", open_tmp, abi, user_python, templates=True)
+    if abi in ("abi_5", "abi_3"):
+        for network in ("on", "off"):
+            out = got[network]
+            assert out["a_stats"][0]["start"].startswith("fresh (refused: not in force: "
+                                                         "processes"), out["a_stats"]
+            assert out["new_tenant"]["first"]["status_code"] == 200, out["new_tenant"]
+            assert_apart(out, own_pid_namespace=False, network=network, guard=True)
+            assert out["attack"]["output"]["uid"] == UNPRIVILEGED
+            assert out["a_stats"][0]["pid"] != out["b_stats"][0]["pid"]
+        assert_guarded_or_refused(got["policy"])
+        return
     if abi == "abi_7":
         for network in ("on", "off"):
             out = got[network]
@@ -476,8 +533,7 @@ def test_kubernetes_restricted(open_tmp, user_python, abi):
         assert_policy_refused(got["policy"])
         return
     for network in ALL_NETWORKS:
-        assert_refused(got[network], "processes", *(["filesystem"] if abi ==
-                                                    "without_landlock" else []))
+        assert_refused(got[network], "filesystem")
 
 
 def test_the_emulated_profile_names_the_engines_numbers():

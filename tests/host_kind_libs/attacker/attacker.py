@@ -153,3 +153,81 @@ def tool_kill_everyone() -> dict:
         return {"success": True, "output": "sent"}
     except OSError as exc:
         return {"success": True, "output": type(exc).__name__}
+
+
+_LIBC = None
+
+
+def _syscall(name: str, *args: int) -> None:
+    """A raw system call by name (x86_64, aarch64 numbers); OSError on failure."""
+    import ctypes
+    global _LIBC
+    if _LIBC is None:
+        _LIBC = ctypes.CDLL(None, use_errno=True)
+        _LIBC.syscall.restype = ctypes.c_long
+    numbers = {"x86_64": {"tgkill": 234, "tkill": 200, "rt_sigqueueinfo": 129, "getpgid": 121},
+               "aarch64": {"tgkill": 131, "tkill": 130, "rt_sigqueueinfo": 138, "getpgid": 155}}
+    nr = numbers[os.uname().machine][name]
+    if _LIBC.syscall(ctypes.c_long(nr), *map(ctypes.c_long, args)) < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def _sigio_to(pid: int) -> None:
+    """Make ``pid`` (a group when negative) the owner of a pipe's SIGIO."""
+    import fcntl
+    r, w = os.pipe()
+    try:
+        fcntl.fcntl(r, fcntl.F_SETOWN, pid)
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def _own_child(group: bool) -> str:
+    """Fork a child that waits, signal it (by its group, ``group``), reap it: how it ended."""
+    import time
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(60)
+        os._exit(0)
+    if group:
+        os.setpgid(pid, pid)
+        os.killpg(pid, signal.SIGKILL)
+    else:
+        os.kill(pid, signal.SIGKILL)
+    _, status = os.waitpid(pid, 0)
+    return f"killed by {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit {status}"
+
+
+def tool_name_processes(other_pid: int, host_pid: int, host_pgid: int) -> dict:
+    """The calls that name a process, against the other tenant's worker and the host (by
+    the pids the host knows), and against this worker's own children.
+
+    Args:
+        other_pid (int): the other tenant's worker, as the host knows it
+        host_pid (int): the host process
+        host_pgid (int): the host's process group
+    """
+    import resource
+    out = {
+        "tgkill_other": _try(lambda: _syscall("tgkill", other_pid, other_pid, 0)),
+        "tkill_other": _try(lambda: _syscall("tkill", other_pid, 0)),
+        "sigqueue_host": _try(lambda: _syscall("rt_sigqueueinfo", host_pid, 0, 0)),
+        "probe_other": _try(lambda: os.kill(other_pid, 0)),
+        "pidfd_other": _try(lambda: os.close(os.pidfd_open(other_pid))),
+        "pidfd_host": _try(lambda: os.close(os.pidfd_open(host_pid))),
+        "killpg_host": _try(lambda: os.killpg(host_pgid, 0)),
+        "kill_own_group": _try(lambda: os.kill(0, 0)),
+        "sigio_other": _try(lambda: _sigio_to(other_pid)),
+        "sigio_host_group": _try(lambda: _sigio_to(-host_pgid)),
+        "priority_other": _try(lambda: os.getpriority(os.PRIO_PROCESS, other_pid)),
+        "pgid_other": _try(lambda: _syscall("getpgid", other_pid)),
+        "setpriority_other": _try(lambda: os.setpriority(os.PRIO_PROCESS, other_pid, 19)),
+        "prlimit_other": _try(lambda: resource.prlimit(other_pid, resource.RLIMIT_NOFILE)),
+        "own_child": _try(lambda: _own_child(group=False)),
+        "own_child_group": _try(lambda: _own_child(group=True)),
+        "own_pidfd": _try(lambda: os.close(os.pidfd_open(os.getpid()))),
+        "own_priority": _try(lambda: os.getpriority(os.PRIO_PROCESS, os.getpid())),
+    }
+    return {"success": True, "output": out}
