@@ -12,6 +12,10 @@ tenants_root=...), shared confined templates) against the same unconfined, same 
     density: ``tenants`` confined tenants x (numpy library + plain library), every call
     answered, USS of the workers, nothing left after close() (processes, descriptors,
     temp dirs)
+    container: a root host in a default container (tests/without_landlock.py
+    --docker-default: Docker's seccomp profile and 14 capabilities, Landlock kept) against
+    this root host, each a host process of its own (probe()) run in turns, same run: a
+    new tenant's first call (a uid of its own, from the shared template) and warm calls
 
 Run alone:  python -m benchmarks.confined [rounds] [tenants]
 """
@@ -19,8 +23,10 @@ from __future__ import annotations
 
 import gc
 import os
+import json
 import random
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -31,7 +37,7 @@ import psutil
 from lcp_sandbox import SandboxedBinding, Supervisor
 from lcp_sandbox.system.proc import memory, tree_memory
 
-from .harness import ratio, summarize
+from .harness import paired_ratio, ratio, summarize
 from .templates import NUMPY_LIB
 
 PLAIN_LIB = '''
@@ -222,6 +228,88 @@ def density(tenants: int = 200) -> dict:
                      "temp_dirs": len(left_tmp)}}
 
 
+#: The emulation of a default container the host-kind tests use.
+DOCKER_DEFAULT = [os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                               "tests", "without_landlock.py"), "--docker-default",
+                  "--keep-landlock"]
+WARM_CALLS = 20                          # per new tenant, after its first call
+
+
+def probe(rounds: int) -> dict:
+    """(A host process of its own) ``rounds`` new tenants of a plain library on a root
+    host with a tenants_root: each one's first call, then WARM_CALLS warm calls; seconds."""
+    tmp = tempfile.mkdtemp(prefix="lcp-bench-kind-")
+    os.chmod(tmp, 0o711)
+    bench_tenants = os.path.join(tmp, "tenants")
+    os.makedirs(bench_tenants, mode=0o711)
+    os.chmod(bench_tenants, 0o711)
+    plain = _lib(os.path.join(tmp, "plain"), "bench_plain", PLAIN_LIB.format(name="plain"))
+    sup = Supervisor(confine=True, tenants_root=bench_tenants)
+    first: list = []
+    warm: list = []
+    try:
+        r = 0
+        # (until the library's template serves: the first tenants made it)
+        while len(first) < rounds and r < rounds + 20:
+            r += 1
+            ws = os.path.join(bench_tenants, f"t{r}")
+            os.makedirs(ws)
+            b = SandboxedBinding(tools_folders=[plain], supervisor=sup, tenant=f"t{r}",
+                                 workspace=ws, workspace_root=ws)
+            b.list_tools()
+            gc.collect()
+            t0 = time.perf_counter()
+            got = b.execute_tool("tool_plain", {})
+            elapsed = time.perf_counter() - t0
+            assert got["status_code"] == 200, got
+            start = b.stats()[0]["start"]
+            times = []
+            for _ in range(WARM_CALLS):
+                t0 = time.perf_counter()
+                b.execute_tool("tool_plain", {})
+                times.append(time.perf_counter() - t0)
+            b.close()
+            _settled([sup])
+            if start == "template" and r > 2:
+                first.append(elapsed)
+                warm.append(sorted(times)[len(times) // 2])
+    finally:
+        sup.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {"first": first, "warm": warm}
+
+
+def container(rounds: int = 8, turns: int = 4) -> dict:
+    """probe() on this root host and under the Docker-default emulation, in turns (each
+    turn runs both, in a fresh random order): p50 of each and the ratios, paired by turn."""
+    if os.geteuid() != 0 or not sys.platform.startswith("linux"):
+        return {"skipped": "a root host on Linux emulates the container"}
+    per = max(1, rounds // turns)
+    got: dict = {"root": {"first": [], "warm": []}, "docker": {"first": [], "warm": []}}
+    by_turn: dict = {"root": {}, "docker": {}}
+    rng = random.Random(turns)
+    for turn in range(turns):
+        kinds = ["root", "docker"]
+        rng.shuffle(kinds)
+        for kind in kinds:
+            cmd = [sys.executable, "-m", "benchmarks.confined", "--probe", str(per)]
+            if kind == "docker":
+                cmd = [sys.executable, *DOCKER_DEFAULT, *cmd]
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                                  cwd=os.path.dirname(os.path.dirname(os.path.abspath(
+                                      __file__))))
+            if done.returncode != 0:
+                raise RuntimeError(f"the {kind} host failed: {done.stderr[-2000:]}")
+            one = json.loads(done.stdout.strip().splitlines()[-1])
+            for k in ("first", "warm"):
+                got[kind][k] += one[k]
+            by_turn[kind][turn] = {k: sorted(one[k])[len(one[k]) // 2] for k in one}
+    rows = {f"{kind}_{k}": summarize(v, 1e-3) for kind, d in got.items() for k, v in d.items()}
+    return {"rows": rows, **{f"{k}_ratio": paired_ratio(
+        {t: v[k] for t, v in by_turn["docker"].items()},
+        {t: v[k] for t, v in by_turn["root"].items()}) for k in ("first", "warm")}}
+
+
 def render(res: dict) -> str:
     out = ["CONFINED  a new tenant's first call (ms)           p50      p99   USS MB"]
     labels = {"np_open": "numpy library, template, unconfined",
@@ -254,17 +342,32 @@ def render(res: dict) -> str:
              f"templates {d.get('templates_uss_mb', 0):.1f} MB", f"left after close(): {d.get('left')}"]
     if d:
         out.append("  density: " + "; ".join(parts))
+    c = res.get("container") or {}
+    if c.get("rows"):
+        out.append("  Docker default (emulated) / this root host, a uid per tenant, same run:")
+        for k, label in (("first", "a new tenant's first call"), ("warm", "a confined warm call")):
+            root, docker = c["rows"][f"root_{k}"], c["rows"][f"docker_{k}"]
+            out.append(f"    {label:<28} {docker['p50']:8.3f} ms / {root['p50']:8.3f} ms p50: "
+                       f"{c[f'{k}_ratio']:.2f}x (paired by turn)")
     return "\n".join(out)
 
 
 def run(ctx: Any, prog: Any) -> None:
     res = measure(max(4, ctx.cfg.cold_reps), ctx.cfg.seed)
     res["density"] = density(ctx.cfg.confined_tenants)
+    res["container"] = container(max(4, ctx.cfg.cold_reps))
     ctx.result["confined"] = res
     prog.step("confined", "done", 0)
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--probe"]:
+        print(json.dumps(probe(int(sys.argv[2]))))
+        sys.exit(0)
+    if sys.argv[1:2] == ["--container"]:
+        print(render({"rows": {}, "uss_mb": {}, "np_ratio": 0, "plain_ratio": 0, "new_ratio": 0,
+                      "container": container(*map(int, sys.argv[2:4]))}))
+        sys.exit(0)
     got = measure(int(sys.argv[1]) if len(sys.argv) > 1 else 20)
     got["density"] = density(int(sys.argv[2]) if len(sys.argv) > 2 else 200)
     print(render(got))
