@@ -22,8 +22,8 @@ Run alone:  python -m benchmarks.confined [rounds] [tenants]
 from __future__ import annotations
 
 import gc
-import os
 import json
+import os
 import random
 import shutil
 import subprocess
