@@ -457,7 +457,8 @@ def test_a_killed_worker_s_connections_end_though_the_server_never_answers(sup, 
     release = threading.Event()
 
     class Held(Recorder):
-        def do_GET(self):               # noqa: N802 (the base class's name)
+        # (the base class's name)
+        def do_GET(self):               # noqa: N802
             release.wait(120)
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Held)
@@ -472,7 +473,8 @@ def test_a_killed_worker_s_connections_end_though_the_server_never_answers(sup, 
         os.kill(sup.stats(tenant="long-poll")[0]["pid"], signal.SIGKILL)
         assert poll(lambda: "long-poll" not in sup.egress.tenants), sup.egress.tenants
         assert sup.egress.connections == before
-        assert out(t, "tool_hold", **hold) == {"opened": 6, "held": 6}     # its next worker's
+        # its next worker's (a fresh module state), under the same caps
+        assert out(t, "tool_hold", **hold) == {"opened": 6, "held": 6}
     finally:
         t.close()
         release.set()

@@ -542,14 +542,26 @@ def test_a_killed_server_s_sessions_are_removed_by_the_next_one(tmp_path):
 EGRESS_LIBS = HERE / "egress_libs"
 
 
-class _LongPoll(http.server.BaseHTTPRequestHandler):
-    """GET /hold is answered only once the test lets go, as a long poll is: the server
-    holds its end of the connection whatever the client does meanwhile."""
+class _LongPollServer(http.server.ThreadingHTTPServer):
+    """Answers GET requests only once the test lets go (``release``), as a long poll does:
+    it holds its end of each connection whatever the client does meanwhile; ``holding``
+    counts the requests it got."""
 
-    def do_GET(self) -> None:               # noqa: N802 (the base class's name)
-        with self.server.lock:              # type: ignore[attr-defined]
-            self.server.holding += 1        # type: ignore[attr-defined]
-        self.server.release.wait(300)       # type: ignore[attr-defined]
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _LongPoll)
+        self.lock = threading.Lock()
+        self.holding = 0
+        self.release = threading.Event()
+
+
+class _LongPoll(http.server.BaseHTTPRequestHandler):
+    server: _LongPollServer
+
+    # (the base class's name)
+    def do_GET(self) -> None:               # noqa: N802
+        with self.server.lock:
+            self.server.holding += 1
+        self.server.release.wait(300)
         self.send_response(200)
         self.send_header("Content-Length", "0")
         self.end_headers()
@@ -559,14 +571,12 @@ class _LongPoll(http.server.BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def long_poll() -> Iterator[tuple[int, http.server.ThreadingHTTPServer]]:
-    """A server on the host's loopback whose answers to GET /hold wait for the test's end."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _LongPoll)
-    server.lock, server.holding = threading.Lock(), 0           # type: ignore[attr-defined]
-    server.release = threading.Event()                          # type: ignore[attr-defined]
+def long_poll() -> Iterator[tuple[int, _LongPollServer]]:
+    """A server on the host's loopback whose answers wait for the test's end."""
+    server = _LongPollServer()
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield server.server_address[1], server
-    server.release.set()                                        # type: ignore[attr-defined]
+    server.release.set()
     server.shutdown()
     server.server_close()
 
@@ -633,6 +643,7 @@ def test_after_a_session_flood_the_egress_proxy_s_slots_are_back_where_they_were
             assert _egress_open(c, srv) == (4 + 8, 2)
             assert c.delete(srv.url, headers=h).status_code == 200
             assert poll(lambda: _egress_open(c, srv) == before, 60), _egress_open(c, srv)
+        # the kept session's worker, with its module state
         assert result_of(call(c, srv, kept, "tool_hold", {**hold, "n": 1}, rid=3))["result"][
-            "structuredContent"]["output"] == {"opened": 1, "held": 5}    # its worker, its state
+            "structuredContent"]["output"] == {"opened": 1, "held": 5}
         assert _egress_open(c, srv) == (5, 1)
