@@ -108,8 +108,9 @@ def vouched(report: dict, watch: Union[Watch, str, bool, None]) -> dict:
     if isinstance(watch, Watch) and watch.verified and not watch.closed:
         return report
     why = (watch if isinstance(watch, str) else
-           "its listener never answered for the worker" if isinstance(watch, Watch) else
-           "the host offered none")
+           "no process uses its filter any more" if isinstance(watch, Watch) and watch.closed
+           else "its listener's first call did not come from the worker itself"
+           if isinstance(watch, Watch) else "the host offered none")
     return {**report, "processes": f"unavailable (the host's guard (seccomp user "
                                    f"notification) is not in force: {why})"}
 
