@@ -210,8 +210,10 @@ PROVIDERS = {
                  "template: a root host with CAP_SYS_ADMIN, or else user namespaces: "
                  "kernel.unprivileged_userns_clone=1, on Ubuntu 24.04 "
                  "kernel.apparmor_restrict_unprivileged_userns=0, in a container a seccomp "
-                 "profile that allows unshare) or Landlock ABI 6 (Linux 6.12+), whose scope "
-                 "keeps a worker's signals in its domain",
+                 "profile that allows unshare), Landlock ABI 6 (Linux 6.12+), whose scope "
+                 "keeps a worker's signals in its domain, or the host's guard of a fresh "
+                 "worker (seccomp user notification: Linux 5.5+, 5.7+ where the worker has "
+                 "threads)",
     "privileges": "a host that may change uid: root with CAP_SETUID, CAP_SETGID and "
                   "CAP_SETPCAP (a container keeps them unless they were dropped), or a "
                   "non-root host",

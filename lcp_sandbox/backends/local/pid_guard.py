@@ -210,19 +210,26 @@ class Guard:
                 allow = False       # (a process gone, or unreadable, mid-decision)
             if not _still_pending(watch.fd, nid):
                 return
-            if handshake:
-                watch.verified = True
-            resp = (_RESP.pack(nid, 0, 0, _FLAG_CONTINUE) if allow
-                    else _RESP.pack(nid, 0, -errno.EPERM, 0))
-            try:
-                fcntl.ioctl(watch.fd, _SEND, bytearray(resp), True)
-            except OSError:
-                return
+            if allow and _send(watch.fd, _RESP.pack(nid, 0, 0, _FLAG_CONTINUE)):
+                watch.verified = watch.verified or handshake
+            else:
+                # (refused, or a kernel before 5.5 that cannot let it through: EPERM)
+                allow = False
+                _send(watch.fd, _RESP.pack(nid, 0, -errno.EPERM, 0))
             watch.answered += 1
             watch.refused += not allow
 
 
 GUARD = Guard()
+
+
+def _send(fd: int, resp: bytes) -> bool:
+    """SECCOMP_IOCTL_NOTIF_SEND: whether the kernel took the answer."""
+    try:
+        fcntl.ioctl(fd, _SEND, bytearray(resp), True)
+        return True
+    except OSError:
+        return False
 
 
 def _still_pending(fd: int, nid: int) -> bool:
