@@ -18,6 +18,7 @@ from lcp_sandbox import SandboxedBinding, Supervisor
 from lcp_sandbox.backends.local import egress, egress_conn
 from lcp_sandbox.backends.metrics import Metrics
 from lcp_sandbox.core.egress_rules import authority_of, canonical_host, policy_of, rule_of
+from lcp_sandbox.testing import landlock_abi_at_most, protections_off
 
 LIBS = HERE / "egress_libs"          # (CI runs these on the spawn start path too)
 
@@ -97,14 +98,23 @@ def test_clients_reach_the_allowed_port_and_nothing_else(one_port, servers, sup)
             in refused["body"]
     tunnel = out(one_port, "tool_tunnel", host="127.0.0.1", port=ports["other"])
     assert tunnel["status"] is None and "403" in tunnel["body"]
-    for port in ports.values():             # past the proxy: its namespace has no way out
-        assert out(one_port, "tool_raw", host="127.0.0.1", port=port) == "ConnectionRefusedError"
+    prot = sup.stats(tenant="one-port")[0]["protections"]
+    # past the proxy: its own namespace has no way out; without one (a default container)
+    # Landlock's TCP rules refuse the connect
+    past = "PermissionError" if by_port(prot) else "ConnectionRefusedError"
+    for port in ports.values():
+        assert out(one_port, "tool_raw", host="127.0.0.1", port=port) == past
     assert out(one_port, "tool_unix", path=sup.egress.path) == "PermissionError"
     assert made["other"].seen == []
     assert made["allowed"].seen == ["/u", "/r", "/h", "/tunnel"]
-    prot = sup.stats(tenant="one-port")[0]["protections"]
-    assert prot["network"].startswith("policy (1 rules: own network namespace")
+    assert prot["network"].startswith(("policy (1 rules: own network namespace",
+                                       "policy (1 rules: no network namespace of its own"))
     assert prot["unix_sockets"].startswith("blocked")
+
+
+def by_port(protections: dict) -> bool:
+    """Whether a worker reaches the proxy by port (no network namespace of its own)."""
+    return "no network namespace of its own" in protections["network"]
 
 
 def test_the_metadata_address_is_refused_at_once(one_port):
@@ -513,3 +523,121 @@ def test_one_mcp_client_at_its_session_cap_holds_at_most_half_the_proxy():
     each at its tenant's share, leaves the other half of the host's connections to others."""
     from lcp_sandbox.fronts.mcp_limits import DEFAULT_SESSIONS_PER_CLIENT
     assert DEFAULT_SESSIONS_PER_CLIENT * egress.MAX_PER_TENANT <= egress.MAX_CONNECTIONS // 2
+
+
+# ------------------------------------------------------------ without a network namespace
+# A default container refuses unshare: the worker is in the host's network and reaches the
+# proxy by port, held by Landlock's TCP rules (ABI 4+) and its system call filter.  Here the
+# namespace is switched off for the supervisor (in CI's default-container run there is none).
+@pytest.fixture(scope="module")
+def no_netns():
+    with Supervisor(confine=True) as s, protections_off(s, "netns"):
+        yield s
+
+
+def proxy_port(t: SandboxedBinding) -> int:
+    return int(out(t, "tool_env")["HTTP_PROXY"].rsplit(":", 1)[1])
+
+
+def closed_unanswered(sock: socket.socket) -> bool:
+    """Whether the other end closed ``sock`` without a byte (an end, or a reset: what it
+    was sent was never read)."""
+    try:
+        return sock.recv(100) == b""
+    except ConnectionResetError:
+        return True
+
+
+GET = "GET http://127.0.0.1:{port}{path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n"
+
+
+def test_without_a_namespace_a_policy_worker_reaches_the_allowed_server_and_nothing_else(
+        no_netns, servers, open_tmp_module):
+    ports, made = servers
+    t = binding(no_netns, open_tmp_module, "np-one", {"allow": [f"127.0.0.1:{ports['allowed']}"]})
+    allowed, other = (f"http://127.0.0.1:{ports[n]}" for n in ("allowed", "other"))
+    for tool in ("tool_urllib", "tool_requests", "tool_httpx"):
+        assert out(t, tool, url=allowed + "/np") == {"status": 200, "body": "allowed /np"}
+        assert out(t, tool, url=other + "/np")["status"] == 403
+    assert out(t, "tool_tunnel", host="127.0.0.1", port=ports["allowed"])["status"] == 200
+    prot = no_netns.stats(tenant="np-one")[0]["protections"]
+    assert by_port(prot) and "Landlock ABI" in prot["network"], prot["network"]
+    assert f"connect to the host's proxy port {proxy_port(t)} only" in prot["network"]
+    # Past the proxy: the host's loopback (TCP by Landlock's rules), IPv6, UDP, raw and
+    # packet sockets, unix sockets (the filter), a server of its own (listen, bind)
+    seen = list(made["other"].seen)
+    got = out(t, "tool_sockets", host="127.0.0.1", port=ports["other"])
+    assert got == {"tcp": "PermissionError EACCES", "tcp6": "PermissionError EACCES",
+                   "udp": "PermissionError EACCES", "raw": "PermissionError EACCES",
+                   "packet": "PermissionError EACCES", "unix": "PermissionError EACCES",
+                   "unix_dgram_pair": "PermissionError EACCES",
+                   "listen": "PermissionError EPERM", "bind": "PermissionError EACCES"}, got
+    assert out(t, "tool_raw", host="127.0.0.1", port=ports["allowed"]) == "PermissionError"
+    assert made["other"].seen == seen
+    assert out(t, "tool_unix", path=no_netns.egress.path) == "PermissionError"
+
+
+def test_without_a_namespace_the_proxy_port_reaches_no_other_host(no_netns, servers,
+                                                                  open_tmp_module):
+    """Landlock's rules name a port, not an address: the worker's sockets are bound to
+    127.0.0.1, which the kernel refuses to route anywhere but to the host itself (EINVAL,
+    before any packet), and on the host the port is the proxy's on every address."""
+    ports, _ = servers
+    t = binding(no_netns, open_tmp_module, "np-far", {"allow": [f"127.0.0.1:{ports['allowed']}"]})
+    port = proxy_port(t)
+    # TEST-NET-1: an address beyond this host, at the one port Landlock lets it reach
+    assert out(t, "tool_far", address="192.0.2.1", port=port) == "OSError EINVAL"
+    # nothing else may listen at that port on another address of the host for it to reach
+    with socket.socket() as squatter:
+        with pytest.raises(OSError) as taken:
+            squatter.bind(("127.0.0.2", port))
+        assert taken.value.errno == 98                               # EADDRINUSE
+
+
+def test_without_a_namespace_no_other_process_can_speak_for_a_policy_worker(
+        no_netns, servers, open_tmp_module):
+    """All such workers reach the proxy at one port; it serves a connection only as the
+    worker it handed that socket to.  A stranger (the host's own process, a tenant whose
+    network is on) is closed unread; one that shares the port of a socket the worker holds
+    (SO_REUSEADDR, with the worker's help) too; another policy worker is itself."""
+    ports, made = servers
+    a = binding(no_netns, open_tmp_module, "np-a", {"allow": [f"127.0.0.1:{ports['allowed']}"]})
+    b = binding(no_netns, open_tmp_module, "np-b", {"allow": [f"127.0.0.1:{ports['other']}"]})
+    port = proxy_port(a)
+    assert proxy_port(b) == port
+    seen = list(made["allowed"].seen)
+    head = GET.format(port=ports["allowed"], path="/stranger")
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as host:
+        host.sendall(head.encode())
+        assert closed_unanswered(host)
+    on = binding(no_netns, open_tmp_module, "np-on", True)
+    assert out(on, "tool_send", host="127.0.0.1", port=port, data=head)["answer"] == ""
+    spare = out(a, "tool_spare_socket")
+    with socket.socket() as thief:
+        thief.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        thief.bind(("127.0.0.1", spare))
+        thief.connect(("127.0.0.1", port))
+        thief.settimeout(20)
+        thief.sendall(head.encode())
+        assert closed_unanswered(thief)
+    got = out(b, "tool_urllib", url=f"http://127.0.0.1:{ports['allowed']}/as-b")
+    assert got["status"] == 403
+    assert made["allowed"].seen == seen
+    # the sockets a worker was handed and holds are given back when it ends
+    assert spare in no_netns.egress._by_port
+    a.restart_library("netprobe")
+    assert poll(lambda: spare not in no_netns.egress._by_port)
+
+
+@pytest.mark.parametrize("abi", [3, None], ids=["landlock_abi_3", "without_landlock"])
+def test_without_a_namespace_nor_landlock_tcp_rules_a_policy_is_refused_naming_both(
+        no_netns, open_tmp_module, abi):
+    tenant = f"np-refused-{abi}"
+    with (landlock_abi_at_most(no_netns, abi) if abi else protections_off(no_netns, "landlock")):
+        t = binding(no_netns, open_tmp_module, tenant, {"allow": ["example.com:443"]})
+        got = t.execute_tool("tool_env", {})
+    assert got["success"] is False and got["status_code"] == 503, got
+    assert ("network: unavailable (a network policy needs a network namespace of its own, or "
+            "Landlock ABI 4's TCP rules (Linux 6.7)") in got["error"], got["error"]
+    assert ("Landlock ABI 3, whose rules have no TCP ports" if abi else
+            "switched off for a test") in got["error"], got["error"]

@@ -21,7 +21,7 @@ in the host's network, and the proxy is reached by port instead (Landlock ABI 4+
                        TCP rules (connect to P only, bind nothing, landlock.restrict_tcp())
                        and the system call filter that refuses every new socket but
                        NETLINK_ROUTE (no TCP, UDP, raw, packet or unix socket of its own)
-    start_relay()      installs supply(): ``socket.socket`` of the worker's Python asks the
+    start_relay()      installs supply(): ``socket.socket()`` of the worker's Python asks the
                        proxy, on the dialer, for each new TCP socket.  The proxy makes it,
                        binds it to 127.0.0.1 and hands it over (SCM_RIGHTS)
 
@@ -128,22 +128,23 @@ def supply(family: int = -1, type: int = -1, proto: int = -1,
     return socket.AF_INET, socket.SOCK_STREAM, 0, fds[0]
 
 
-class _ProxySocket(socket.socket):
-    """``socket.socket`` in a worker whose TCP sockets come from the proxy (supply())."""
+_PLAIN_INIT = socket.socket.__init__
 
-    def __init__(self, family: int = -1, type: int = -1, proto: int = -1,
-                 fileno: Any = None) -> None:
-        asked = type
-        super().__init__(*supply(family, type, proto, fileno))
-        if fileno is None and asked != -1 and asked & socket.SOCK_NONBLOCK:
-            self.setblocking(False)
+
+def _init(self: socket.socket, family: int = -1, type: int = -1, proto: int = -1,
+          fileno: Any = None) -> None:
+    """``socket.socket.__init__`` in a worker whose TCP sockets come from the proxy
+    (supply()); the class stays the same, so isinstance() holds for every socket."""
+    _PLAIN_INIT(self, *supply(family, type, proto, fileno))
+    if fileno is None and type != -1 and type & socket.SOCK_NONBLOCK:
+        self.setblocking(False)
 
 
 def start_relay() -> None:
     """Start the relay relay_to_proxy() prepared, if it did; or, by port, have new TCP
     sockets come from the proxy."""
     if _SUPPLY:
-        socket.socket = _ProxySocket  # type: ignore[misc]
+        socket.socket.__init__ = _init  # type: ignore[method-assign]
     for listener, dialer in _READY:
         threading.Thread(target=_relay, args=(listener, dialer), name="lcp-sandbox-egress-relay",
                          daemon=True).start()

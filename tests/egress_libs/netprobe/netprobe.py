@@ -1,4 +1,5 @@
 """Reaches out through the network, the ways tools do, and the ways a hostile tool would."""
+import errno
 import gc
 import http.client
 import os
@@ -143,12 +144,18 @@ def tool_garbage() -> dict:
                and o.family == socket.AF_UNIX and _peer(o).endswith("proxy.sock")]
     r, w = os.pipe()
     f = os.open("/dev/null", os.O_RDONLY)
-    listening = socket.socket()
-    listening.bind(("127.0.0.1", 0))
-    listening.listen()
+    sent = [r, w, f]
+    try:
+        listening = socket.socket()
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        sent.append(listening.fileno())
+    except OSError:
+        # (no network namespace of its own: it may bind nothing, nor listen)
+        pass
     for d in dialers:
         d.sendall(os.urandom(4096))
-        socket.send_fds(d, [b"x"], [r, w, f, listening.fileno()])
+        socket.send_fds(d, [b"x"], sent)
     return {"success": True, "output": {"answer": answer.split("\r\n")[0],
                                         "dialers": len(dialers)}}
 
@@ -229,3 +236,81 @@ def tool_hold(host: str, port: int, n: int, path: str) -> dict:
         HELD.append(s)
         opened += 1
     return {"success": True, "output": {"opened": opened, "held": len(HELD)}}
+
+
+def _error(e: OSError) -> str:
+    return type(e).__name__ + (f" {errno.errorcode.get(e.errno, e.errno)}" if e.errno else "")
+
+
+def tool_sockets(host: str, port: int) -> dict:
+    """Every way past the proxy a hostile tool tries: what each answered.
+
+    Args:
+        host (str): an address of the host where a server listens
+        port (int): its port
+    """
+    tries = {
+        "tcp": lambda: socket.create_connection((host, port), timeout=5).close(),
+        "tcp6": lambda: socket.socket(socket.AF_INET6, socket.SOCK_STREAM).close(),
+        "udp": lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(
+            b"x", (host, port)),
+        "raw": lambda: socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP),
+        "packet": lambda: socket.socket(socket.AF_PACKET, socket.SOCK_RAW),
+        "unix": lambda: socket.socket(socket.AF_UNIX, socket.SOCK_STREAM),
+        "unix_dgram_pair": lambda: socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM),
+        "listen": lambda: socket.socket().listen(),
+        "bind": lambda: socket.socket().bind(("127.0.0.1", 0)),
+    }
+    got = {}
+    for name, attempt in tries.items():
+        try:
+            attempt()
+            got[name] = "ok"
+        except OSError as e:
+            got[name] = _error(e)
+    return {"success": True, "output": got}
+
+
+def tool_far(address: str, port: int) -> dict:
+    """A TCP connection to ``address`` (beyond this host) at ``port``, past the proxy.
+
+    Args:
+        address (str): an address no interface of this host has
+        port (int): port
+    """
+    try:
+        socket.create_connection((address, port), timeout=3).close()
+        return {"success": True, "output": "connected"}
+    except socket.timeout:
+        return {"success": True, "output": "timeout"}
+    except OSError as e:
+        return {"success": True, "output": _error(e)}
+
+
+def tool_spare_socket() -> dict:
+    """A new TCP socket, not connected, that another process may share its port with
+    (SO_REUSEADDR), kept in module state: its port."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    HELD.append(s)
+    return {"success": True, "output": s.getsockname()[1]}
+
+
+def tool_send(host: str, port: int, data: str) -> dict:
+    """Connect to host:port, send ``data`` and read the answer to its end (a stranger to
+    the proxy, such as a tenant with the network on).
+
+    Args:
+        host (str): host
+        port (int): port
+        data (str): what to send
+    """
+    got = b""
+    with socket.create_connection((host, port), timeout=20) as s:
+        s.sendall(data.encode())
+        try:
+            while chunk := s.recv(65536):
+                got += chunk
+        except OSError as e:
+            return {"success": True, "output": {"answer": got.decode(), "error": _error(e)}}
+    return {"success": True, "output": {"answer": got.decode(), "error": ""}}
