@@ -3,6 +3,7 @@ writes its JSON and PNG.  No timing is asserted, only that every figure exists."
 import io
 import json
 import math
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -150,6 +151,10 @@ def test_bench_end_to_end(tmp_path, new_processes):
     assert _number(cf["uid_per_tenant_ratio"])
     assert cf["density"]["answered"] == cf["density"]["calls"] == 6
     assert cf["density"]["left"] == {"processes": 0, "descriptors": 0, "temp_dirs": 0}
+    if os.geteuid() == 0:                # a default container, emulated, against this root host
+        ct = cf["container"]
+        assert _number(ct["first_ratio"]) and _number(ct["warm_ratio"]), ct
+        assert ct["rows"]["docker_first"]["n"] == ct["rows"]["root_first"]["n"] >= 4
     assert "CONFINED" in out.getvalue()
     # envs: a library with its own environment against the same without; a 5-wheel build
     ev = data["envs"]
