@@ -193,7 +193,8 @@ class Guard:
     def _answer(self, watch: Watch) -> None:
         """Receive one notification of ``watch`` and answer it."""
         with watch.lock:
-            if watch.closed:
+            # (an event of a descriptor number closed and reused since: RECV would block)
+            if watch.closed or not _pending(watch.fd):
                 return
             buf = bytearray(_NOTIF.size)
             try:
@@ -221,6 +222,13 @@ class Guard:
 
 
 GUARD = Guard()
+
+
+def _pending(fd: int) -> bool:
+    """A notification waits on listener ``fd`` (RECV would not block)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return any(events & select.POLLIN for _, events in poller.poll(0))
 
 
 def _send(fd: int, resp: bytes) -> bool:
