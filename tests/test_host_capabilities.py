@@ -60,10 +60,15 @@ def tool_leave_temp_files() -> dict:
 '''
 
 HOST = '''\
-import json, os, sys
+import ctypes, json, os, sys
 import psutil
 from lcp_sandbox import SandboxedBinding, Supervisor
 from lcp_sandbox.backends.local import handover
+from lcp_sandbox.system.capabilities import NUMBERS
+
+for name in filter(None, os.environ.get("DROP_BOUNDING", "").split(",")):
+    # out of the bounding set only: this process keeps using it, what it starts does not
+    assert ctypes.CDLL(None).prctl(24, ctypes.c_ulong(NUMBERS[name]), 0, 0, 0) == 0
 
 libs, base, per_tenant = sys.argv[1], sys.argv[2], sys.argv[3] == "per-tenant"
 for unchecked in sys.argv[4:]:
@@ -90,11 +95,12 @@ print(json.dumps(out))
 MANAGED = ("KILL", "CHOWN", "FOWNER", "DAC_OVERRIDE", "SETUID", "SETGID", "SETPCAP")
 
 
-def host(tmp: Path, drop: str, mode: str = "per-tenant", unchecked: tuple = ()) -> dict:
+def host(tmp: Path, drop: str, mode: str = "per-tenant", unchecked: tuple = (),
+         bounding: str = "") -> dict:
     """Run HOST as root under Docker's default profile and capabilities, less ``drop``
-    ("" for none), the capabilities ``unchecked`` left out of the check; what its calls
-    answered."""
-    work = tmp / f"{drop or 'all'}-{mode}"
+    ("" for none), the capabilities ``unchecked`` left out of the check, ``bounding``
+    dropped by HOST from its bounding set alone; what its calls answered."""
+    work = tmp / f"{drop or 'all'}-{mode}-{bounding}"
     (work / "libs").mkdir(parents=True)
     (work / "libs" / "capprobe.py").write_text(LIBRARY)
     (work / "host.py").write_text(HOST)
@@ -109,7 +115,7 @@ def host(tmp: Path, drop: str, mode: str = "per-tenant", unchecked: tuple = ()) 
     cmd = [sys.executable, str(work / "without_landlock.py"), "--docker-default",
            "--keep-landlock", *cmd]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=work,
-                          env={**os.environ, "HOME": str(work)})
+                          env={**os.environ, "HOME": str(work), "DROP_BOUNDING": bounding})
     assert done.returncode == 0, (drop, done.stderr[-3000:])
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -134,6 +140,14 @@ def test_a_host_without_a_capability_it_needs_answers_503_naming_it(open_tmp, ne
 def test_a_host_without_cap_kill_refuses_workers_of_nobody_too(open_tmp, needs_capsh):
     out = host(open_tmp, "KILL", mode="nobody")
     assert out["whoami"]["status_code"] == 503 and "CAP_KILL" in out["whoami"]["error"]
+
+
+def test_the_zygote_that_kills_is_checked_for_cap_kill_not_the_host_alone(open_tmp):
+    """A host that still holds CAP_KILL but no longer in its bounding set starts a zygote
+    without it: the zygote could not kill the workers, and the calls are refused."""
+    out = host(open_tmp, "", bounding="KILL")
+    assert out["whoami"]["status_code"] == 503, out["whoami"]
+    assert "CAP_KILL" in out["whoami"]["error"]
 
 
 def test_a_kill_refused_is_never_reported_as_done(open_tmp, needs_capsh):
@@ -163,7 +177,7 @@ def test_with_all_of_them_calls_run_stop_and_leave_nothing(open_tmp):
 
 
 def test_the_check_names_every_capability_missing_and_best_effort_keeps_only_managing():
-    everything = capabilities.own_effective()
+    everything = capabilities.effective()
     assert everything is not None
     without = everything & ~(1 << capabilities.NUMBERS["KILL"]) \
         & ~(1 << capabilities.NUMBERS["SETPCAP"])

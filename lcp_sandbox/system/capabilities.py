@@ -14,24 +14,42 @@ NUMBERS = {"CHOWN": 0, "DAC_OVERRIDE": 1, "DAC_READ_SEARCH": 2, "FOWNER": 3, "FS
            "KILL": 5, "SETGID": 6, "SETUID": 7, "SETPCAP": 8, "SYS_ADMIN": 21}
 
 
-def effective(pid: str = "self") -> Optional[int]:
-    """The effective set of process ``pid`` as a mask, from its status file; None where
-    there is no /proc (macOS, Windows) or the line cannot be read."""
+def sets(pid: str = "self") -> dict[str, int]:
+    """The capability sets of process ``pid`` as masks, by the status file's names
+    (CapEff, CapBnd...); empty where there is no /proc (macOS, Windows) or it cannot be
+    read."""
+    found: dict[str, int] = {}
     try:
         with open(f"/proc/{pid}/status", "rb") as f:
             for line in f:
-                if line.startswith(b"CapEff:"):
-                    return int(line.split()[1], 16)
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
+                if line.startswith(b"Cap"):
+                    name, value = line.split(b":", 1)
+                    found[name.decode()] = int(value, 16)
+    except (OSError, ValueError):
+        return {}
+    return found
 
 
 @functools.lru_cache(maxsize=1)
-def own_effective() -> Optional[int]:
-    """This process's effective set, read once (a host does not gain capabilities later;
-    one that drops some must start its supervisors after it did)."""
-    return effective()
+def own() -> dict[str, int]:
+    """This process's sets, read once (a host does not gain capabilities later; one that
+    drops some must start its supervisors after it did)."""
+    return sets()
+
+
+def effective() -> Optional[int]:
+    """What this process may use now (CapEff); None when it cannot be read."""
+    return own().get("CapEff")
+
+
+def of_children() -> Optional[int]:
+    """What a program this root process starts holds (the zygote, a spawned worker): an
+    exec'd root gets its bounding set (CapBnd), of which this process may use only what it
+    holds itself (CapEff & CapBnd); None when it cannot be read."""
+    got = own()
+    if "CapEff" not in got or "CapBnd" not in got:
+        return None
+    return got["CapEff"] & got["CapBnd"]
 
 
 def missing(names: tuple[str, ...], mask: Optional[int]) -> list[str]:

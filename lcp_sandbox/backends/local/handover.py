@@ -56,13 +56,18 @@ def check_capabilities(library: str, tool: str, uid: int, best_effort: bool,
                        mask: Optional[int] = None) -> None:
     """Before a confined worker of uid ``uid`` starts on a root host: 503 naming each
     capability the host lacks to manage it (MANAGING) or to let it drop to that uid
-    (DROPPING: not with confine="best-effort").  ``mask``: the effective set (default:
-    this process's, read once)."""
+    (DROPPING: not with confine="best-effort").  The host hands over and cleans up with
+    its own effective set; the zygote it starts kills and the workers drop with what an
+    exec'd root gets (capabilities.of_children()).  ``mask``: one set for all (a test's;
+    default: this process's, read once)."""
     if os.geteuid() != 0 or not sys.platform.startswith("linux"):
         return
-    held = capabilities.own_effective() if mask is None else mask
-    managing = capabilities.missing(tuple(MANAGING), held)
-    dropping = [] if best_effort else capabilities.missing(DROPPING, held)
+    held = capabilities.effective() if mask is None else mask
+    # the zygote kills, and workers drop: both hold what an exec'd root gets
+    started = capabilities.of_children() if mask is None else mask
+    managing = [name for name in MANAGING if name in capabilities.missing(
+        (name,), started if name == "KILL" else held)]
+    dropping = [] if best_effort else capabilities.missing(DROPPING, started)
     if not managing and not dropping:
         return
     said = []
