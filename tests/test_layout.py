@@ -233,6 +233,26 @@ def test_every_path_a_docstring_or_comment_names_exists():
     assert not missing, "paths that do not exist:\n" + "\n".join(missing)
 
 
+#: A line of a package's index: a module of it and what it holds (``    slot.py   a worker's slot``).
+INDEX_LINE = re.compile(r"^ +(\w+\.py) +\S", re.MULTILINE)
+
+
+def test_every_index_of_a_package_lists_each_of_its_modules():
+    """A package whose __init__.py docstring has an index of its modules lists every one
+    of them, and only those: a module left out is a room the map does not show."""
+    wrong = []
+    for init in sorted(PKG.rglob("__init__.py")):
+        listed = set(INDEX_LINE.findall(ast.get_docstring(ast.parse(init.read_text(encoding="utf-8")),
+                                                          clean=False) or ""))
+        if not listed:
+            continue
+        present = {p.name for p in init.parent.glob("*.py")} - {"__init__.py"}
+        rel = init.relative_to(PKG)
+        wrong += [f"{rel} does not list {name}" for name in sorted(present - listed)]
+        wrong += [f"{rel} lists {name}, which is not in its package" for name in sorted(listed - present)]
+    assert not wrong, "\n".join(wrong)
+
+
 def test_every_failure_the_package_defines_is_in_the_tree_of_outcomes():
     """core/outcomes.py draws every exception class of the package and what a caller gets
     of it: a new one must be placed there."""
