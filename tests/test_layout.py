@@ -253,6 +253,18 @@ def test_every_index_of_a_package_lists_each_of_its_modules():
     assert not wrong, "\n".join(wrong)
 
 
+def test_the_supervisors_map_names_methods_that_exist():
+    """supervisor.py opens with the walk of a call and of its failure through the methods
+    of Supervisor (``_failed()``) and of the classes it imports (``WorkerProcess.exchange()``):
+    a method renamed or removed must be renamed or removed there too."""
+    from lcp_sandbox.backends.local import supervisor
+    named = re.findall(r"\b(?:([A-Z]\w+)\.)?(\w+)\(\)", supervisor.__doc__ or "")
+    assert named, "the map names no method"
+    missing = [f"{owner}.{name}()" if owner else f"{name}()" for owner, name in named
+               if not hasattr(getattr(supervisor, owner or "Supervisor", None), name)]
+    assert not missing, f"supervisor.py's docstring names what does not exist: {missing}"
+
+
 def test_every_failure_the_package_defines_is_in_the_tree_of_outcomes():
     """core/outcomes.py draws every exception class of the package and what a caller gets
     of it: a new one must be placed there."""

@@ -7,7 +7,8 @@ A call, top to bottom as this module reads:
         with slot.lock:
             a live worker called within the last ms (the warm case): straight on; else
             _worker_for():  closed, quarantined ─► Unavailable (503)
-                            its idle worker died or spoke out of turn ─► _ended_while_idle()
+                            its idle worker died or spoke out of turn ─► _ended_while_idle():
+                                buried (a word out of turn: a violation), a fresh one started
                             no live worker ─► _environment() (the library's own, if declared),
                                               _spawn(): _room() in the pool, the root handed
                                               over, _launch() ─► _zyg() forks or spawns it
@@ -17,12 +18,13 @@ A call, top to bottom as this module reads:
 
 A failed call, in the same order:
 
-        exchange() raised ─► _resend_or_fail():
+        WorkerProcess.exchange() raised ─► _resend_or_fail():
             NeverReceived (it hung up since its last call) ─► _ended_while_idle(), the call
                           sent once more to a fresh worker from _worker_for()
             else ─► _failed():  WorkerGone ─► _bury(), WorkerDied (500), or OutOfMemory
                                              (507) when the watchdog killed it
-                                ProtocolViolation ─► _violation(): killed, buried, 500
+                                ProtocolViolation ─► _violation(): killed, buried,
+                                             ProtocolViolated (500)
                                 DeadlinePassed ─► buried (killed), TimedOut (504)
                                 NotConfined (raised by _ready()) ─► killed before the call
                                              was sent, Unavailable (503)
@@ -33,8 +35,8 @@ A failed call, in the same order:
                                              OUT_OF_MEMORY ─► OutOfMemory (507), kept
                                              LOAD_FAILED ─► buried; the value, or raised
                                              RAISED ─► the module function's exception
-        a malformed value, or a message out of turn ─► _violation(): ProtocolViolated (500)
-        every outcome is a SandboxEvent: run() counts it and raises it on;
+        RESULT OK, its value malformed (invalid_answer) ─► _violation(): ProtocolViolated (500)
+        every outcome is a SandboxEvent: run()'s outer except counts it and raises it on;
         SandboxedBinding.execute_tool returns its .result
 
     a worker's end:  _retire() (idle, evicted, stopped: asked to exit), _bury() (dead or
