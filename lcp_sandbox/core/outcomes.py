@@ -19,13 +19,13 @@ classes of this module are the public outcomes; the others never leave the engin
     └── OutOfMemory          507     an uncaught MemoryError, or killed over the limit
 
     Raised in the host, each turned into one of the above by the supervisor
-    (backends/local/endings.py) or by the code that catches it:
+    (backends/local/supervisor.py) or by the code that catches it:
     WorkerGone                       backends/local/process.py: the worker hung up
     │                                ─► WorkerDied, or OutOfMemory when the watchdog killed it
     └── NeverReceived                it hung up before the call reached it
                                      ─► the call goes once to a fresh worker
     DeadlinePassed                   backends/local/process.py ─► TimedOut (killed)
-    NotConfined                      backends/local/endings.py: a protection asked for is not
+    NotConfined                      backends/local/supervisor.py: a protection asked for is not
                                      in force ─► Unavailable (not_confined)
     ZygoteGone                       backends/local/zygote.py ─► Unavailable (no_start)
     ProtocolViolation                protocol/messages.py: what a worker sent breaks the

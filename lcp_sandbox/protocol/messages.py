@@ -119,7 +119,8 @@ class Ready(NamedTuple):
 
 class Outcome(IntEnum):
     """How a call ended: a RESULT's ``outcome``, an int on the wire (the plain ints
-    below).  The host reads what a worker sent as an Outcome (backends/local/endings.py)."""
+    below).  The host reads what a worker sent as an Outcome
+    (Supervisor._outcome, backends/local/supervisor.py)."""
     OK = 0                    # the value is the answer (an LCP result for a CALL)
     TIMED_OUT = 1             # the tool obeyed the soft timeout (or an interrupt)
     OUT_OF_MEMORY = 2         # MemoryError escaped the tool; the detail is its message

@@ -8,8 +8,9 @@ Managing workers of another uid takes some of root's capabilities; a root host t
 lacks one (a container that dropped it) refuses confined calls (503) naming it, before
 anything runs, instead of starting a worker it could not stop or clean up after:
 
-    CAP_KILL          the zygote (started by the host, holding its capabilities) signals
-                      and kills them: without it a call past its timeout runs on
+    CAP_KILL          the zygote (a root program the host starts: it holds the host's
+                      set within its bounding set) signals and kills them: without it a
+                      call past its timeout runs on
     CAP_CHOWN         their root and temp dir are given to their uid: else they cannot
                       enter them
     CAP_FOWNER        the mode of a root given to their uid is set (0700): else no worker

@@ -50,6 +50,7 @@ starts, and private_tmpdir() makes its temp dir.
 
     network.py      isolate_network()
     egress.py       relay_to_proxy()
+    caps.py         join_pids_cgroup(), cap_tenant_processes(); disk_state(): its root's disk
     mounts.py       make_reachable()
     landlock.py     apply_landlock()  (its rules are described there)
     privileges.py   drop_privileges()
