@@ -248,15 +248,6 @@ def assert_guarded(out: dict) -> None:
     assert out["kill"]["output"] == "PermissionError", out["kill"]
 
 
-def assert_guarded_or_refused(out: dict) -> None:
-    """A network policy: where it runs (its own checks are the egress suites'), its
-    processes are the guard's; where it does not, 503 naming the network."""
-    if out["attack"]["status_code"] == 503:
-        assert_policy_refused(out)
-    else:
-        assert_guarded(out)
-
-
 def assert_network(out: dict, network: str, scoped: bool) -> None:
     """What tenant a reached of the host's endpoints and of tenant b's abstract socket."""
     got = out["attack"]["output"]
@@ -265,7 +256,18 @@ def assert_network(out: dict, network: str, scoped: bool) -> None:
     assert got["abstract_host"] == "PermissionError", got["abstract_host"]
     assert got.get("abstract_other", "PermissionError") == "PermissionError", got
     unix = out["a_stats"][0]["protections"]["unix_sockets"]
-    if network == "off":
+    if network == "policy":
+        # no namespace: Landlock's TCP rules let it reach the proxy's port only, the
+        # filter refuses every socket of its own (test_egress.py: what it does reach)
+        for what in ("tcp_host", "udp_host", "raw", "packet", "unix_host", "dgram_pair"):
+            assert got[what] == "PermissionError", (what, got[what])
+        assert out["udp_received"] is False
+        assert got["netlink"].pop("route") == "ok"
+        assert set(got["netlink"].values()) == {"PermissionError"}, got["netlink"]
+        policy = out["a_stats"][0]["protections"]["network"]
+        assert policy.startswith("policy (1 rules: no network namespace of its own"), policy
+        assert "Landlock ABI" in policy and "TCP rules" in policy, policy
+    elif network == "off":
         for what in ("tcp_host", "udp_host", "raw", "packet", "unix_host", "dgram_pair"):
             assert got[what] == "PermissionError", (what, got[what])
         assert out["udp_received"] is False
@@ -428,9 +430,15 @@ def container(kind: str, tmp: Path, abi: str, user_python: str = "", **config) -
 
 
 def assert_policy_refused(out: dict) -> None:
-    """A network policy needs a network namespace of its own: 503 naming it."""
+    """A network policy needs a network namespace of its own or Landlock's TCP rules (ABI
+    4+): 503 naming both."""
     assert_refused(out, "network")
     assert "unshare: Operation not permitted" in out["attack"]["error"]
+    assert "or Landlock ABI 4's TCP rules" in out["attack"]["error"], out["attack"]["error"]
+
+
+#: The kinds' Landlock ABIs with TCP rules (4+): a network policy runs by port there.
+TCP_RULES = ("abi_7", "abi_5")
 
 
 @pytest.mark.parametrize("abi", list(ABIS))
@@ -452,7 +460,11 @@ def test_docker_default_with_a_tenants_root(open_tmp, abi):
         assert out["a_stats"][0]["protections"]["filesystem"].startswith(
             f"on (ABI {abi[-1]}" if landlock else "on (a uid of its tenant's own")
     assert "system call filter" in got["off"]["a_stats"][0]["protections"]["network"]
-    assert_policy_refused(got["policy"])
+    if abi in TCP_RULES:
+        assert_apart(got["policy"], own_pid_namespace=False, by_uid=abi != "abi_7",
+                     network="policy")
+    else:
+        assert_policy_refused(got["policy"])
 
 
 @pytest.mark.parametrize("abi", ["abi_5", "without_landlock"])
@@ -498,10 +510,8 @@ def test_docker_default_with_one_uid_for_all(open_tmp, abi):
             assert_apart(got[network], own_pid_namespace=False, network=network,
                          guard=abi != "abi_7")
             assert got[network]["attack"]["output"]["uid"] == 65534
-        if abi == "abi_7":
-            assert_policy_refused(got["policy"])
-        else:
-            assert_guarded_or_refused(got["policy"])
+        assert_apart(got["policy"], own_pid_namespace=False, network="policy",
+                     guard=abi != "abi_7")
         return
     for network in ALL_NETWORKS:
         assert_refused(got[network], "filesystem")
@@ -524,7 +534,10 @@ def test_kubernetes_restricted(open_tmp, user_python, abi):
             assert_apart(out, own_pid_namespace=False, network=network, guard=True)
             assert out["attack"]["output"]["uid"] == UNPRIVILEGED
             assert out["a_stats"][0]["pid"] != out["b_stats"][0]["pid"]
-        assert_guarded_or_refused(got["policy"])
+        if abi in TCP_RULES:
+            assert_apart(got["policy"], own_pid_namespace=False, network="policy", guard=True)
+        else:
+            assert_policy_refused(got["policy"])
         return
     if abi == "abi_7":
         for network in ("on", "off"):
@@ -533,7 +546,7 @@ def test_kubernetes_restricted(open_tmp, user_python, abi):
             assert out["new_tenant"]["start"] == "template", out["new_tenant"]
             assert_apart(out, own_pid_namespace=False, network=network)
             assert out["attack"]["output"]["uid"] == UNPRIVILEGED
-        assert_policy_refused(got["policy"])
+        assert_apart(got["policy"], own_pid_namespace=False, network="policy")
         return
     for network in ALL_NETWORKS:
         assert_refused(got[network], "filesystem")
