@@ -301,6 +301,9 @@ def render_table(result: dict) -> str:
     if result.get("skipped"):
         lines.append("skipped: " + "; ".join(f"{k}: {v}" for k, v in result["skipped"].items()))
         lines.append("")
+    if result.get("spawn_burst"):
+        from .spawn_burst import render as render_burst
+        lines += ["", *render_burst(result["spawn_burst"])]
     if result.get("templates"):
         from .templates import render
         lines += ["", render(result["templates"])]

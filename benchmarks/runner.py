@@ -34,7 +34,7 @@ from typing import Any, Callable, Optional
 from lcp_sandbox import SandboxedBinding, Supervisor
 
 from . import (breakdown, cold, confined, density, discovery, egress, envs, mcp_section, memory,
-               ray_section, routing, syscalls, targets, templates, throughput, warm)
+               ray_section, routing, spawn_burst, syscalls, targets, templates, throughput, warm)
 from .config import TARGETS, BenchConfig
 from .harness import LIBS, Progress, cpu_busy_jiffies, pin_thread, stop_resource_tracker_if_new, timer_overhead_ns
 from .report import render_table, write_json, write_plot
@@ -180,6 +180,8 @@ class Context:
             n += 1
         if "mcp" not in cfg.skip:
             n += max(1, cfg.mcp_rounds) + 1
+        if "spawn_path" not in cfg.skip:
+            n += 1
         return n
 
     def section(self, name: str, fn: Callable[[], None], catch: bool = False) -> None:
@@ -214,6 +216,7 @@ class Context:
                 cold.run(self, cpaths, prog)
                 cold.zygote(self, prog)
                 cold.ratios(self)
+                self.section("spawn_path", lambda: spawn_burst.run(self, prog), catch=True)
                 self.section("throughput", lambda: throughput.run(self, prog))
                 self.section("memory", lambda: memory.run(self, prog, ppe))
                 self.section("discovery", lambda: discovery.run(self, prog))

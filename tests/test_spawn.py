@@ -303,6 +303,46 @@ def test_the_portable_prepare_says_what_is_missing(monkeypatch):
     assert report["network"].startswith("unavailable") and report["env"].startswith("clean")
 
 
+def _until(check, what, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+def test_a_start_that_finds_no_spare_grows_the_reserve_which_shrinks_when_unused(
+        monkeypatch, libs, tmp_path):
+    # The replacement of a spare handed out comes only after the test is done with it, so
+    # the second start finds none: a burst of new libraries, whatever the machine's speed.
+    monkeypatch.setattr(spawn, "RESERVE_DELAY_S", 600.0)
+    s = Supervisor(start_method="spawn")
+    bindings = []
+    try:
+        s.start()
+        spawner = s._zygote
+        _until(lambda: spawner.stats()["spares"] >= 1, "the first spare")
+        for name in ("burst-a", "burst-b"):
+            b = SandboxedBinding(tools_folders=[libs], supervisor=s, workspace=str(tmp_path),
+                                 tenant=name)
+            bindings.append(b)
+            assert b.execute_tool("tool_get_state", {})["success"]
+        assert spawner.stats()["misses"] == 1
+        assert spawner.stats()["reserve"]["unconfined"] == 2 * spawn.SPARES
+        _until(lambda: spawner.stats()["spares"] == 2 * spawn.SPARES, "the grown reserve")
+        # Unused for SHRINK_AFTER_S: back to SPARES, the extra spares gone.
+        extra = [c.pid for c in spawner._spares[False]][spawn.SPARES:]
+        monkeypatch.setattr(spawn, "SHRINK_AFTER_S", 0.2)
+        with spawner._cond:
+            spawner._cond.notify()
+        _until(lambda: spawner.stats()["reserve"]["unconfined"] == spawn.SPARES, "the shrink")
+        _until(lambda: spawner.stats()["spares"] == spawn.SPARES, "the extra spares' end")
+        assert extra and all(wait_gone(pid) for pid in extra)
+    finally:
+        for b in bindings:
+            b.close()
+        s.close()
+
+
 def test_a_dead_spare_is_never_handed_out(sup, libs, tmp_path):
     sup.start()
     spawner = sup._zygote

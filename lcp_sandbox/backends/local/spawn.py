@@ -13,6 +13,11 @@
           confined worker's process never held the host's secrets.
       settle()  after the call a spare served: its replacement is spawned a moment
                 later, by the spawner's thread (it would take the new worker's CPU)
+      the reserve: SPARES per kind; a start that finds none doubles that kind's reserve
+                (up to SPARES_MAX) and has the thread spawn the rest at once, so a burst
+                of new libraries waits for a whole interpreter a few times, not every
+                other call; after SHRINK_AFTER_S without a hand-out it is SPARES again
+                (the extra spares killed: one wake-up, not a timer)
       close()   every child's tree killed
 
     Child (one per process: what WorkerProcess, the slot and the watchdog ask of a parent)
@@ -51,6 +56,8 @@ from .process import WorkerProcess
 from .slot import Slot
 
 SPARES = 1                  # workers spawned ahead, per kind (unconfined, confined)
+SPARES_MAX = 8              # the most a burst of new libraries grows a kind's reserve to
+SHRINK_AFTER_S = 60.0       # without a hand-out for this long, a grown reserve is SPARES again
 RESERVE_DELAY_S = 0.005     # after a hand-out: its replacement does not compete with the new worker
 _ENTRY = "from lcp_sandbox.worker.spawned import main; main(sys.argv[1])"
 _POSIX = os.name == "posix"
@@ -220,6 +227,9 @@ class Spawner:
         self._cond = threading.Condition(self._lock)
         self._spares: dict[bool, list[Child]] = {False: [], True: []}
         self._kinds = {False}            # the kinds kept in reserve (confined: once asked for)
+        self._reserve = {False: SPARES, True: SPARES}     # spares wanted, per kind
+        self._handed = time.monotonic()  # the last hand-out (a grown reserve shrinks after)
+        self.misses = 0                  # starts that found no spare of their kind
         self._children: dict[int, Child] = {}
         self._due = time.monotonic()     # when the thread spawns what is missing (0: not owed)
         self.owed = False                # a spare was handed out: settle() owes its replacement
@@ -270,14 +280,21 @@ class Spawner:
         self._on_exit(pid, status)
 
     def _take(self, confined: bool) -> Optional[Child]:
-        with self._lock:
+        with self._cond:
             self._kinds.add(confined)
             self.owed = True
+            self._handed = time.monotonic()
             spares = self._spares[confined]
             while spares:
                 child = spares.pop(0)
                 if not child.reaped():
                     return child
+            # None left: calls come faster than one spare is replaced.  A larger reserve,
+            # spawned now (beside this start's own interpreter, not after its call).
+            self.misses += 1
+            self._reserve[confined] = min(SPARES_MAX, 2 * self._reserve[confined])
+            self._due = time.monotonic()
+            self._cond.notify()
         return None
 
     def settle(self) -> None:
@@ -292,11 +309,14 @@ class Spawner:
         while True:
             with self._cond:
                 while self.alive and (not self._due or self._due > time.monotonic()):
-                    self._cond.wait(None if not self._due else self._due - time.monotonic())
+                    if self._shrink():
+                        continue
+                    self._cond.wait(self._wait_s())
                 if not self.alive:
                     return
                 self._due = 0.0
-                missing = [k for k in self._kinds for _ in range(SPARES - len(self._spares[k]))]
+                missing = [k for k in self._kinds
+                           for _ in range(self._reserve[k] - len(self._spares[k]))]
             for confined in missing:
                 try:
                     child = self._spawn(confined)
@@ -305,10 +325,34 @@ class Spawner:
                 with self._lock:
                     self._spares[confined].append(child)
 
+    def _wait_s(self) -> Optional[float]:
+        """(holding the lock) How long the thread may sleep: until what is owed is due, or
+        until a grown reserve shrinks; None: until notified."""
+        now = time.monotonic()
+        waits = [self._due - now] if self._due else []
+        if max(self._reserve.values()) > SPARES:
+            waits.append(self._handed + SHRINK_AFTER_S - now)
+        return max(0.0, min(waits)) if waits else None
+
+    def _shrink(self) -> bool:
+        """(holding the lock) After SHRINK_AFTER_S without a hand-out, a grown reserve is
+        SPARES again and its extra spares are killed; True when it shrank."""
+        if (max(self._reserve.values()) <= SPARES
+                or time.monotonic() - self._handed < SHRINK_AFTER_S):
+            return False
+        for kind, spares in self._spares.items():
+            self._reserve[kind] = SPARES
+            while len(spares) > SPARES:
+                spares.pop().kill()
+        return True
+
     def stats(self) -> dict[str, Any]:
         with self._lock:
             return {"spares": sum(len(s) for s in self._spares.values()),
-                    "children": len(self._children)}
+                    "children": len(self._children),
+                    "reserve": {"unconfined": self._reserve[False],
+                                "confined": self._reserve[True]},
+                    "misses": self.misses}
 
     def close(self, timeout: float = 5.0) -> None:
         """Kill every child's tree and stop the spawner's thread."""
