@@ -629,6 +629,19 @@ def test_without_a_namespace_no_other_process_can_speak_for_a_policy_worker(
     assert poll(lambda: spare not in no_netns.egress._by_port)
 
 
+def test_without_a_namespace_what_a_tool_writes_on_its_dialer_leaves_its_sockets_coming(
+        no_netns, servers, open_tmp_module):
+    """Requests of its own on its dialer (the proxy's port, sockets) leave answers waiting
+    there: the worker's next sockets still come, from the proxy."""
+    ports, _ = servers
+    t = binding(no_netns, open_tmp_module, "np-dialer",
+                {"allow": [f"127.0.0.1:{ports['allowed']}"]})
+    assert out(t, "tool_dialer_write", data="pspps") == 1
+    for _ in range(3):
+        got = out(t, "tool_urllib", url=f"http://127.0.0.1:{ports['allowed']}/dialer")
+        assert got == {"status": 200, "body": "allowed /dialer"}
+
+
 @pytest.mark.parametrize("abi", [3, None], ids=["landlock_abi_3", "without_landlock"])
 def test_without_a_namespace_nor_landlock_tcp_rules_a_policy_is_refused_naming_both(
         no_netns, open_tmp_module, abi):

@@ -65,7 +65,7 @@ from typing import Any, Callable, Coroutine, Optional
 
 from ... import protocol as P
 from ...core.egress_rules import Address, Decision, Policy, canonical_host, policy_of
-from ...worker.confine.egress import A_SOCKET, ASK_PORT, ASK_SOCKET
+from ...worker.confine.egress import A_SOCKET, ASK_PORT, ASK_SOCKET, NO_SOCKET
 from ..metrics import Metrics
 from .egress_conn import HEAD_TIMEOUT_S, Refused, response, serve
 from .slot import Slot
@@ -277,7 +277,7 @@ class EgressProxy:
         except OSError:
             sock.close()
             try:
-                dialer.send(b"n", socket.MSG_NOSIGNAL)
+                dialer.send(NO_SOCKET, socket.MSG_NOSIGNAL)
             except OSError:
                 pass
             return

@@ -53,7 +53,7 @@ _SUPPLY: list[socket.socket] = []
 _SUPPLY_LOCK = threading.Lock()
 # What the dialer carries (backends/local/egress.py reads them): ask the proxy's port, ask
 # for a socket; the answer to the latter: a socket, or none (the worker holds too many)
-ASK_PORT, ASK_SOCKET, A_SOCKET = b"p", b"s", b"s"
+ASK_PORT, ASK_SOCKET, A_SOCKET, NO_SOCKET = b"p", b"s", b"s", b"n"
 _ANSWER_S = 10.0
 _TYPE_MASK = 0xF
 
@@ -119,13 +119,26 @@ def supply(family: int = -1, type: int = -1, proto: int = -1,
     with _SUPPLY_LOCK:
         dialer = _SUPPLY[0]
         dialer.sendall(ASK_SOCKET)
+        fds = _answer(dialer)
+    return socket.AF_INET, socket.SOCK_STREAM, 0, fds[0]
+
+
+def _answer(dialer: socket.socket) -> list[int]:
+    """The proxy's answer to a request for a socket: its descriptor (one).  What else is
+    waiting on the dialer is passed over (answers to what a tool itself wrote there: a
+    port's digits); a refusal or the dialer's end raises OSError."""
+    while True:
         data, fds, _, _ = socket.recv_fds(dialer, 1, 1, socket.MSG_CMSG_CLOEXEC)
-    if data != A_SOCKET or not fds:
+        if data == A_SOCKET and fds:
+            return fds
         for fd in fds:
             os.close(fd)
-        raise OSError(errno.EMFILE, "the host's egress proxy hands this worker no more TCP "
-                                    "sockets (too many made and not yet connected)")
-    return socket.AF_INET, socket.SOCK_STREAM, 0, fds[0]
+        if data == NO_SOCKET or data == A_SOCKET:
+            # (a socket whose descriptor did not fit: this process has too many open)
+            raise OSError(errno.EMFILE, "the host's egress proxy hands this worker no more "
+                                        "TCP sockets")
+        if not data:
+            raise OSError(errno.ECONNRESET, "the host's egress proxy is gone")
 
 
 _PLAIN_INIT = socket.socket.__init__

@@ -314,3 +314,17 @@ def tool_send(host: str, port: int, data: str) -> dict:
         except OSError as e:
             return {"success": True, "output": {"answer": got.decode(), "error": _error(e)}}
     return {"success": True, "output": {"answer": got.decode(), "error": ""}}
+
+
+def tool_dialer_write(data: str) -> dict:
+    """Write ``data`` on this worker's own dialer to the proxy (what a confused or hostile
+    tool may do): how many dialers it found.
+
+    Args:
+        data (str): the bytes, as latin-1 characters
+    """
+    dialers = [o for o in gc.get_objects() if isinstance(o, socket.socket)
+               and o.family == socket.AF_UNIX and _peer(o).endswith("proxy.sock")]
+    for d in dialers:
+        d.sendall(data.encode("latin-1"))
+    return {"success": True, "output": len(dialers)}
