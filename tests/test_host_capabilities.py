@@ -51,6 +51,17 @@ def tool_sleep(seconds: float) -> dict:
     return {"success": True, "output": "awake"}
 
 
+def tool_leave_a_process_and_exit() -> dict:
+    """Fork a process that sleeps, then end this worker (what it left is the zygote's
+    to kill)."""
+    if os.fork() == 0:
+        # (the worker's socket closed here too: its end is seen at once)
+        os.closerange(0, 4096)
+        time.sleep(30)
+        os._exit(0)
+    os._exit(3)
+
+
 def tool_leave_temp_files() -> dict:
     """A folder with a file in this worker's temp dir; its path."""
     folder = tempfile.mkdtemp()
@@ -60,12 +71,13 @@ def tool_leave_temp_files() -> dict:
 '''
 
 HOST = '''\
-import ctypes, json, os, sys
+import ctypes, json, logging, os, sys
 import psutil
 from lcp_sandbox import SandboxedBinding, Supervisor
 from lcp_sandbox.backends.local import handover
 from lcp_sandbox.system.capabilities import NUMBERS
 
+logging.basicConfig(level=logging.WARNING)
 for name in filter(None, os.environ.get("DROP_BOUNDING", "").split(",")):
     # out of the bounding set only: this process keeps using it, what it starts does not
     assert ctypes.CDLL(None).prctl(24, ctypes.c_ulong(NUMBERS[name]), 0, 0, 0) == 0
@@ -85,6 +97,10 @@ out["temp"] = b.execute_tool("tool_leave_temp_files", {})
 out["sleep"] = b.execute_tool("tool_sleep", {"seconds": 30}, timeout_s=1)
 out["alive"] = [p for p in out["pids"] if psutil.pid_exists(p)
                 and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+if os.environ.get("LEAVE_A_PROCESS") and out["whoami"].get("success"):
+    out["left"] = b.execute_tool("tool_leave_a_process_and_exit", {})
+    out["of_its_uid"] = [p.pid for p in psutil.process_iter(["uids"])
+                         if p.info["uids"].real == out["whoami"]["output"]]
 b.close()
 sup.close()
 if out["temp"].get("success"):
@@ -96,10 +112,11 @@ MANAGED = ("KILL", "CHOWN", "FOWNER", "DAC_OVERRIDE", "SETUID", "SETGID", "SETPC
 
 
 def host(tmp: Path, drop: str, mode: str = "per-tenant", unchecked: tuple = (),
-         bounding: str = "") -> dict:
+         bounding: str = "", leave: bool = False) -> dict:
     """Run HOST as root under Docker's default profile and capabilities, less ``drop``
     ("" for none), the capabilities ``unchecked`` left out of the check, ``bounding``
-    dropped by HOST from its bounding set alone; what its calls answered."""
+    dropped by HOST from its bounding set alone (``leave``: a worker leaves a process
+    behind); what its calls answered, and its stderr."""
     work = tmp / f"{drop or 'all'}-{mode}-{bounding}"
     (work / "libs").mkdir(parents=True)
     (work / "libs" / "capprobe.py").write_text(LIBRARY)
@@ -115,9 +132,10 @@ def host(tmp: Path, drop: str, mode: str = "per-tenant", unchecked: tuple = (),
     cmd = [sys.executable, str(work / "without_landlock.py"), "--docker-default",
            "--keep-landlock", *cmd]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=work,
-                          env={**os.environ, "HOME": str(work), "DROP_BOUNDING": bounding})
+                          env={**os.environ, "HOME": str(work), "DROP_BOUNDING": bounding,
+                               "LEAVE_A_PROCESS": "1" if leave else ""})
     assert done.returncode == 0, (drop, done.stderr[-3000:])
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return {**json.loads(done.stdout.strip().splitlines()[-1]), "stderr": done.stderr}
 
 
 @pytest.fixture(scope="module")
@@ -152,16 +170,24 @@ def test_the_zygote_that_kills_is_checked_for_cap_kill_not_the_host_alone(open_t
 
 def test_a_kill_refused_is_never_reported_as_done(open_tmp, needs_capsh):
     """Past the check (switched off here): without CAP_KILL the zygote's kill of the
-    timed-out worker is refused, and the call says so instead of "its worker was killed"."""
-    out = host(open_tmp, "KILL", unchecked=("KILL",))
+    timed-out worker is refused, and the call says so instead of "its worker was killed";
+    what a worker that ended left behind and could not be killed is logged."""
+    out = host(open_tmp, "KILL", unchecked=("KILL",), leave=True)
     assert out["whoami"]["status_code"] == 200
     error = out["sleep"]["error"]
     assert "could not be killed (Operation not permitted)" in error, error
     assert "was killed" not in error
-    # it does live on: this test's root (every capability) ends it
-    assert out["alive"] == out["pids"]
-    for pid in out["alive"]:
-        os.kill(pid, signal.SIGKILL)
+    try:
+        # they do live on: this test's root (every capability) ends them
+        assert out["alive"] == out["pids"]
+        assert "exited with code 3" in out["left"]["error"]
+        assert "could not kill worker" in out["stderr"], out["stderr"]
+        assert "the processes it left could not be killed (Operation not permitted)" in out[
+            "stderr"], out["stderr"]
+        assert len(out["of_its_uid"]) >= 2
+    finally:
+        for pid in out["of_its_uid"]:
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_with_all_of_them_calls_run_stop_and_leave_nothing(open_tmp):

@@ -4,8 +4,10 @@
       FORK(req, flags) + [sock, log] ► hand them to a spare worker (FORK_PIDNS: one
       ◄── FORKED(req, pid)             that is pid 1 of a PID namespace of its own)
       KILL(pid) / SIGNAL(pid, sig) ──► kill a worker's tree / signal it
-      ◄── KILL_FAILED(pid, errno)      a kill of that tree was refused (EPERM: the
-                                       zygote lacks CAP_KILL over the worker's uid)
+      ◄── KILL_FAILED(pid, errno, ended)  a kill of that tree was refused (EPERM: the
+                                       zygote lacks CAP_KILL over the worker's uid): at
+                                       KILL, or (ended: 1) of what it left behind when
+                                       it ended, just before its EXITED
       ◄── EXITED(pid, status)          a worker was reaped
       ◄── READY(zygote pid)            once, when it can fork
       TEMPLATE(req) + [conn] fd ──────► fork a template (worker/template.py) on that

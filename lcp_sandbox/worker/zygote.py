@@ -17,7 +17,9 @@ them, reports how they ended, and kills process trees.
       TFORK(req, tpid) + [sock, log] ►  hand them to that template's spare (registered
       ◄── FORKED(req, pid, 1)           with its kernel-given pid); a plain one if none
       KILL(pid) ─────────────────────►  kill the worker's tree
-      ◄── KILL_FAILED(pid, errno)       a kill of it was refused (it lives on)
+      ◄── KILL_FAILED(pid, errno, ended)  a kill of its tree was refused (what it could
+                                        not kill lives on): at KILL, or (ended: 1) once
+                                        it ended, before its EXITED
       ◄── EXITED(pid, status)           SIGCHLD: reap; kill orphans left behind
       EOF (host gone or closing) ────►  kill every worker, exit
 
@@ -406,8 +408,12 @@ class Zygote:
                     status = own
                 code = status_from_wait(status)
                 # its group may outlive it (a template's: its spares handed out are kept)
-                _kill_tree(pid, frozenset(workers) if pid in templates else frozenset())
+                refused = _kill_tree(pid, frozenset(workers) if pid in templates
+                                     else frozenset())
                 try:
+                    # what it left behind and could not be killed lives on: the host says so
+                    if refused:
+                        self.ctl.send(pack(KILL_FAILED, pid, refused, 1))
                     self.ctl.send(pack(EXITED, pid, code))
                 except OSError:
                     pass

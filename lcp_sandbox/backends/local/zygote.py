@@ -8,7 +8,8 @@ kill and signal workers, learn how they ended.
     template(conn) ── TEMPLATE + fd ────► ◄── FORKED(template pid)
     kill / signal(pid) ── KILL / SIGNAL ─►
     reader thread ◄── EXITED(pid, status) ── wait_exit(), on_exit(pid, status)
-                  ◄── KILL_FAILED(pid, errno) ── kill_refused(pid); wait_exit() gives up
+                  ◄── KILL_FAILED(pid, errno, ended) ── logged; a live one's: kill_refused(pid),
+                                                        wait_exit() gives up
 
     take() ── a worker forked ahead (FORK sent when nobody waited, then PRIME: the
               host's environment and sys.path, set while nobody waits): it holds its
@@ -174,12 +175,16 @@ class Zygote:
                 self._cond.notify_all()
             if self._on_exit:
                 self._on_exit(a, b)
-        elif kind == KILL_FAILED:                # (pid, errno)
+        elif kind == KILL_FAILED:                # (pid, errno, after it ended)
+            why = os.strerror(b) if 0 < b < 4096 else f"errno {b}"
+            if c:
+                log.warning("worker %d ended; the processes it left could not be killed (%s) "
+                            "and live on", a, why)
+                return
             with self._cond:
                 self._refused[a] = b
                 self._cond.notify_all()
-            log.warning("the zygote could not kill worker %d (%s): it lives on", a,
-                        os.strerror(b) if 0 < b < 4096 else f"errno {b}")
+            log.warning("the zygote could not kill worker %d (%s): it lives on", a, why)
 
     def fork(self, sock_fd: int, log_fd: int, template: int = 0, pidns: bool = False) -> Forked:
         """Start a worker serving ``sock_fd``; the future's result is its pid.
