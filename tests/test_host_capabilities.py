@@ -1,6 +1,8 @@
 """A root host in a default container that lacks a capability it needs to manage workers
-of another uid answers 503 naming it, before anything runs; with all of them, calls run,
-a call past its timeout is stopped and temp files are removed.
+of another uid answers 503 naming it, before anything runs (CAP_KILL counted in what the
+zygote it starts holds); with all of them, calls run, a call past its timeout is stopped
+and temp files are removed.  With the check switched off, a kill the kernel refuses is
+said, never reported as done.
 
 Each host is a process of its own under Docker's default profile and capabilities
 (tests/without_landlock.py --docker-default), with one more capability dropped by
