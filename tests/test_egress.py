@@ -117,6 +117,20 @@ def by_port(protections: dict) -> bool:
     return "no network namespace of its own" in protections["network"]
 
 
+def test_a_worker_in_a_namespace_of_its_own_gets_no_socket_of_the_host_s_network(
+        one_port, servers, sup):
+    """The proxy hands TCP sockets (of the host's network) only to a worker that proved it
+    has no namespace of its own: else one could reach every port of the host's loopback."""
+    ports, made = servers
+    seen = list(made["other"].seen)
+    got = out(one_port, "tool_dialer_socket", host="127.0.0.1", port=ports["other"])
+    # (where it has no namespace, it is given one, and Landlock's TCP rules hold it)
+    protections = sup.stats(tenant="one-port")[0]["protections"]
+    assert got == "PermissionError EACCES" if by_port(protections) else \
+        got.startswith("no socket"), got
+    assert made["other"].seen == seen
+
+
 def test_the_metadata_address_is_refused_at_once(one_port):
     started = time.monotonic()
     got = out(one_port, "tool_urllib", url="http://169.254.169.254/latest/meta-data/")

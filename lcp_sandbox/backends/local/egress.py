@@ -85,6 +85,8 @@ TOKEN_BYTES = 32
 # Refusals logged per worker (then counted only)
 _LOGGED_PER_WORKER = 20
 _IDLE_THREADS = 32
+# SOL_SOCKET's SO_NETNS_COOKIE (the same number on every architecture the engine filters)
+_SO_NETNS_COOKIE = 71
 
 
 @dataclass
@@ -241,18 +243,25 @@ class EgressProxy:
                 return
             if not data and not fds:
                 return                                      # the worker ended
-            for fd in fds:
-                self._take(handed.ident, fd, handed.came)
+            if ASK_PORT in data and fds:
+                handed.by_port = handed.by_port or _in_hosts_network(fds)
+            else:
+                for fd in fds:
+                    self._take(handed.ident, fd, handed.came)
             for asked in data:
                 if asked == ASK_PORT[0]:
-                    self._send_port(loop, dialer)
+                    self._send_port(loop, dialer, handed)
                 elif asked == ASK_SOCKET[0]:
                     self._hand(dialer, handed)
 
     # ------------------------------------------------------------ by port
-    def _send_port(self, loop: asyncio.AbstractEventLoop, dialer: socket.socket) -> None:
+    def _send_port(self, loop: asyncio.AbstractEventLoop, dialer: socket.socket,
+                   handed: _Handed) -> None:
         """Tell a worker without a namespace the by-port listener's port (open it now if
-        none is)."""
+        none is); 0 to a worker that did not prove it is in the host's network."""
+        if not handed.by_port:
+            _send(dialer, b"0\n")
+            return
         if self._tcp is None:
             tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             tcp.bind(("0.0.0.0", 0))
@@ -260,15 +269,17 @@ class EgressProxy:
             tcp.setblocking(False)
             self._tcp = tcp
             self._spawn(loop, self._accept_by_port(tcp))
-        try:
-            dialer.send(b"%d\n" % self._tcp.getsockname()[1])
-        except OSError:
-            pass
+        _send(dialer, b"%d\n" % self._tcp.getsockname()[1])
 
     def _hand(self, dialer: socket.socket, handed: _Handed) -> None:
         """A new TCP socket for the worker of ``handed``, bound to 127.0.0.1 (it reaches
         no address but the host's own), kept here to know its connection by; the oldest
-        kept beyond max_per_worker is let go (a connection from it is then refused)."""
+        kept beyond max_per_worker is let go (a connection from it is then refused).  Only
+        to a worker in the host's network: a socket of the host's network in a namespace of
+        its own would reach every port of the host's loopback."""
+        if not handed.by_port:
+            _send(dialer, NO_SOCKET)
+            return
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
             sock.bind(("127.0.0.1", 0))
@@ -276,10 +287,7 @@ class EgressProxy:
             socket.send_fds(dialer, [A_SOCKET], [sock.fileno()], socket.MSG_NOSIGNAL)
         except OSError:
             sock.close()
-            try:
-                dialer.send(NO_SOCKET, socket.MSG_NOSIGNAL)
-            except OSError:
-                pass
+            _send(dialer, NO_SOCKET)
             return
         with self._lock:
             handed.sockets[port] = sock
@@ -426,6 +434,8 @@ class _Handed:
     ident: Identity
     came: set["_Connection"]
     sockets: dict[int, socket.socket] = field(default_factory=dict)
+    # whether its worker proved it is in the host's network (_in_hosts_network())
+    by_port: bool = False
 
     def close(self) -> None:
         for sock in self.sockets.values():
@@ -526,6 +536,40 @@ def _resolve(host: str, port: int) -> list[Address]:
     except OSError as exc:
         raise Refused(502, f"{host} cannot be resolved ({exc})") from None
     return list(dict.fromkeys(ipaddress.ip_address(str(i[4][0]).split("%")[0]) for i in infos))
+
+
+def _send(dialer: socket.socket, data: bytes) -> None:
+    """A short answer on a dialer (a worker that does not read its answers loses them)."""
+    try:
+        dialer.send(data, socket.MSG_NOSIGNAL)
+    except OSError:
+        pass
+
+
+def _netns_cookie(sock: socket.socket) -> Optional[bytes]:
+    """The cookie of the network namespace ``sock`` was made in (Linux 5.14+), or None."""
+    try:
+        return sock.getsockopt(socket.SOL_SOCKET, _SO_NETNS_COOKIE, 8)
+    except OSError:
+        return None
+
+
+def _in_hosts_network(fds: list[int]) -> bool:
+    """Whether the first of ``fds`` (all closed here) is a socket made in the proxy's own
+    network namespace: a worker's proof, sent with its request for the port, that it has
+    no namespace of its own (it makes no socket of the host's network otherwise)."""
+    proof: Optional[bytes] = None
+    for i, fd in enumerate(fds):
+        try:
+            if i == 0 and stat.S_ISSOCK(os.fstat(fd).st_mode):
+                with socket.socket(fileno=os.dup(fd)) as sock:
+                    proof = _netns_cookie(sock)
+        except OSError:
+            pass
+        os.close(fd)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as own:
+        mine = _netns_cookie(own)
+    return proof is not None and proof == mine
 
 
 def _stream_socket(fd: int) -> Optional[socket.socket]:

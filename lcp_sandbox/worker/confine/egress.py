@@ -91,7 +91,11 @@ def dial_by_port(egress: dict) -> Union[int, str]:
         dialer = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         dialer.settimeout(_ANSWER_S)
         dialer.connect(egress["socket"])
-        dialer.sendall(egress["token"].encode("ascii") + b"\n" + ASK_PORT)
+        dialer.sendall(egress["token"].encode("ascii") + b"\n")
+        # with a socket of its network: the proof that it is the host's (the proxy hands
+        # sockets of the host's network to no worker in a namespace of its own)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as proof:
+            socket.send_fds(dialer, [ASK_PORT], [proof.fileno()])
         line = b""
         while not line.endswith(b"\n") and len(line) < 8:
             got = dialer.recv(8 - len(line))
@@ -99,6 +103,8 @@ def dial_by_port(egress: dict) -> Union[int, str]:
                 raise ConnectionResetError("the proxy closed the dialer")
             line += got
         port = int(line)
+        if not port:
+            raise ValueError("the proxy says this worker is not in the host's network")
         dialer.settimeout(None)
     except (OSError, ValueError) as exc:
         return f"the host's egress proxy cannot be reached: {exc}"

@@ -328,3 +328,38 @@ def tool_dialer_write(data: str) -> dict:
     for d in dialers:
         d.sendall(data.encode("latin-1"))
     return {"success": True, "output": len(dialers)}
+
+
+def tool_dialer_socket(host: str, port: int) -> dict:
+    """Ask the proxy for a TCP socket on this worker's own dialer, as a worker without a
+    network namespace does (its port, with a socket of its own network, then a socket),
+    and connect it to host:port: what happened.
+
+    Args:
+        host (str): host
+        port (int): port
+    """
+    dialers = [o for o in gc.get_objects() if isinstance(o, socket.socket)
+               and o.family == socket.AF_UNIX and _peer(o).endswith("proxy.sock")]
+    d = dialers[0]
+    d.settimeout(5)
+    # with a socket of its own network, as its proof
+    with socket.socket() as proof:
+        socket.send_fds(d, [b"p"], [proof.fileno()])
+    d.sendall(b"s")
+    try:
+        while True:
+            data, fds, _, _ = socket.recv_fds(d, 1, 1)
+            if fds or data in (b"", b"n"):
+                break
+    except socket.timeout:
+        return {"success": True, "output": "no answer"}
+    if not fds:
+        return {"success": True, "output": f"no socket ({data!r})"}
+    s = socket.socket(fileno=fds[0])
+    try:
+        s.settimeout(5)
+        s.connect((host, port))
+        return {"success": True, "output": "connected"}
+    except OSError as e:
+        return {"success": True, "output": _error(e)}
