@@ -143,28 +143,43 @@ class Encoder:
             raise Unsendable(f"{type(exc).__name__}: {exc}") from None
         return _HDR.pack(len(body), kind) + body
 
-    def _plain(self, v: Any, depth: int) -> Any:
+    def _plain(self, v: Any, depth: int) -> Any:  # noqa: C901 (hot: one frame per container)
         """``v`` with what msgpack would pack wrongly fixed: non-str keys, big ints.
         Returns ``v`` itself when nothing needed fixing (the common case).  Leaves
-        are checked inline (one set lookup): this runs on every message a worker sends."""
+        are checked inline (one set lookup): this runs on every message a worker sends.
+        (A loop per container type: one shared loop tested the type on every item.)"""
         t = type(v)
-        if t is dict or t is list:
+        if t is dict:
             if depth > MAX_DEPTH:
                 raise Unsendable(f"nested deeper than {MAX_DEPTH} levels")
-            is_dict = t is dict
             out = None
-            for k, x in (v.items() if is_dict else enumerate(v)):
-                if is_dict and type(k) is not str and type(k) is not bytes:
+            for k, x in v.items():
+                tk = type(k)
+                if tk is not str and tk is not bytes:
                     return self._pairs(v, depth)
                 tx = type(x)
-                if tx in _SCALAR or (tx is int and _INT_MIN <= x <= _INT_MAX):
+                if tx in _SCALAR or tx is int and _INT_MIN <= x <= _INT_MAX:
                     continue
                 y = self._plain(x, depth + 1)
                 if y is not x:
                     if out is None:
-                        out = t(v)
+                        out = dict(v)
                     out[k] = y
             return v if out is None else out
+        if t is list:
+            if depth > MAX_DEPTH:
+                raise Unsendable(f"nested deeper than {MAX_DEPTH} levels")
+            changed = None
+            for i, x in enumerate(v):
+                tx = type(x)
+                if tx in _SCALAR or tx is int and _INT_MIN <= x <= _INT_MAX:
+                    continue
+                y = self._plain(x, depth + 1)
+                if y is not x:
+                    if changed is None:
+                        changed = list(v)
+                    changed[i] = y
+            return v if changed is None else changed
         if t is int and not _INT_MIN <= v <= _INT_MAX:
             return msgpack.ExtType(_X_BIGINT,
                                    v.to_bytes((v.bit_length() + 8) // 8, "big", signed=True))
@@ -341,6 +356,8 @@ def valid_ref(ref: Any, worker_ref: bool = False) -> bool:
 
 
 # Shapes of worker -> host messages: field count and a check per field.
+_OUTCOMES = frozenset({OK, TIMED_OUT, OUT_OF_MEMORY, LOAD_FAILED, RAISED})
+
 def _is_str_dict(d: Any) -> bool:
     return type(d) is dict and all(type(k) is str and type(v) is str and len(v) < 4096
                                    for k, v in d.items())
@@ -354,8 +371,8 @@ def parse_from_worker(kind: int, payload: Union[bytes, memoryview], decoder: Dec
         raise ProtocolViolation(f"message of kind {kind} is not a list of fields")
     n = len(fields)
     if kind == RESULT:
-        if n != 3 or type(fields[1]) is not int or type(fields[2]) is not str or fields[1] not in (
-                OK, TIMED_OUT, OUT_OF_MEMORY, LOAD_FAILED, RAISED):
+        if (n != 3 or type(fields[1]) is not int or type(fields[2]) is not str
+                or fields[1] not in _OUTCOMES):
             raise ProtocolViolation("malformed RESULT")
         if fields[1] == RAISED and not is_error(fields[0]):
             raise ProtocolViolation("malformed error in RESULT")
