@@ -28,6 +28,11 @@ this holds):
                                                           own end; any other connection is
                                                           closed unread
 
+A worker asks for the port ("p") with a socket it made: the proxy answers (0 otherwise), and
+later hands it sockets, only if that socket is of the proxy's own network namespace
+(SO_NETNS_COOKIE): a worker in a namespace of its own must never hold a socket of the host's
+network (no Landlock rule holds its ports).
+
 Without such a worker the proxy listens on no address of the host's interfaces: its one
 listening socket is then a unix socket in a folder only the host's user may enter, and a
 worker reaches it only through the dialer it opened before its confinement (its system call

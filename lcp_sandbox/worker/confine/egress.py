@@ -16,7 +16,9 @@ Where it cannot have a namespace of its own (a default container refuses unshare
 in the host's network, and the proxy is reached by port instead (Landlock ABI 4+):
 
     dial_by_port()     connects the dialer and sends the token as above, then asks the proxy
-                       for its TCP port P (the proxy listens on it for such workers only)
+                       for its TCP port P (the proxy listens on it for such workers only),
+                       with a TCP socket of its own as the proof that it is in the host's
+                       network (the proxy compares its network namespace with its own)
                        and announces http://127.0.0.1:P; the caller then applies Landlock's
                        TCP rules (connect to P only, bind nothing, landlock.restrict_tcp())
                        and the system call filter that refuses every new socket but
