@@ -195,3 +195,56 @@ def test_a_guard_that_is_not_in_force_leaves_processes_unavailable():
           "several threads))"
     got = _processes("", "on (ABI 5, no scope)", "", "blocked (seccomp: ...)", why)
     assert got.startswith("unavailable (in no PID namespace") and why in got, got
+
+
+def test_workers_of_a_guarded_template_are_apart():
+    """A template holds the guard (its listener); the workers forked from it inherit its
+    filter.  Each worker the host knows (Member.join(), by the pid the zygote reports) is
+    a tree of its own: it signals its own child, not its sibling nor the template."""
+    host_sock, its_sock = socket.socketpair()
+    pids_r, pids_w = os.pipe()
+    go_r, go_w = os.pipe()
+    out_r, out_w = os.pipe()
+    template = os.fork()
+    if template == 0:
+        try:
+            host_sock.close()
+            assert not worker_guard.install(os.uname().machine)
+            worker_guard.hand_over(its_sock)
+            sibling = os.fork()
+            if sibling == 0:
+                time.sleep(60)
+                os._exit(0)
+            worker = os.fork()
+            if worker == 0:
+                os.read(go_r, 1)
+                got = {"sibling": _outcome(lambda: os.kill(sibling, 0)),
+                       "template": _outcome(lambda: os.kill(os.getppid(), 0)),
+                       "own_child": _outcome(lambda: _own_child(group=False))}
+                os.write(out_w, json.dumps(got).encode())
+                os._exit(0)
+            os.write(pids_w, json.dumps([worker, sibling]).encode())
+            os.waitpid(worker, 0)
+            os.kill(sibling, signal.SIGKILL)
+            os.waitpid(sibling, 0)
+        finally:
+            os._exit(0)
+    its_sock.close()
+    for fd in (pids_w, go_r, out_w):
+        os.close(fd)
+    watch = pid_guard.receive(host_sock, time.monotonic() + 30, template)
+    assert isinstance(watch, pid_guard.Watch), watch
+    worker, sibling = json.loads(os.read(pids_r, 100))
+    members = [pid_guard.Member(watch), pid_guard.Member(watch)]
+    members[0].join(worker)
+    members[1].join(sibling)
+    os.write(go_w, b"g")
+    with os.fdopen(out_r, "rb") as f:
+        got = json.loads(f.read())
+    os.waitpid(template, 0)
+    for fd in (pids_r, go_w):
+        os.close(fd)
+    host_sock.close()
+    assert got == {"sibling": "PermissionError", "template": "PermissionError",
+                   "own_child": "killed by 9"}, got
+    pid_guard.release(watch)

@@ -122,7 +122,7 @@ def main(chan_fd: int, conn_fd: int, zygote_pid: int) -> None:
         init = cast(P.Init, P.loads_from_host(kind, payload))
     except Exception:
         os._exit(0)
-    verdict = _import(init, chan_fd)
+    verdict = _import(init, chan_fd, conn.sock)
     try:
         conn.send_encoded(P.Encoder(repr).encode(P.READY, [{"template": verdict}]))
     except OSError:
@@ -149,11 +149,11 @@ def _fds() -> set[str]:
     return set(os.listdir("/proc/self/fd"))
 
 
-def _import(init: P.Init, chan_fd: int) -> str:
+def _import(init: P.Init, chan_fd: int, channel: socket.socket) -> str:
     """Import the library's files as a worker would; "ok" or "refused: why"."""
     from .loop import PERSISTENT_PREFIX, PRELOADED
     if init.confine is not None:                 # confined: narrowed first (_confined)
-        why = _confined(init, chan_fd)
+        why = _confined(init, chan_fd, channel)
         if why:
             return why
     else:
@@ -184,17 +184,21 @@ def _import(init: P.Init, chan_fd: int) -> str:
     return _leftovers(before)
 
 
-def _confined(init: P.Init, chan_fd: int) -> str:
+def _confined(init: P.Init, chan_fd: int, channel: socket.socket) -> str:
     """A confined template applies, before it imports anything, all that does not
     depend on a tenant (confine.prepare(shared=True)): the clean environment, its own
     network namespace with the network off, a first Landlock layer (write: beneath the
     tenants' folder and its workers' temp-dir parent, which INIT names as its root and
     temp dir), its workers' uid, no capabilities, the system call filter.  "" or why
-    its workers must start otherwise."""
+    its workers must start otherwise.  The host's guard, where it holds processes, gets
+    its listener on ``channel`` (confine/guard.py) before anything is imported."""
     from .confine import prepare
+    from .confine.guard import hand_over
     from .confine.handoff import send_key
     report = prepare(init, shared=True)
     conf = init.confine or {}
+    if conf.get("pid_guard"):
+        hand_over(channel)
     if not report.get("privileges", "").startswith("uid "):
         return f"refused: its privileges were not dropped ({report.get('privileges')})"
     missing = refused(report, init.limits, True)

@@ -24,6 +24,11 @@ process in it is in the tree; kill(-1) never does.  After deciding, the guard ch
 notification is still pending (SECCOMP_IOCTL_NOTIF_ID_VALID) and answers
 SECCOMP_USER_NOTIF_FLAG_CONTINUE (Linux 5.5) or EPERM.
 
+A template's listener (templates.py receives it the same way) answers for the template and
+for each worker the zygote reported forking from it (Member.join(), from WorkerProcess before
+its first call): a caller's tree is the first of those roots on its chain of parents; a spare
+not yet a worker (re-parented to the zygote) has none, and is refused everything it names.
+
 One thread serves every listener of the host (epoll); a listener is dropped when its
 worker is reaped or when no process uses its filter any more (EPOLLHUP, Linux 5.8).
 """
@@ -44,12 +49,9 @@ from typing import Callable, Optional, Union
 
 from ... import protocol as P
 from ...core.syscall_numbers import number
-from ...worker.confine.guard import GUARDED, HANDSHAKE
+from ...worker.confine.guard import GUARDED, HANDSHAKE, REPORT_START
 
 log = logging.getLogger("lcp_sandbox")
-#: The guard's report in stats(), as the worker states it (vouched() keeps it only when
-#: the host holds the worker's listener).
-REPORT_START = "on (the host's guard (seccomp user notification)"
 _RECV, _SEND = 0xC0502100, 0xC0182101
 _ID_VALID = (0x40082102, 0x80082102)
 _NOTIF = struct.Struct("<QIIiIQ6Q")
@@ -64,15 +66,43 @@ _MAX_DEPTH = 4096
 
 @dataclass
 class Watch:
-    """One worker's listener, as the guard holds it."""
+    """One listener, as the guard holds it: a fresh worker's, or a template's (whose
+    workers, forked from it and adopted one by one, each have their own tree)."""
     fd: int
-    pid: int                       # the worker's, from the zygote
+    pid: int                       # the process that installed it, from the zygote
     start: int                     # its start time (clock ticks since boot)
-    verified: bool = False         # the handshake came from the worker's pid
+    verified: bool = False         # the handshake came from that pid
     answered: int = 0              # notifications answered
     refused: int = 0               # of which EPERM
     closed: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: the roots of the trees it answers for: {pid: start time}; a caller's root is the
+    #: first of them on its chain of parents (none: refused)
+    roots: dict[int, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.roots[self.pid] = self.start
+
+
+@dataclass
+class Member:
+    """A worker forked from a template that holds a guard: its tree is a root of the
+    template's Watch once the host knows its pid (join())."""
+    watch: Watch
+    pid: int = 0
+
+    def join(self, pid: int) -> None:
+        try:
+            start = _stat(pid)[2]
+        except OSError:
+            return
+        with self.watch.lock:
+            self.watch.roots[pid] = start
+        self.pid = pid
+
+    def leave(self) -> None:
+        with self.watch.lock:
+            self.watch.roots.pop(self.pid, None)
 
 
 def receive(sock: socket.socket, deadline: Optional[float], pid: int) -> Union[Watch, str]:
@@ -96,15 +126,21 @@ def receive(sock: socket.socket, deadline: Optional[float], pid: int) -> Union[W
     return GUARD.watch(fds[0], pid)
 
 
-def vouched(report: dict, watch: Union[Watch, str, bool, None]) -> dict:
+def vouched(report: dict, watch: Union[Watch, Member, str, bool, None]) -> dict:
     """The worker's READY report, its "processes" kept only if it names the host's guard
-    and the host holds that worker's verified listener; else "unavailable (...)".  A
-    listener the report does not rely on is let go."""
+    and the host holds that worker's verified listener (or its template's, the worker one
+    of its roots); else "unavailable (...)".  A listener the report does not rely on is
+    let go."""
     claim = str(report.get("processes", ""))
     if not claim.startswith(REPORT_START):
         if isinstance(watch, Watch):
             GUARD.release(watch)
         return report
+    if isinstance(watch, Member):
+        if watch.pid and watch.pid in watch.watch.roots:
+            watch = watch.watch
+        else:
+            watch = "the host does not know it as a worker of its template's guard"
     if isinstance(watch, Watch) and watch.verified and not watch.closed:
         return report
     why = (watch if isinstance(watch, str) else
@@ -115,10 +151,20 @@ def vouched(report: dict, watch: Union[Watch, str, bool, None]) -> dict:
                                    f"notification) is not in force: {why})"}
 
 
-def release(watch: Union[Watch, str, bool, None]) -> None:
-    """(WorkerProcess.reap) its listener closed, if it has one."""
+def release(watch: Union[Watch, Member, str, bool, None]) -> None:
+    """(WorkerProcess.reap) its listener closed, if it has one; a template's worker leaves
+    the roots of its template's."""
     if isinstance(watch, Watch):
         GUARD.release(watch)
+    elif isinstance(watch, Member):
+        watch.leave()
+
+
+def member_of(template: int) -> Optional[Member]:
+    """A worker forked from template ``template`` (its pid, from the zygote): a Member of
+    the template's guard, None when it holds none."""
+    watch = GUARD.of(template)
+    return None if watch is None else Member(watch)
 
 
 class Guard:
@@ -149,6 +195,12 @@ class Guard:
             self._watches[fd] = watch
             self._epoll.register(fd, select.EPOLLIN)
         return watch
+
+    def of(self, pid: int) -> Optional[Watch]:
+        """The verified listener process ``pid`` installed (a template's)."""
+        with self._lock:
+            found = [w for w in self._watches.values() if w.pid == pid and w.verified]
+        return found[0] if found else None
 
     def release(self, watch: Watch) -> None:
         with self._lock:
@@ -206,7 +258,8 @@ class Guard:
             handshake = (not watch.verified and name == HANDSHAKE and caller == watch.pid
                          and _pid(args[0]) == watch.pid and args[1] == 0)
             try:
-                allow = handshake or decide(name, args, caller, watch.pid, watch.start)
+                root = _root_of(caller, watch.roots)
+                allow = handshake or root is not None and decide(name, args, caller, *root)
             except (OSError, ValueError, IndexError):
                 allow = False       # (a process gone, or unreadable, mid-decision)
             if not _still_pending(watch.fd, nid):
@@ -320,6 +373,22 @@ def in_tree(pid: int, root: int, root_start: int) -> bool:
         return False
     finally:
         os.close(pidfd)
+
+
+def _root_of(caller: int, roots: dict[int, int]) -> Optional[tuple[int, int]]:
+    """The first of ``roots`` ({pid: start time}) on the chain of parents of thread
+    ``caller``: (pid, start time), or None."""
+    pid, below = _tgid(caller), None
+    for _ in range(_MAX_DEPTH):
+        ppid, _, start = _stat(pid)
+        if below is not None and start > below:
+            return None                  # (a parent started after its child: a reused pid)
+        if roots.get(pid) == start:
+            return pid, start
+        if ppid <= 1:
+            return None
+        pid, below = ppid, start
+    return None
 
 
 def _chain_reaches(pid: int, root: int, root_start: int) -> bool:

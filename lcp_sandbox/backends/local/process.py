@@ -120,7 +120,7 @@ class WorkerProcess:
         self._caps_mb: Optional[float] = None  # ... this max_result_mb
         self._pid: Optional[int] = None        # the pid, once the zygote said it
         # the host's guard of its processes (pid_guard.py): True until its first byte came
-        self.guard: Union[pid_guard.Watch, str, bool, None] = None
+        self.guard: Union[pid_guard.Watch, pid_guard.Member, str, bool, None] = None
 
     @classmethod
     def start(cls, zygote: Zygote, init: P.Init, pump: OutputPump, library: str,
@@ -169,7 +169,7 @@ class WorkerProcess:
             os.close(log_w)
         pump.add(log_r, library, log_bytes_per_s)
         proc = cls(forked, zygote, conn, init.tmpdir, "template" if template else "fresh")
-        proc.guard = guarded
+        proc.guard = pid_guard.member_of(template) if template else guarded
         return proc
 
     @property
@@ -263,6 +263,8 @@ class WorkerProcess:
             spin = None                           # (its first call starts it: nothing to learn)
             if self.guard is True:                # its first byte: the guard's listener
                 self.guard = pid_guard.receive(conn.sock, deadline, self.pid)
+            elif isinstance(self.guard, pid_guard.Member) and not self.guard.pid:
+                self.guard.join(self.pid)         # (its template's guard: a tree of its own)
         objects.conn = conn
         token = id(self)                          # (one call at a time per worker)
         calls = calls_in_flight.enter(token)

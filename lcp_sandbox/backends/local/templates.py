@@ -37,12 +37,12 @@ import os
 import threading
 import time
 from concurrent.futures import Future
-from typing import Any, Callable, Optional, cast
+from typing import Any, Callable, Optional, Union, cast
 
 from ... import protocol as P
 from ...core.limits import Limits
 from ...system.proc import tree_memory
-from . import confined
+from . import confined, pid_guard
 from .handover import private_tmpdir, remove_tmpdir
 from .output import OutputPump
 from .process import WorkerProcess
@@ -55,7 +55,7 @@ TemplateKey = tuple[Any, ...]
 
 class _Template:
     __slots__ = ("key", "library", "pid", "state", "workers", "idle_since", "ready", "begun",
-                 "init", "tmp_parent", "live")
+                 "init", "tmp_parent", "live", "guard")
 
     def __init__(self, key: TemplateKey, library: str, init: P.Init) -> None:
         self.key, self.library = key, library
@@ -68,6 +68,8 @@ class _Template:
         self.init = init                         # what it is made with (nothing of a tenant)
         self.tmp_parent: Optional[str] = None    # confined: its workers' temp dirs are in it
         self.live = True                         # still listed (else: gone, workers may live)
+        # the host's guard of its processes and its workers' (pid_guard.py), if it holds one
+        self.guard: Union[pid_guard.Watch, str, None] = None
 
 
 class Templates:
@@ -282,11 +284,14 @@ class Templates:
             if init.confine is not None:         # its import's temp dir, its workers' parent
                 tpl.tmp_parent = confined.tmp_parent(tuple(init.confine["run_as"]),
                                                      bool(init.confine.get("handoff")))
-                init = init._replace(tmpdir=tpl.tmp_parent)
+                init = init._replace(tmpdir=tpl.tmp_parent, confine={**init.confine,
+                                                                     "pid_guard": True})
             conn.send(P.INIT, init)
             fut = zygote.template(its_sock.fileno())
             its_sock.close()
             tpl.pid = fut.result(30.0)
+            if init.confine is not None:         # its first byte: the guard's listener
+                tpl.guard = pid_guard.receive(conn.sock, deadline, tpl.pid)
             kind, payload = conn.recv_frame(deadline, {P.READY: P.READY_CAP})
             ready = cast(P.Ready, P.parse_from_worker(kind, payload, conn.decoder))
             verdict = ready.report.get("template", "")      # (str: the codec checked it)
@@ -306,6 +311,7 @@ class Templates:
             return
         if tpl.pid:
             zygote.kill(tpl.pid)
+        pid_guard.release(tpl.guard)
         if not any(w in tpl.state for w in ("the import", "thread", "descriptor", "process",
                                             "mapping", "pass through", "privileges",
                                             "not in force")):
@@ -323,6 +329,7 @@ class Templates:
     def _drop_parent(tpl: _Template) -> None:
         """Remove a confined template's temp-dir parent (no worker of it lives)."""
         parent, tpl.tmp_parent = tpl.tmp_parent, None
+        pid_guard.release(tpl.guard)
         if parent:
             remove_tmpdir(parent, f"the template of {tpl.library}")
 

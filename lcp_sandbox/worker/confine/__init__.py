@@ -85,7 +85,9 @@ from .apart import (
 )
 from .caps import cap_tenant_processes, disk_state, join_pids_cgroup
 from .egress import dial_by_port, relay_to_proxy, start_relay
+from .guard import REPORT as GUARD_REPORT
 from .guard import install as install_guard
+from .guard import installed as guard_installed
 from .handoff import KEEP, lock, take
 from .landlock import (
     ABI_CAP,
@@ -230,7 +232,9 @@ def _confine(init: P.Init, report: dict, disabled: set, shared: bool) -> None:
     by_uid = _by_uid(conf, report, handing, root if root.startswith("own root") else landlock,
                      tmp)
     report["filesystem"] = _filesystem(root, landlock, by_uid[0])
-    guarded = _guard(conf, shared, own, landlock, by_uid[1], report["unix_sockets"])
+    # (a template only where its fresh workers could have no namespaces of their own)
+    guarded = "" if shared and report["namespaces"] != "refused" else _guard(
+        conf, own, landlock, by_uid[1], report["unix_sockets"])
     report["processes"] = _processes(own, landlock, by_uid[1], report["unix_sockets"], guarded)
     if covered:
         report["filesystem"] += "; " + covered
@@ -243,22 +247,19 @@ def _confine(init: P.Init, report: dict, disabled: set, shared: bool) -> None:
             report["handoff"] = "on"
 
 
-def _guard(conf: dict, shared: bool, own: str, layer: str, by_uid: str, unix: str) -> str:
-    """(A fresh worker the host offered its guard: ``conf["pid_guard"]``) where nothing
-    else keeps its signals in its own tree (no PID namespace of its own, no Landlock
-    scope, no uid of its tenant's own) and its unix rule holds, install the filter whose
-    listener goes to the host (guard.py); its report, "" when not installed."""
-    if (shared or not conf.get("pid_guard") or own.startswith("own PID namespace:")
+def _guard(conf: dict, own: str, layer: str, by_uid: str, unix: str) -> str:
+    """(A fresh worker or a template the host offered its guard: ``conf["pid_guard"]``)
+    where nothing else keeps its signals in its own tree (no PID namespace of its own, no
+    Landlock scope, no uid of its tenant's own) and its unix rule holds, install the
+    filter whose listener goes to the host (guard.py); its report, "" when not installed.
+    A template's workers inherit it (_stack()); a template installs it only where a filter
+    refuses namespaces (elsewhere its workers start fresh, in namespaces of their own)."""
+    if (not conf.get("pid_guard") or own.startswith("own PID namespace:")
             or _scoped(layer) or by_uid.startswith("on") or not unix.startswith("blocked")
             or layer.startswith(SWITCHED_OFF)):
         return ""
     failed = install_guard(os.uname().machine)
-    if failed:
-        return failed
-    return ("on (the host's guard (seccomp user notification): signals, pidfds, SIGIO "
-            "owners, and the other calls that name a process reach only its own process "
-            "tree, each decided by the host; no PID namespace, Landlock scope nor uid of "
-            "its own)")
+    return failed or GUARD_REPORT
 
 
 def _scoped(filesystem: str) -> bool:
@@ -395,7 +396,8 @@ def _stack(init: P.Init, report: dict, disabled: set) -> None:
         for (fd, _), _ in ready:
             os.close(fd)
     files, processes = _by_uid(conf, report, False, layer, tmp)
-    report["processes"] = _processes("", layer, processes, report["unix_sockets"])
+    report["processes"] = _processes("", layer, processes, report["unix_sockets"],
+                                     GUARD_REPORT if guard_installed() else "")
     report["filesystem"] = _filesystem("", layer, files)
     if "landlock" not in disabled:
         if SHARED.get("covered"):

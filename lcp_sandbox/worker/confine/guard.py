@@ -14,6 +14,10 @@ through those whose target is in the worker's own tree:
                  signals itself with kill(self, 0): the host sees that first notification
                  come from the worker's pid, which proves the listener guards this process
 
+A confined template in a default container installs it too, before its import (worker/
+template.py hands the listener over the same way): the workers forked from it inherit its
+filter, and the host answers for each of them as a tree of its own.
+
 The filter holds on every thread (SECCOMP_FILTER_FLAG_TSYNC with _ESRCH, Linux 5.7; on an
 older kernel only a process of one thread installs it) and is inherited by everything the
 worker starts.  Another filter's EPERM wins over the notification (seccomp's precedence),
@@ -63,9 +67,17 @@ ASK_UNLESS_WHO_SELF = ("getpriority", "ioprio_get")
 GUARDED = (*ASK, *ASK_UNLESS_SELF, *ASK_UNLESS_WHO_SELF, "ptrace", "fcntl")
 #: The handshake's call: kill(its own pid, 0).
 HANDSHAKE = "kill"
+#: How stats() say processes are the guard's (the host keeps it only when it holds the
+#: worker's listener: backends/local/pid_guard.py vouched()).
+REPORT_START = "on (the host's guard (seccomp user notification)"
+REPORT = (REPORT_START + ": signals, pidfds, SIGIO owners, and the other calls that name a "
+          "process reach only its own process tree, each decided by the host; no PID "
+          "namespace, Landlock scope nor uid of its own)")
 
 #: The listener, between install() and hand_over().
 _LISTENER: list[int] = []
+#: Whether this process installed the guard's filter (a template's workers inherit both).
+_INSTALLED: list[bool] = []
 
 
 def _arg(i: int) -> int:
@@ -100,11 +112,13 @@ def install(machine: str) -> str:
     if isinstance(got, str):
         return got
     _LISTENER[:] = [got]
+    _INSTALLED[:] = [True]
     return ""
 
 
 def installed() -> bool:
-    return bool(_LISTENER)
+    """Whether the guard's filter is on this process (installed here or inherited)."""
+    return bool(_INSTALLED)
 
 
 def hand_over(channel: socket.socket) -> None:
