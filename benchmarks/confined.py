@@ -16,6 +16,9 @@ tenants_root=...), shared confined templates) against the same unconfined, same 
     --docker-default: Docker's seccomp profile and 14 capabilities, Landlock kept) against
     this root host, each a host process of its own (probe()) run in turns, same run: a
     new tenant's first call (a uid of its own, from the shared template) and warm calls
+    guard: in that container with one uid for all and fresh workers (guard_probe()), a
+    worker whose processes are the host's guard's (Landlock held to ABI 5) against one
+    under Landlock's scope (ABI 7), paired by round: its first call and warm calls
 
 Run alone:  python -m benchmarks.confined [rounds] [tenants]
 """
@@ -310,6 +313,78 @@ def container(rounds: int = 8, turns: int = 4) -> dict:
         {t: v[k] for t, v in by_turn["root"].items()}) for k in ("first", "warm")}}
 
 
+def guard_probe(rounds: int) -> dict:
+    """(A host process of its own, in the Docker-default emulation) one uid for all
+    tenants, every worker fresh: ``rounds`` pairs of new tenants, in a fresh random order
+    in each pair, one held to Landlock ABI 5 (no scope: its processes are the host's guard's)
+    and one at this kernel's ABI (Landlock's scope, no guard); each one's first call and the
+    p50 of WARM_CALLS warm calls, seconds, by round."""
+    from lcp_sandbox.testing import landlock_abi_at_most
+    tmp = tempfile.mkdtemp(prefix="lcp-bench-guard-")
+    os.chmod(tmp, 0o755)
+    plain = _lib(os.path.join(tmp, "plain"), "bench_plain", PLAIN_LIB.format(name="plain"))
+    cfg = {"bench_plain": {"sandbox": {"template": False}}}
+    sup = Supervisor(confine=True)
+    got: dict = {"guard": {"first": {}, "warm": {}}, "scope": {"first": {}, "warm": {}}}
+    rng = random.Random(rounds)
+    try:
+        for r in range(rounds):
+            kinds = ["guard", "scope"]
+            rng.shuffle(kinds)
+            for kind in kinds:
+                ws = os.path.join(tmp, f"{kind}{r}")
+                os.makedirs(ws, mode=0o777)
+                os.chmod(ws, 0o777)
+                b = SandboxedBinding(tools_folders=[plain], supervisor=sup, tenant=f"{kind}{r}",
+                                     workspace=ws, workspace_root=ws, host_tool_configs=cfg)
+                b.list_tools()
+                gc.collect()
+                capped = landlock_abi_at_most(sup, 5) if kind == "guard" else None
+                if capped is not None:
+                    capped.__enter__()
+                try:
+                    t0 = time.perf_counter()
+                    answer = b.execute_tool("tool_plain", {})
+                    elapsed = time.perf_counter() - t0
+                finally:
+                    if capped is not None:
+                        capped.__exit__(None, None, None)
+                assert answer["status_code"] == 200, answer
+                guarded = b.stats()[0]["protections"]["processes"].startswith(
+                    "on (the host's guard")
+                assert guarded == (kind == "guard"), b.stats()
+                times = []
+                for _ in range(WARM_CALLS):
+                    t0 = time.perf_counter()
+                    b.execute_tool("tool_plain", {})
+                    times.append(time.perf_counter() - t0)
+                b.close()
+                got[kind]["first"][r] = elapsed
+                got[kind]["warm"][r] = sorted(times)[len(times) // 2]
+    finally:
+        sup.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return got
+
+
+def guard(rounds: int = 8) -> dict:
+    """guard_probe() under the Docker-default emulation: p50 of each kind and the ratios
+    guard / scope, paired by round."""
+    if os.geteuid() != 0 or not sys.platform.startswith("linux"):
+        return {"skipped": "a root host on Linux emulates the container"}
+    cmd = [sys.executable, *DOCKER_DEFAULT, sys.executable, "-m", "benchmarks.confined",
+           "--guard-probe", str(rounds)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if done.returncode != 0:
+        raise RuntimeError(f"the guarded host failed: {done.stderr[-2000:]}")
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    rows = {f"{kind}_{k}": summarize(list(v.values()), 1e-3) for kind, d in got.items()
+            for k, v in d.items()}
+    return {"rows": rows, **{f"{k}_ratio": paired_ratio(got["guard"][k], got["scope"][k])
+                             for k in ("first", "warm")}}
+
+
 def render(res: dict) -> str:
     out = ["CONFINED  a new tenant's first call (ms)           p50      p99   USS MB"]
     labels = {"np_open": "numpy library, template, unconfined",
@@ -349,6 +424,14 @@ def render(res: dict) -> str:
             root, docker = c["rows"][f"root_{k}"], c["rows"][f"docker_{k}"]
             out.append(f"    {label:<28} {docker['p50']:8.3f} ms / {root['p50']:8.3f} ms p50: "
                        f"{c[f'{k}_ratio']:.2f}x (paired by turn)")
+    g = res.get("guard") or {}
+    if g.get("rows"):
+        out.append("  one uid for all, fresh workers, Docker default (emulated): the host's guard "
+                   "(Landlock ABI 5) / Landlock's scope (ABI 7), same run:")
+        for k, label in (("first", "a new tenant's first call"), ("warm", "a confined warm call")):
+            guarded, scoped = g["rows"][f"guard_{k}"], g["rows"][f"scope_{k}"]
+            out.append(f"    {label:<28} {guarded['p50']:8.3f} ms / {scoped['p50']:8.3f} ms p50: "
+                       f"{g[f'{k}_ratio']:.2f}x (paired by round)")
     return "\n".join(out)
 
 
@@ -356,6 +439,7 @@ def run(ctx: Any, prog: Any) -> None:
     res = measure(max(4, ctx.cfg.cold_reps), ctx.cfg.seed)
     res["density"] = density(ctx.cfg.confined_tenants)
     res["container"] = container(max(4, ctx.cfg.cold_reps))
+    res["guard"] = guard(max(4, ctx.cfg.cold_reps))
     ctx.result["confined"] = res
     prog.step("confined", "done", 0)
 
@@ -363,6 +447,13 @@ def run(ctx: Any, prog: Any) -> None:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--probe"]:
         print(json.dumps(probe(int(sys.argv[2]))))
+        sys.exit(0)
+    if sys.argv[1:2] == ["--guard-probe"]:
+        print(json.dumps(guard_probe(int(sys.argv[2]))))
+        sys.exit(0)
+    if sys.argv[1:2] == ["--guard"]:
+        print(render({"rows": {}, "uss_mb": {}, "np_ratio": 0, "plain_ratio": 0, "new_ratio": 0,
+                      "guard": guard(*map(int, sys.argv[2:3]))}))
         sys.exit(0)
     if sys.argv[1:2] == ["--container"]:
         print(render({"rows": {}, "uss_mb": {}, "np_ratio": 0, "plain_ratio": 0, "new_ratio": 0,

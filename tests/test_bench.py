@@ -155,6 +155,10 @@ def test_bench_end_to_end(tmp_path, new_processes):
         ct = cf["container"]
         assert _number(ct["first_ratio"]) and _number(ct["warm_ratio"]), ct
         assert ct["rows"]["docker_first"]["n"] == ct["rows"]["root_first"]["n"] >= 4
+        # one uid for all in that container: the host's guard against Landlock's scope
+        gd = cf["guard"]
+        assert _number(gd["first_ratio"]) and _number(gd["warm_ratio"]), gd
+        assert gd["rows"]["guard_first"]["n"] == gd["rows"]["scope_first"]["n"] >= 4
     assert "CONFINED" in out.getvalue()
     # envs: a library with its own environment against the same without; a 5-wheel build
     ev = data["envs"]
