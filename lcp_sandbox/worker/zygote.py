@@ -137,8 +137,9 @@ def main(fd: int) -> None:
     from .. import protocol  # noqa
     from ..core import normalize, policy  # noqa
     from . import loop, proxies, rehearsal, rlimits, template  # noqa
-    from .confine import landlock, mounts, network, privileges, seccomp  # noqa
+    from .confine import guard, landlock, mounts, network, privileges, seccomp  # noqa
     seccomp.prebuild()                       # the confined workers' filters, packed once
+    guard.prebuild()
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)

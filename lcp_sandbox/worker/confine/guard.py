@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import array
 import ctypes
+import functools
 import os
 import socket
 from typing import Optional
@@ -106,9 +107,22 @@ def _blocks() -> dict[str, list[Row]]:
     return blocks
 
 
+@functools.lru_cache(maxsize=4)
+def _program(machine: str) -> tuple[Row, ...]:
+    return tuple(rows_for(machine, _blocks()))
+
+
+def prebuild() -> None:
+    """Build the filter now (the zygote, before it forks: shared by every worker)."""
+    if os.uname().machine in ("x86_64", "aarch64"):
+        _program(os.uname().machine)
+
+
 def install(machine: str) -> str:
     """Install the guard's filter; "" (its listener kept for hand_over()) or why not."""
-    got = install_listener(rows_for(machine, _blocks()), machine)
+    if machine not in ("x86_64", "aarch64"):
+        return f"unavailable (no filter for the {machine} architecture)"
+    got = install_listener(list(_program(machine)), machine)
     if isinstance(got, str):
         return got
     _LISTENER[:] = [got]
