@@ -110,6 +110,8 @@ def test_a_guarded_process_names_only_its_own_tree(stranger):
 
     watch, got = guarded(actions)
     assert isinstance(watch, pid_guard.Watch) and watch.verified, watch
+    # (what the host starts later does not inherit it)
+    assert not os.get_inheritable(watch.fd)
     for what in ("stranger", "host", "everyone", "host_group", "pidfd_stranger",
                  "sigio_stranger", "priority_stranger"):
         assert got[what] == "PermissionError", (what, got[what])

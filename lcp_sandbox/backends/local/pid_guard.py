@@ -114,7 +114,7 @@ def receive(sock: socket.socket, deadline: Optional[float], pid: int) -> Union[W
     wait = None if deadline is None else max(0.0, deadline - time.monotonic())
     if not poller.poll(None if wait is None else int(wait * 1000) + 1):
         return "unavailable (the worker said nothing of the host's guard before its deadline)"
-    data, fds, _, _ = socket.recv_fds(sock, 1, 2, socket.MSG_DONTWAIT)
+    data, fds, _, _ = socket.recv_fds(sock, 1, 2, socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC)
     if data == b"N" and not fds:
         return "unavailable (the worker installed no guard)"
     if data != b"G" or len(fds) != 1:
