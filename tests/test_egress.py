@@ -638,9 +638,9 @@ def test_without_a_namespace_no_other_process_can_speak_for_a_policy_worker(
     assert got["status"] == 403
     assert made["allowed"].seen == seen
     # the sockets a worker was handed and holds are given back when it ends
-    assert spare in no_netns.egress._by_port
+    assert spare in no_netns.egress.by_port.kept
     a.restart_library("netprobe")
-    assert poll(lambda: spare not in no_netns.egress._by_port)
+    assert poll(lambda: spare not in no_netns.egress.by_port.kept)
 
 
 def test_without_a_namespace_what_a_tool_writes_on_its_dialer_leaves_its_sockets_coming(

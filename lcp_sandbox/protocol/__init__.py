@@ -4,8 +4,9 @@ The one package both sides share, and the only one that knows bytes:
 ``messages`` (kinds, message types, caps), ``codec`` (the two codecs and the
 checks of what a worker sends), ``framing`` (frames on a socket; ``portable``:
 the same frames with only what every OS has, for spawned workers), ``values``
-(how plain values and exceptions travel) and ``control`` (the zygote's own
-records).  Everything but ``control`` is re-exported here: ``P.Call``,
+(how plain values and exceptions travel), ``control`` (the zygote's own
+records) and ``dialer`` (what a worker's dialer to the egress proxy carries).
+Everything but ``control`` and ``dialer`` is re-exported here: ``P.Call``,
 ``P.Connection``...
 
     host ──PRIME (a worker forked ahead: environment) ─► worker   0..1, unconfined only

@@ -28,6 +28,7 @@ What the host sets up around a confined worker:
     disks.py        a tenant's root as a file system of its own (disk_mb)
     egress.py       the egress proxy of network policies: dialers, caps, decisions
     egress_conn.py  one connection through the egress proxy: head, decision, relay
+    egress_port.py  the egress proxy by port, for workers with no network namespace
     pid_guard.py    the guard of processes where all tenants share one uid (seccomp notify)
     winjob.py       Windows: a worker's Job Object and socket hand-over
 

@@ -12,32 +12,11 @@
     name, resolve that same string, check every address: 403 naming the rule, or connect to
     an address that was checked and relay both ways until either side ends
 
-A worker with no network namespace of its own (a default container refuses unshare) is in
-the host's network; it reaches the proxy by port instead (worker/confine/egress.py says why
-this holds):
-
-    worker (the host's network; Landlock: TCP connect    host process
-    to port P only, bind none; no socket of its own)
-    socket.socket() ──── on its dialer: "s" ───────────► makes a TCP socket, binds it to
-                    ◄─── that socket (SCM_RIGHTS) ─────── 127.0.0.1 and keeps it (at most
-                                                          max_per_worker a dialer, oldest let go)
-    connect(127.0.0.1:P) ──TCP────────────────────────► the by-port listener (0.0.0.0:P, opened
-                                                          when a worker first asks "p"): served
-                                                          as the worker that was handed the
-                                                          socket whose peer is this connection's
-                                                          own end; any other connection is
-                                                          closed unread
-
-A worker asks for the port ("p") with a socket it made: the proxy answers (0 otherwise), and
-later hands it sockets, only if that socket is of the proxy's own network namespace
-(SO_NETNS_COOKIE): a worker in a namespace of its own must never hold a socket of the host's
-network (no Landlock rule holds its ports).
-
-Without such a worker the proxy listens on no address of the host's interfaces: its one
-listening socket is then a unix socket in a folder only the host's user may enter, and a
+The proxy's listening socket is a unix socket in a folder only the host's user may enter; a
 worker reaches it only through the dialer it opened before its confinement (its system call
-filter then refuses new unix sockets).  The by-port listener takes P on every IPv4 address,
-so no other process of the host can listen at P on another address for a worker to reach.
+filter then refuses new unix sockets).  A worker with no network namespace of its own (a
+default container refuses unshare) is in the host's network and reaches the proxy by port
+(egress_port.py: only then does the proxy listen on the host's addresses).
 
 The worker is hostile: what it sends on its dialer may be anything (garbage, a file,
 a pipe, a listening socket, a flood); a received descriptor that is not a connected stream
@@ -65,14 +44,15 @@ import stat
 import tempfile
 import threading
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Coroutine, Optional
 
 from ... import protocol as P
 from ...core.egress_rules import Address, Decision, Policy, canonical_host, policy_of
-from ...worker.confine.egress import A_SOCKET, ASK_PORT, ASK_SOCKET, NO_SOCKET
+from ...protocol.dialer import ASK_PORT, ASK_SOCKET
 from ..metrics import Metrics
 from .egress_conn import HEAD_TIMEOUT_S, Refused, response, serve
+from .egress_port import ByPort, Handed
 from .slot import Slot
 
 log = logging.getLogger("lcp_sandbox.egress")
@@ -90,8 +70,6 @@ TOKEN_BYTES = 32
 # Refusals logged per worker (then counted only)
 _LOGGED_PER_WORKER = 20
 _IDLE_THREADS = 32
-# SOL_SOCKET's SO_NETNS_COOKIE (the same number on every architecture the engine filters)
-_SO_NETNS_COOKIE = 71
 
 
 @dataclass
@@ -127,10 +105,9 @@ class EgressProxy:
         self._tasks: set[asyncio.Task[None]] = set()
         self._open: set[_Connection] = set()          # connections being served
         self._pool = _Threads()
-        # The by-port listener (None until a worker without a namespace asks), and the
-        # sockets handed to such workers and not yet connected, by their port
-        self._tcp: Optional[socket.socket] = None
-        self._by_port: dict[int, _Handed] = {}
+        # Workers in the host's network (no namespace of their own): egress_port.py
+        self.by_port: ByPort[Identity, _Connection] = ByPort(self._take,
+                                                             lambda: self.max_per_worker)
 
     def give(self, init: P.Init, slot: Slot) -> P.Init:
         """The INIT of ``slot``'s next worker with what it dials the proxy with: the
@@ -194,8 +171,7 @@ class EgressProxy:
             loop.call_soon_threadsafe(loop.stop)
             thread.join(5)
             shutil.rmtree(self._folder, ignore_errors=True)
-        if self._tcp is not None:
-            self._tcp.close()
+        self.by_port.close()
 
     # ------------------------------------------------------------ dialers
     async def _accept(self, listener: socket.socket) -> None:
@@ -221,19 +197,17 @@ class EgressProxy:
             if ident is None:
                 return
             came: set[_Connection] = set()
-            handed = _Handed(ident, came)
+            handed: Handed[Identity, _Connection] = Handed(ident, came)
             try:
                 await self._handed(loop, dialer, handed)
             finally:
                 with self._lock:
                     for conn in came:
                         conn.end()
-                    for port in handed.sockets:
-                        self._by_port.pop(port, None)
-                handed.close()
+                self.by_port.forget(handed)
 
     async def _handed(self, loop: asyncio.AbstractEventLoop, dialer: socket.socket,
-                      handed: _Handed) -> None:
+                      handed: Handed[Identity, _Connection]) -> None:
         """Take the sockets a dialer hands over (each into ``handed.came`` while it is
         served), and answer what it asks (the by-port listener's port, a socket), until it
         ends."""
@@ -249,84 +223,15 @@ class EgressProxy:
             if not data and not fds:
                 return                                      # the worker ended
             if ASK_PORT in data and fds:
-                handed.by_port = handed.by_port or _in_hosts_network(fds)
+                self.by_port.prove(handed, fds)
             else:
                 for fd in fds:
                     self._take(handed.ident, fd, handed.came)
             for asked in data:
                 if asked == ASK_PORT[0]:
-                    self._send_port(loop, dialer, handed)
+                    self.by_port.send_port(dialer, handed)
                 elif asked == ASK_SOCKET[0]:
-                    self._hand(dialer, handed)
-
-    # ------------------------------------------------------------ by port
-    def _send_port(self, loop: asyncio.AbstractEventLoop, dialer: socket.socket,
-                   handed: _Handed) -> None:
-        """Tell a worker without a namespace the by-port listener's port (open it now if
-        none is); 0 to a worker that did not prove it is in the host's network."""
-        if not handed.by_port:
-            _send(dialer, b"0\n")
-            return
-        if self._tcp is None:
-            tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            tcp.bind(("0.0.0.0", 0))
-            tcp.listen(512)
-            tcp.setblocking(False)
-            self._tcp = tcp
-            self._spawn(loop, self._accept_by_port(tcp))
-        _send(dialer, b"%d\n" % self._tcp.getsockname()[1])
-
-    def _hand(self, dialer: socket.socket, handed: _Handed) -> None:
-        """A new TCP socket for the worker of ``handed``, bound to 127.0.0.1 (it reaches
-        no address but the host's own), kept here to know its connection by; the oldest
-        kept beyond max_per_worker is let go (a connection from it is then refused).  Only
-        to a worker in the host's network: a socket of the host's network in a namespace of
-        its own would reach every port of the host's loopback."""
-        if not handed.by_port:
-            _send(dialer, NO_SOCKET)
-            return
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-            socket.send_fds(dialer, [A_SOCKET], [sock.fileno()], socket.MSG_NOSIGNAL)
-        except OSError:
-            sock.close()
-            _send(dialer, NO_SOCKET)
-            return
-        with self._lock:
-            handed.sockets[port] = sock
-            self._by_port[port] = handed
-            while len(handed.sockets) > self.max_per_worker:
-                oldest = next(iter(handed.sockets))
-                self._by_port.pop(oldest, None)
-                handed.sockets.pop(oldest).close()
-
-    async def _accept_by_port(self, listener: socket.socket) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            conn, peer = await loop.sock_accept(listener)
-            self._by_port_connection(conn, peer)
-
-    def _by_port_connection(self, conn: socket.socket, peer: Any) -> None:
-        """A connection on the by-port listener: served as the worker that was handed the
-        socket it comes from (that socket's peer is this connection's own end: no other
-        socket has the same pair of ends); any other is closed unread."""
-        with self._lock:
-            handed = self._by_port.get(peer[1]) if peer[0] == "127.0.0.1" else None
-            sock = handed.sockets.get(peer[1]) if handed is not None else None
-            try:
-                same = sock is not None and (sock.getpeername() == conn.getsockname()
-                                             and sock.getsockname() == conn.getpeername())
-            except OSError:
-                same = False
-            if handed is not None and sock is not None and same:
-                del self._by_port[peer[1]], handed.sockets[peer[1]]
-        if handed is None or sock is None or not same:
-            conn.close()
-            return
-        sock.close()
-        self._take(handed.ident, conn.detach(), handed.came)
+                    self.by_port.hand(dialer, handed)
 
     def _take(self, ident: Identity, fd: int, came: Optional[set[_Connection]] = None) -> None:
         """A descriptor a worker sent (through the dialer whose connections are ``came``):
@@ -433,22 +338,6 @@ class EgressProxy:
 
 
 @dataclass(eq=False)
-class _Handed:
-    """What came through one dialer: its worker's identity, its connections being served,
-    and (by port) the sockets handed to it and not yet connected, by their port."""
-    ident: Identity
-    came: set["_Connection"]
-    sockets: dict[int, socket.socket] = field(default_factory=dict)
-    # whether its worker proved it is in the host's network (_in_hosts_network())
-    by_port: bool = False
-
-    def close(self) -> None:
-        for sock in self.sockets.values():
-            sock.close()
-        self.sockets.clear()
-
-
-@dataclass(eq=False)
 class _Connection:
     """A connection being served: the worker's socket, the server's while it is open, and
     the set of the connections that came through the same dialer (it is one of them)."""
@@ -541,40 +430,6 @@ def _resolve(host: str, port: int) -> list[Address]:
     except OSError as exc:
         raise Refused(502, f"{host} cannot be resolved ({exc})") from None
     return list(dict.fromkeys(ipaddress.ip_address(str(i[4][0]).split("%")[0]) for i in infos))
-
-
-def _send(dialer: socket.socket, data: bytes) -> None:
-    """A short answer on a dialer (a worker that does not read its answers loses them)."""
-    try:
-        dialer.send(data, socket.MSG_NOSIGNAL)
-    except OSError:
-        pass
-
-
-def _netns_cookie(sock: socket.socket) -> Optional[bytes]:
-    """The cookie of the network namespace ``sock`` was made in (Linux 5.14+), or None."""
-    try:
-        return sock.getsockopt(socket.SOL_SOCKET, _SO_NETNS_COOKIE, 8)
-    except OSError:
-        return None
-
-
-def _in_hosts_network(fds: list[int]) -> bool:
-    """Whether the first of ``fds`` (all closed here) is a socket made in the proxy's own
-    network namespace: a worker's proof, sent with its request for the port, that it has
-    no namespace of its own (it makes no socket of the host's network otherwise)."""
-    proof: Optional[bytes] = None
-    for i, fd in enumerate(fds):
-        try:
-            if i == 0 and stat.S_ISSOCK(os.fstat(fd).st_mode):
-                with socket.socket(fileno=os.dup(fd)) as sock:
-                    proof = _netns_cookie(sock)
-        except OSError:
-            pass
-        os.close(fd)
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as own:
-        mine = _netns_cookie(own)
-    return proof is not None and proof == mine
 
 
 def _stream_socket(fd: int) -> Optional[socket.socket]:

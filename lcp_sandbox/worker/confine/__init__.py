@@ -11,9 +11,9 @@ this order (prepare(), below); each step needs what the later ones give up:
     relay_to_proxy()      (a network policy) dials the host's egress proxy, listens on
                           its namespace's loopback, announces HTTP_PROXY... (its thread
                           starts last, start_relay(): one thread drops its privileges);
-                          with no namespace of its own, dial_by_port(): the proxy's TCP
-                          port, held by Landlock's TCP rules (after apply_landlock(),
-                          restrict_tcp()) and a filter that refuses new sockets
+                          with no namespace of its own, policy_network() by port: the
+                          proxy's TCP port, held by Landlock's TCP rules (after
+                          apply_landlock(), hold_tcp()) and a filter that refuses new sockets
     private_tmpdir()      created as the host's user, owned by the worker's uid-to-be
     join_pids_cgroup()    (max_processes) into the pids cgroup the host made for it
     own_root()            (a fresh worker, in a PID namespace of its own: the zygote
@@ -49,7 +49,7 @@ hand_over() gives the confinement root to the worker's uid before the worker
 starts, and private_tmpdir() makes its temp dir.
 
     network.py      isolate_network()
-    egress.py       relay_to_proxy()
+    egress.py       relay_to_proxy(), or by port policy_network() and hold_tcp()
     caps.py         join_pids_cgroup(), cap_tenant_processes(); disk_state(): its root's disk
     mounts.py       make_reachable()
     landlock.py     apply_landlock()  (its rules are described there)
@@ -84,23 +84,12 @@ from .apart import (
     processes_by_uid,
 )
 from .caps import cap_tenant_processes, disk_state, join_pids_cgroup
-from .egress import dial_by_port, relay_to_proxy, start_relay
+from .egress import BY_PORT, hold_tcp, policy_network, start_relay
 from .guard import REPORT as GUARD_REPORT
 from .guard import install as install_guard
 from .guard import installed as guard_installed
 from .handoff import KEEP, lock, take
-from .landlock import (
-    ABI_CAP,
-    DEVICES,
-    NET_ABI,
-    SCOPED,
-    add_rules,
-    apply_landlock,
-    enforce,
-    landlock_abi,
-    open_ruleset,
-    restrict_tcp,
-)
+from .landlock import ABI_CAP, DEVICES, SCOPED, add_rules, apply_landlock, enforce, open_ruleset
 from .mounts import make_reachable, own_root
 from .network import isolate_network
 from .privileges import drop_privileges
@@ -122,10 +111,6 @@ SHARED: dict[str, Any] = {}
 #: In a spare of a confined template: its own Landlock ruleset, read rules added while it
 #: waits (ready_layer()), ((fd, ABI), the read set); INIT adds its root and temp dir.
 _LAYER: list[tuple[tuple[int, int], list[str]]] = []
-
-#: (a network policy without a network namespace of its own) the proxy's TCP port, the only
-#: one Landlock's TCP rules will let it connect to
-_BY_PORT: list[int] = []
 
 
 def ready_layer() -> tuple[int, ...]:
@@ -223,8 +208,8 @@ def _confine(init: P.Init, report: dict, disabled: set, shared: bool) -> None:
         [conf["root"], tmp, *ro], conf.get("run_as"))
     landlock = (SWITCHED_OFF if "landlock" in disabled
                 else apply_landlock([conf["root"], tmp], ro, DEVICES))
-    if _BY_PORT:
-        report["network"] = _hold_tcp(report["network"], _BY_PORT[0])
+    if BY_PORT:
+        report["network"] = hold_tcp(report["network"])
     handing = shared and bool(conf.get("handoff"))       # its workers: each tenant's uid
     report["privileges"] = drop_privileges(conf.get("run_as"), KEEP if handing else 0)
     _cap_tenant(conf, report)
@@ -275,7 +260,7 @@ def _restrict(init: P.Init, report: dict, disabled: set, scoped: bool) -> None:
     lim = init.limits
     wanted = lim.get("syscalls") or {}
     network = lim.get("network", True)
-    rule: Network = ((POLICY_BY_PORT if _BY_PORT else POLICY) if isinstance(network, dict) else
+    rule: Network = ((POLICY_BY_PORT if BY_PORT else POLICY) if isinstance(network, dict) else
                      ON_WITHOUT_UNIX if network is True and not scoped else network)
     report["syscalls"], report["unix_sockets"] = restrict_syscalls(
         rule, tuple(wanted.get("allow", ())), bool(wanted.get("allow_dangerous")),
@@ -331,39 +316,12 @@ def _cap_tenant(conf: dict, report: dict) -> None:
 
 def _egress(conf: Any, rules: dict, namespace: str, disabled: set) -> str:
     """A network policy: the relay to the host's egress proxy, in the namespace just made
-    (``namespace``: isolate_network()'s report); where there is none, the proxy by its
-    port, if Landlock has TCP rules (ABI 4+): else neither holds, and the report names both."""
+    (``namespace``: isolate_network()'s report), else by port (egress.py)."""
     egress = (conf or {}).get("egress")
     if not egress:
         return "unavailable (a network policy needs a confined worker, and the host's proxy)"
     count = len(rules.get("allow", ())) + len(rules.get("deny", ()))
-    if namespace.startswith("on"):
-        return relay_to_proxy(egress, count)
-    abi = 0 if "landlock" in disabled else landlock_abi()
-    if abi < NET_ABI:
-        landlock = (SWITCHED_OFF if "landlock" in disabled else
-                    f"Landlock ABI {abi}, whose rules have no TCP ports" if abi else
-                    "a kernel without Landlock")
-        return (f"unavailable (a network policy needs a network namespace of its own, or "
-                f"Landlock ABI {NET_ABI}'s TCP rules (Linux 6.7): no namespace: {namespace}; "
-                f"{landlock})")
-    port = dial_by_port(egress)
-    if isinstance(port, str):
-        return f"unavailable ({port})"
-    _BY_PORT[:] = [port]
-    return (f"policy ({count} rules: no network namespace of its own ({namespace}); Landlock "
-            f"ABI {abi}'s TCP rules: connect to the host's proxy port {port} only, bind none; "
-            f"the system call filter: no socket of its own but NETLINK_ROUTE, no listen(); its "
-            f"TCP sockets are the proxy's, bound to 127.0.0.1; egress only through the "
-            f"host's proxy, http://127.0.0.1:{port})")
-
-
-def _hold_tcp(report: str, port: int) -> str:
-    """Landlock's TCP rules for a policy by port (applied after own_root() and
-    make_reachable(): a Landlock domain may refuse their mount(2)): ``report`` if they
-    hold, else what failed."""
-    why = restrict_tcp(port)
-    return report if not why else f"failed (Landlock's TCP rules: {why})"
+    return policy_network(egress, count, namespace, "landlock" in disabled)
 
 
 def _stack(init: P.Init, report: dict, disabled: set) -> None:

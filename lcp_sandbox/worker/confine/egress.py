@@ -48,14 +48,17 @@ import socket
 import threading
 from typing import Any, Union
 
+from ...core.policy import SWITCHED_OFF
+from ...protocol.dialer import A_SOCKET, ASK_PORT, ASK_SOCKET, NO_SOCKET
+from .landlock import NET_ABI, landlock_abi, restrict_tcp
+
 _PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
 _READY: list[tuple[socket.socket, socket.socket]] = []      # (listener, dialer) to relay
 #: (by port) the dialer the worker's new TCP sockets come through, until start_relay()
 _SUPPLY: list[socket.socket] = []
 _SUPPLY_LOCK = threading.Lock()
-# What the dialer carries (backends/local/egress.py reads them): ask the proxy's port, ask
-# for a socket; the answer to the latter: a socket, or none (the worker holds too many)
-ASK_PORT, ASK_SOCKET, A_SOCKET, NO_SOCKET = b"p", b"s", b"s", b"n"
+#: (by port) the proxy's TCP port, the one Landlock's TCP rules will let it connect to
+BY_PORT: list[int] = []
 _ANSWER_S = 10.0
 _TYPE_MASK = 0xF
 
@@ -84,6 +87,40 @@ def _announce(port: int) -> str:
         os.environ[name] = os.environ[name.lower()] = url
     os.environ["NO_PROXY"] = os.environ["no_proxy"] = ""
     return url
+
+
+def policy_network(egress: dict, rules: int, namespace: str, landlock_off: bool) -> str:
+    """A network policy's report: relay_to_proxy()'s in its own namespace (``namespace``:
+    isolate_network()'s report); where there is none, by port (dial_by_port(); BY_PORT then
+    holds the port, for hold_tcp()) if Landlock has TCP rules (ABI 4+): else neither holds,
+    and the report names both."""
+    if namespace.startswith("on"):
+        return relay_to_proxy(egress, rules)
+    abi = 0 if landlock_off else landlock_abi()
+    if abi < NET_ABI:
+        landlock = (SWITCHED_OFF if landlock_off else
+                    f"Landlock ABI {abi}, whose rules have no TCP ports" if abi else
+                    "a kernel without Landlock")
+        return (f"unavailable (a network policy needs a network namespace of its own, or "
+                f"Landlock ABI {NET_ABI}'s TCP rules (Linux 6.7): no namespace: {namespace}; "
+                f"{landlock})")
+    port = dial_by_port(egress)
+    if isinstance(port, str):
+        return f"unavailable ({port})"
+    BY_PORT[:] = [port]
+    return (f"policy ({rules} rules: no network namespace of its own ({namespace}); Landlock "
+            f"ABI {abi}'s TCP rules: connect to the host's proxy port {port} only, bind none; "
+            f"the system call filter: no socket of its own but NETLINK_ROUTE, no listen(); its "
+            f"TCP sockets are the proxy's, bound to 127.0.0.1; egress only through the "
+            f"host's proxy, http://127.0.0.1:{port})")
+
+
+def hold_tcp(report: str) -> str:
+    """Landlock's TCP rules for a policy by port (applied after own_root() and
+    make_reachable(): a Landlock domain may refuse their mount(2)): ``report`` if they
+    hold, else what failed."""
+    why = restrict_tcp(BY_PORT[0])
+    return report if not why else f"failed (Landlock's TCP rules: {why})"
 
 
 def dial_by_port(egress: dict) -> Union[int, str]:

@@ -1,0 +1,18 @@
+"""What a worker's dialer to the host's egress proxy carries, beyond its token's line.
+
+    worker ──"c" with a socket (SCM_RIGHTS) ─────────► proxy   a connection to serve (a relay
+                                                               in its own network namespace)
+    worker ──ASK_PORT with a socket of its network ──► proxy   (no namespace of its own) the
+    worker ◄─the port, in ASCII digits, "\\n" ───────── proxy   by-port listener's port; "0":
+                                                               the socket was not of the
+                                                               host's network
+    worker ──ASK_SOCKET ─────────────────────────────► proxy   a new TCP socket
+    worker ◄─A_SOCKET with it (SCM_RIGHTS), or NO_SOCKET ─ proxy
+
+The worker is hostile: the proxy answers what it understands and passes over the rest
+(backends/local/egress.py, egress_port.py); worker/confine/egress.py asks.
+"""
+ASK_PORT = b"p"
+ASK_SOCKET = b"s"
+A_SOCKET = b"s"
+NO_SOCKET = b"n"
