@@ -190,6 +190,12 @@ def _safe_and_portable_rows(r: dict) -> list:
                      f"warm call {fmt(warm['sandbox_spawn'].get('p50'))} us",
                      f"a bare `multiprocessing` spawn + first result {fmt(_get(cold, 'spawn', 'p50'))} "
                      f"ms; the zygote path's warm call {fmt(_get(warm, 'sandbox', 'p50'))} us"))
+    burst = r.get("spawn_burst") or {}
+    if burst.get("p50") is not None:
+        rows.append((f"spawn start path: {burst['n']} new libraries' first calls back to back",
+                     f"p50 **{fmt(burst['p50'])} ms** = {x(burst.get('x_spawn_p50'))} a bare spawn "
+                     f"(p90 {fmt(burst.get('p90'))} ms, max {fmt(burst.get('max'))} ms)",
+                     "the spares run out and the reserve grows: 1, 2, 4, 8 interpreters ahead"))
     m = r.get("mcp") or {}
     if m.get("warm_ms"):
         w = m["warm_ms"]
