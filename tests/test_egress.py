@@ -581,7 +581,8 @@ def test_without_a_namespace_a_policy_worker_reaches_the_allowed_server_and_noth
     # packet sockets, unix sockets (the filter), a server of its own (listen, bind)
     seen = list(made["other"].seen)
     got = out(t, "tool_sockets", host="127.0.0.1", port=ports["other"])
-    assert got == {"tcp": "PermissionError EACCES", "tcp6": "PermissionError EACCES",
+    assert got == {"tcp": "PermissionError EACCES", "tcp_fastopen": "PermissionError EACCES",
+                   "tcp6": "PermissionError EACCES",
                    "udp": "PermissionError EACCES", "raw": "PermissionError EACCES",
                    "packet": "PermissionError EACCES", "unix": "PermissionError EACCES",
                    "unix_dgram_pair": "PermissionError EACCES",

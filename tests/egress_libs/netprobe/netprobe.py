@@ -251,6 +251,7 @@ def tool_sockets(host: str, port: int) -> dict:
     """
     tries = {
         "tcp": lambda: socket.create_connection((host, port), timeout=5).close(),
+        "tcp_fastopen": lambda: socket.socket().sendto(b"x", socket.MSG_FASTOPEN, (host, port)),
         "tcp6": lambda: socket.socket(socket.AF_INET6, socket.SOCK_STREAM).close(),
         "udp": lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(
             b"x", (host, port)),
