@@ -50,7 +50,8 @@ def test_a_policy_worker_reaches_the_allowed_server_by_port_and_nothing_else(
     assert got["other"]["output"]["status"] == 403, got["other"]
     assert got["b_to_allowed"]["output"]["status"] == 403, got["b_to_allowed"]
     assert got["sockets"]["output"] == {
-        "tcp": REFUSED, "tcp_fastopen": REFUSED, "tcp6": REFUSED, "udp": REFUSED, "raw": REFUSED, "packet": REFUSED,
+        "tcp": REFUSED, "tcp_fastopen": REFUSED, "tcp6": REFUSED, "udp": REFUSED,
+        "raw": REFUSED, "packet": REFUSED,
         "unix": REFUSED, "unix_dgram_pair": REFUSED, "listen": "PermissionError EPERM",
         "bind": REFUSED}, got["sockets"]
     assert got["far"]["output"] == "OSError EINVAL", got["far"]
