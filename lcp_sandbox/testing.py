@@ -22,7 +22,8 @@ from .backends.local import Supervisor
 from .core.policy import LANDLOCK_ABI_SWITCH
 
 #: What can be switched off: Landlock, the own network namespace of a network-off
-#: worker, the system call filter of a confined worker, a fresh confined worker's own root
+#: worker (or of one with a network policy, which then reaches the proxy by port), the
+#: system call filter of a confined worker, a fresh confined worker's own root
 #: (a tmpfs of the allowed paths) and its own PID namespace.
 SWITCHES = frozenset({"landlock", "netns", "syscalls", "root", "pidns"})
 
