@@ -14,10 +14,10 @@
       settle()  after the call a spare served: its replacement is spawned a moment
                 later, by the spawner's thread (it would take the new worker's CPU)
       the reserve: SPARES per kind; a start that finds none doubles that kind's reserve
-                (up to SPARES_MAX) and has the thread spawn the rest at once, so a burst
-                of new libraries waits for a whole interpreter a few times, not every
-                other call; after SHRINK_AFTER_S without a hand-out it is SPARES again
-                (the extra spares killed: one wake-up, not a timer)
+                (up to SPARES_MAX), spawned by the thread once its call is answered
+                (settle()), so a burst of new libraries waits for a whole interpreter a
+                few times, not every other call; after SHRINK_AFTER_S without a hand-out
+                it is SPARES again (the extra spares killed: one wake-up, not a timer)
       close()   every child's tree killed
 
     Child (one per process: what WorkerProcess, the slot and the watchdog ask of a parent)
@@ -290,11 +290,10 @@ class Spawner:
                 if not child.reaped():
                     return child
             # None left: calls come faster than one spare is replaced.  A larger reserve,
-            # spawned now (beside this start's own interpreter, not after its call).
+            # spawned after this start's call (settle()): spawned now, beside the interpreter
+            # this start waits for, they would take its CPU.
             self.misses += 1
             self._reserve[confined] = min(SPARES_MAX, 2 * self._reserve[confined])
-            self._due = time.monotonic()
-            self._cond.notify()
         return None
 
     def settle(self) -> None:
