@@ -34,6 +34,7 @@ worker is reaped or when no process uses its filter any more (EPOLLHUP, Linux 5.
 """
 from __future__ import annotations
 
+import array
 import errno
 import fcntl
 import logging
@@ -114,7 +115,7 @@ def receive(sock: socket.socket, deadline: Optional[float], pid: int) -> Union[W
     wait = None if deadline is None else max(0.0, deadline - time.monotonic())
     if not poller.poll(None if wait is None else int(wait * 1000) + 1):
         return "unavailable (the worker said nothing of the host's guard before its deadline)"
-    data, fds, _, _ = socket.recv_fds(sock, 1, 2, socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC)
+    data, fds = _recv_fds(sock)
     if data == b"N" and not fds:
         return "unavailable (the worker installed no guard)"
     if data != b"G" or len(fds) != 1:
@@ -124,6 +125,18 @@ def receive(sock: socket.socket, deadline: Optional[float], pid: int) -> Union[W
             return "unavailable (the worker ended before it sent its guard)"
         raise P.ProtocolViolation("it broke the protocol of the host's guard (its first byte)")
     return GUARD.watch(fds[0], pid)
+
+
+def _recv_fds(sock: socket.socket) -> tuple[bytes, list[int]]:
+    """One byte and the descriptors that came with it, close-on-exec from the start
+    (socket.recv_fds() drops its flags)."""
+    fds = array.array("i")
+    data, ancdata, _, _ = sock.recvmsg(1, socket.CMSG_LEN(2 * fds.itemsize),
+                                       socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC)
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+    return data, list(fds)
 
 
 def vouched(report: dict, watch: Union[Watch, Member, str, bool, None]) -> dict:
