@@ -15,7 +15,7 @@ import pytest
 from conftest import HERE, poll
 
 from lcp_sandbox import SandboxedBinding, Supervisor
-from lcp_sandbox.backends.local import egress, egress_conn
+from lcp_sandbox.backends.local.confine import egress, egress_conn
 from lcp_sandbox.backends.metrics import Metrics
 from lcp_sandbox.core.egress_rules import authority_of, canonical_host, policy_of, rule_of
 from lcp_sandbox.testing import landlock_abi_at_most, protections_off

@@ -15,7 +15,7 @@ from unittest import mock
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lcp_sandbox.backends.local import egress, egress_conn
+from lcp_sandbox.backends.local.confine import egress, egress_conn
 from lcp_sandbox.backends.metrics import Metrics
 from lcp_sandbox.core.egress_rules import canonical_host, policy_of
 

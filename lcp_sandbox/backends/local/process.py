@@ -51,7 +51,7 @@ from ...core.policy import PROTECTIONS
 from ...protocol import TIMED_OUT
 from ...system.proc import describe_exit
 from ..base import Lent
-from . import pid_guard
+from .confine import pid_guard
 from .output import OutputPump
 from .spin import SpinPolicy, calls_in_flight
 from .zygote import Zygote
@@ -119,7 +119,7 @@ class WorkerProcess:
         self._caps: dict[int, int] = {}        # frame caps during a call, for ...
         self._caps_mb: Optional[float] = None  # ... this max_result_mb
         self._pid: Optional[int] = None        # the pid, once the zygote said it
-        # the host's guard of its processes (pid_guard.py): True until its first byte came
+        # the host's guard of its processes (confine/pid_guard.py): True until its first byte came
         self.guard: Union[pid_guard.Watch, pid_guard.Member, str, bool, None] = None
 
     @classmethod
@@ -146,7 +146,7 @@ class WorkerProcess:
             else:
                 pump.add(log_r, library, log_bytes_per_s)
                 return cls(forked, zygote, conn, init.tmpdir, "forked ahead")
-        # a fresh confined worker may need the host's guard of its processes (pid_guard.py)
+        # a fresh confined worker may need the host's guard of its processes (confine/pid_guard.py)
         guarded = init.confine is not None and not template
         if guarded:
             init = init._replace(confine={**(init.confine or {}), "pid_guard": True})

@@ -58,9 +58,9 @@ starts, waited for outside the call's timeout (``env_wait_s``), named in INIT an
 readable by a confined worker (its folder joins the read paths).
 
 What a tenant takes, it gives back (stop(), remove_tenant()): its workers stop; with its
-root, its disk is unmounted and its image deleted (disks.py), its root deleted (a folder
+root, its disk is unmounted and its image deleted (confine/disks.py), its root deleted (a folder
 of its own: never tenants_root, a folder above it or a system folder), and its uid
-returns to the range (tenant_uids.py).  The MCP server calls remove_tenant when a session
+returns to the range (confine/tenant_uids.py).  The MCP server calls remove_tenant when a session
 ends; a host that removes a tenant closes its bindings first.
 
 What it tells a host (stats(), pool_stats(), metrics()): per worker slot, the pool and the
@@ -114,10 +114,11 @@ from ...protocol import OK, Call, Outcome, invalid_answer, is_error, rebuild_err
 from ..base import Closing, Lent, WorkerSpec, emit
 from ..envs import Environments
 from ..metrics import Metrics
-from . import cgroups
+from .confine import cgroups
+from .confine.extras import WorkerExtras
+from .confine.handover import hand_over_root, private_tmpdir, remove_tmpdir
+from .confine.tenant_uids import TenantUids
 from .descriptors import out_of_descriptors, raise_open_files_limit
-from .extras import WorkerExtras
-from .handover import hand_over_root, private_tmpdir, remove_tmpdir
 from .output import OutputPump
 from .platforms import start_method as start_method_of
 from .pool import Pool
@@ -125,7 +126,6 @@ from .process import DeadlinePassed, KillReason, NeverReceived, WorkerGone, Work
 from .slot import CrashPolicy, Slot, evict_one
 from .spawn import Spawner
 from .templates import Templates
-from .tenant_uids import TenantUids
 from .watchdog import Watchdog
 from .zygote import Zygote, ZygoteGone
 
@@ -169,10 +169,10 @@ class Supervisor(Closing):
             has a memory limit (watchdog.py).
         run_as: the (uid, gid) of a root host's confined workers, or "per-tenant": a
             uid of its own per tenant, from uid_range, kept in tenants_root
-            (tenant_uids.py).  None: "per-tenant" for a root host with a
+            (confine/tenant_uids.py).  None: "per-tenant" for a root host with a
             tenants_root, else nobody.
         tenants_root: the folder of every tenant's root; the confined workers of roots
-            beneath it start from shared templates (templates.py, confined.py).
+            beneath it start from shared templates (templates.py, confine/confined.py).
         start_method: "zygote" or "spawn" (platforms.py); None: the environment's
             LCP_SANDBOX_START_METHOD, else "zygote" on Linux and "spawn" elsewhere.
         uid_range: (first uid, count) the "per-tenant" uids come from.

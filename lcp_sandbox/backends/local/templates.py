@@ -13,7 +13,7 @@
         verdict "ok"     ─► WorkerProcess.start(template=pid); slot.attach(proc, "template", tpl)
                             (the template gone meanwhile: slot.started_fresh(...) when forked)
         verdict refused  ─► fresh, with the reason; remembered until the file changes
-    confined (Supervisor(tenants_root=T), a root beneath T; confined.py decides):
+    confined (Supervisor(tenants_root=T), a root beneath T; confine/confined.py decides):
         the library's confined template, when made ─► "template"
         else (its first worker, a library not trusted at import, code registered at
         run time) the base of its key, when made ─► "base (why)"; else "fresh (why)"
@@ -29,7 +29,7 @@
 An unconfined template imports with its workers' environment and network.  A confined
 one first applies everything of its workers' confinement that does not depend on a
 tenant (a Landlock layer that writes beneath T), then imports: only what the host trusts
-at import (confined.py).  See worker/template.py for the template process.
+at import (confine/confined.py).  See worker/template.py for the template process.
 """
 from __future__ import annotations
 
@@ -42,8 +42,8 @@ from typing import Any, Callable, Optional, Union, cast
 from ... import protocol as P
 from ...core.limits import Limits
 from ...system.proc import tree_memory
-from . import confined, pid_guard
-from .handover import private_tmpdir, remove_tmpdir
+from .confine import confined, pid_guard
+from .confine.handover import private_tmpdir, remove_tmpdir
 from .output import OutputPump
 from .process import WorkerProcess
 from .slot import Slot
@@ -68,7 +68,7 @@ class _Template:
         self.init = init                         # what it is made with (nothing of a tenant)
         self.tmp_parent: Optional[str] = None    # confined: its workers' temp dirs are in it
         self.live = True                         # still listed (else: gone, workers may live)
-        # the host's guard of its processes and its workers' (pid_guard.py), if it holds one
+        # the host's guard of its processes and its workers' (confine/pid_guard.py), if it holds one
         self.guard: Union[pid_guard.Watch, str, None] = None
 
 
@@ -113,7 +113,7 @@ class Templates:
     def start(self, zygote: Zygote, slot: Slot, init: P.Init, pump: OutputPump,
               deadline: Optional[float]) -> WorkerProcess:
         """Start ``slot``'s worker, from the library's template when one may serve it
-        (confined: from a confined template or its base, see confined.py), and attach it
+        (confined: from a confined template or its base, see confine/confined.py), and attach it
         to the slot.  A confined worker's temp dir is made here."""
         if init.confine is not None:
             return self._start_confined(zygote, slot, init, pump, deadline)

@@ -44,7 +44,7 @@ ruleset its spare prepared while it waited (ready_layer()); of a per-tenant temp
 first takes its tenant's uid (handoff.take()).
 
 Every step reports whether it took effect; nothing pretends.  The host
-shows the report in ``stats()["protections"]``.  Host side (backends/local/handover.py),
+shows the report in ``stats()["protections"]``.  Host side (backends/local/confine/handover.py),
 hand_over() gives the confinement root to the worker's uid before the worker
 starts, and private_tmpdir() makes its temp dir.
 

@@ -35,7 +35,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Optional, TypeVar
 
-from ...protocol.dialer import A_SOCKET, NO_SOCKET
+from ....protocol.dialer import A_SOCKET, NO_SOCKET
 
 # SOL_SOCKET's SO_NETNS_COOKIE (Linux 5.14; the same number on every architecture the
 # engine filters)

@@ -30,7 +30,7 @@ from typing import Callable, Optional
 
 import h11
 
-from ...core.egress_rules import Address, authority_of
+from ....core.egress_rules import Address, authority_of
 
 HEAD_LIMIT = 64 * 1024
 HEAD_TIMEOUT_S = 10.0

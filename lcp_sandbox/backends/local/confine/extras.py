@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import os
 
-from ... import protocol as P
-from ...core.outcomes import Unavailable
-from ...core.policy import BEST_EFFORT, may_hand_over
-from ..metrics import Metrics
+from .... import protocol as P
+from ....core.outcomes import Unavailable
+from ....core.policy import BEST_EFFORT, may_hand_over
+from ...metrics import Metrics
+from ..slot import Slot
 from .cgroups import WorkerCgroups
 from .disks import TenantDisks
 from .egress import EgressProxy
-from .slot import Slot
 
 
 class WorkerExtras:

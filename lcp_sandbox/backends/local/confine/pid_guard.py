@@ -24,7 +24,7 @@ process in it is in the tree; kill(-1) never does.  After deciding, the guard ch
 notification is still pending (SECCOMP_IOCTL_NOTIF_ID_VALID) and answers
 SECCOMP_USER_NOTIF_FLAG_CONTINUE (Linux 5.5) or EPERM.
 
-A template's listener (templates.py receives it the same way) answers for the template and
+A template's listener (local/templates.py receives it the same way) answers for the template and
 for each worker the zygote reported forking from it (Member.join(), from WorkerProcess before
 its first call): a caller's tree is the first of those roots on its chain of parents; a spare
 not yet a worker (re-parented to the zygote) has none, and is refused everything it names.
@@ -47,9 +47,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Union
 
-from ... import protocol as P
-from ...core.syscall_numbers import number
-from ...worker.confine.guard import GUARDED, HANDSHAKE, REPORT_START
+from .... import protocol as P
+from ....core.syscall_numbers import number
+from ....worker.confine.guard import GUARDED, HANDSHAKE, REPORT_START
 
 log = logging.getLogger("lcp_sandbox")
 _RECV, _SEND = 0xC0502100, 0xC0182101

@@ -47,13 +47,13 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Coroutine, Optional
 
-from ... import protocol as P
-from ...core.egress_rules import Address, Decision, Policy, canonical_host, policy_of
-from ...protocol.dialer import ASK_PORT, ASK_SOCKET
-from ..metrics import Metrics
+from .... import protocol as P
+from ....core.egress_rules import Address, Decision, Policy, canonical_host, policy_of
+from ....protocol.dialer import ASK_PORT, ASK_SOCKET
+from ...metrics import Metrics
+from ..slot import Slot
 from .egress_conn import HEAD_TIMEOUT_S, Refused, response, serve
 from .egress_port import ByPort, Handed
-from .slot import Slot
 
 log = logging.getLogger("lcp_sandbox.egress")
 

@@ -18,10 +18,10 @@ import os
 import uuid
 from typing import TYPE_CHECKING, Optional
 
-from ... import protocol as P
+from .... import protocol as P
 
 if TYPE_CHECKING:
-    from .slot import Slot
+    from ..slot import Slot
 
 
 @functools.lru_cache(maxsize=1)
