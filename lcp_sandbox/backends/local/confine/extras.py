@@ -3,7 +3,7 @@
     disk_mb          its root, a file system of its own (disks.py): made before the root
                      is handed over, so the hand-over is the new file system's
     max_processes    a pids cgroup of its own (cgroups.py)
-    network policy   its token for the host's egress proxy (egress.py)
+    network policy   its token for the host's egress proxy (egress_proxy.py)
 
 One object a supervisor holds (``Supervisor.extras``), closed with it.
 """
@@ -18,7 +18,7 @@ from ...metrics import Metrics
 from ..slot import Slot
 from .cgroups import WorkerCgroups
 from .disks import TenantDisks
-from .egress import EgressProxy
+from .egress_proxy import EgressProxy
 
 
 class WorkerExtras:
