@@ -293,12 +293,12 @@ def test_confinement_fails_closed_where_the_system_lacks_it(monkeypatch, libs, o
 
 
 def test_the_portable_prepare_says_what_is_missing(monkeypatch):
-    from lcp_sandbox.worker import portable
+    from lcp_sandbox.worker import portable_prepare
     monkeypatch.setattr(sys, "platform", "darwin")
     env = {k.encode(): v.encode() for k, v in os.environ.items()}
     init = P.Init("lib", [], None, {}, 0, None, env, {"root": "/nowhere"}, None, [],
                   {"network": False})
-    report = portable.prepare(init)
+    report = portable_prepare.prepare(init)
     assert report["filesystem"] == "unavailable (not on darwin)"
     assert report["network"].startswith("unavailable") and report["env"].startswith("clean")
 

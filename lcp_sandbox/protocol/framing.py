@@ -12,7 +12,7 @@ from .messages import HEADER as _HDR
 from .messages import PayloadError, ProtocolViolation
 
 _BIG = 1 << 16
-_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)     # (not on Windows: see portable.py)
+_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)     # (not on Windows: see portable_framing.py)
 
 
 class Connection:
@@ -25,7 +25,7 @@ class Connection:
 
     __slots__ = ("sock", "fd", "_buf", "_big", "_poll", "_rcvtimeo", "_spun", "decoder", "broken",
                  "_held")
-    #: Flags of a read or send that must not wait (protocol/portable.py: 0 on a
+    #: Flags of a read or send that must not wait (protocol/portable_framing.py: 0 on a
     #: socket kept non-blocking, where MSG_DONTWAIT does not exist or is not used).
     _NOWAIT = _DONTWAIT
 

@@ -74,7 +74,7 @@ from ...core.policy import (
     SYSTEM_READ_PATHS,
     python_paths,
 )
-from ..portable import environment_of, set_environment  # noqa: F401  (also for loop, template)
+from ..portable_prepare import environment_of, set_environment  # noqa: F401  (also for loop, template)
 from ..rlimits import apply_in_worker
 from .apart import (
     files_by_uid,
