@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from lcp_sandbox import CrashPolicy, SandboxedBinding, Supervisor
 from lcp_sandbox import protocol as P
-from lcp_sandbox.backends.local import starts as starts_module
+from lcp_sandbox.backends.local import supervisor as supervisor_module
 from lcp_sandbox.protocol.framing import Connection
 
 MARKER = Path(os.environ.get("TMPDIR", "/tmp")) / f"lcp-fuzz-marker-{uuid.uuid4().hex}"
@@ -199,7 +199,7 @@ class FakeZygote:
 @pytest.fixture(scope="module")
 def fake_binding(tmp_path_factory):
     mp = pytest.MonkeyPatch()
-    mp.setattr(starts_module, "Zygote", FakeZygote)
+    mp.setattr(supervisor_module, "ZygoteClient", FakeZygote)
     if os.environ.get("LCP_SANDBOX_START_METHOD") == "spawn":
         # The forced spawn run: the host reads the fuzzed frames as it reads a spawned
         # worker's, with the portable connection (the fake stands in for the zygote).

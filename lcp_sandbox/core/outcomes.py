@@ -27,7 +27,7 @@ classes of this module are the public outcomes; the others never leave the engin
     DeadlinePassed                   backends/local/process.py ─► TimedOut (killed)
     NotConfined                      backends/local/supervisor.py: a protection asked for is not
                                      in force ─► Unavailable (not_confined)
-    ZygoteGone                       backends/local/zygote.py ─► Unavailable (no_start)
+    ZygoteGone                       backends/local/zygote_client.py ─► Unavailable (no_start)
     ProtocolViolation                protocol/messages.py: what a worker sent breaks the
                                      protocol ─► ProtocolViolated
     PayloadError                     protocol/messages.py: the parameters cannot be sent

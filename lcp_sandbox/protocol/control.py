@@ -1,6 +1,8 @@
 """The zygote's control channel: fixed-size records, never pickled.
 
-    host (backends/local/zygote.py)    zygote process (worker/zygote.py)
+The host's end is backends/local/zygote_client.py, the zygote's worker/zygote.py:
+
+    host                               zygote process
       FORK(req, flags) + [sock, log] ► hand them to a spare worker (FORK_PIDNS: one
       ◄── FORKED(req, pid)             that is pid 1 of a PID namespace of its own)
       KILL(pid) / SIGNAL(pid, sig) ──► kill a worker's tree / signal it

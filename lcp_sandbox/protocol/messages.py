@@ -35,7 +35,7 @@ INIT, CALL, PROMPT, MODCALL, LOAD, SHUTDOWN = 1, 2, 3, 4, 5, 6
 REQUEST, REPLY = 7, 8
 # Worker -> host:
 READY, RESULT = 9, 10
-# Host -> a worker forked ahead, before its INIT (backends/local/zygote.py):
+# Host -> a worker forked ahead, before its INIT (backends/local/zygote_client.py):
 PRIME = 11
 
 

@@ -12,7 +12,7 @@ The supervisor, one class in one module, and the worker's life it drives:
 How workers start:
 
     platforms.py    the start method's setting; the confinement a system lacks
-    zygote.py       the zygote client (forks, reaps, kills), the worker forked ahead
+    zygote_client.py the zygote client (forks, reaps, kills), the worker forked ahead
     templates.py    library templates: template, base or fresh per worker
     spawn.py        the spawn path: a fresh interpreter per worker, spares ahead
     winjob.py       Windows: a spawned worker's Job Object and socket hand-over

@@ -1,6 +1,6 @@
 """One worker process as the host sees it: its connection, its pid, its end.
 
-    start()     INIT to a worker the zygote forked ahead (backends/local/zygote.py take()),
+    start()     INIT to a worker the zygote forked ahead (backends/local/zygote_client.py take()),
                 held to go with the first call (one send, one wake-up),
                 or else FORK to the zygote with a fresh socketpair and INIT into it
                 (the pid comes later, as a Future: the call is sent at once);
@@ -54,7 +54,7 @@ from ..base import Lent
 from .confine import pid_guard
 from .output import OutputPump
 from .spin import SpinPolicy, calls_in_flight
-from .zygote import Zygote
+from .zygote_client import ZygoteClient
 
 _KIND = {P.Call: P.CALL, P.Prompt: P.PROMPT, P.ModCall: P.MODCALL, P.Load: P.LOAD}
 _READY_CAPS = {P.READY: P.READY_CAP}
@@ -71,7 +71,7 @@ class KillReason:
 
 
 class Parent(Protocol):
-    """What a worker's parent does for the host: the zygote (zygote.py), or a spawned
+    """What a worker's parent does for the host: the zygote (zygote_client.py), or a spawned
     worker's own handle (spawn.py's Child)."""
     alive: bool
 
@@ -123,7 +123,7 @@ class WorkerProcess:
         self.guard: Union[pid_guard.Watch, pid_guard.Member, str, bool, None] = None
 
     @classmethod
-    def start(cls, zygote: Zygote, init: P.Init, pump: OutputPump, library: str,
+    def start(cls, zygote: ZygoteClient, init: P.Init, pump: OutputPump, library: str,
               log_bytes_per_s: int, template: int = 0) -> "WorkerProcess":
         """Fork a worker that will serve ``init`` (from the library's ``template``
         process when given, see backends/local/templates.py); raises ZygoteGone or OSError.

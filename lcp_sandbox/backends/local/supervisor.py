@@ -46,7 +46,7 @@ A failed call, in the same order:
 
 How workers start (start(), _zyg(), _launch()):
 
-    start_method "zygote" (Linux; zygote.py)   a pre-started process forks each worker;
+    start_method "zygote" (Linux; zygote_client.py)   a pre-started process forks each worker;
                    the host keeps one forked ahead; library templates (templates.py);
                    one output pump thread (epoll) for every worker's log pipe
     start_method "spawn" (everywhere; spawn.py)   a fresh interpreter per worker, spares
@@ -127,7 +127,7 @@ from .slot import CrashPolicy, Slot, evict_one
 from .spawn import Spawner
 from .templates import Templates
 from .watchdog import Watchdog
-from .zygote import Zygote, ZygoteGone
+from .zygote_client import ZygoteClient, ZygoteGone
 
 log = logging.getLogger("lcp_sandbox")
 
@@ -213,8 +213,8 @@ class Supervisor(Closing):
         self._slots: dict[tuple[str, str, str], Slot] = {}
         self._by_pid: dict[int, Slot] = {}
         self._lock = threading.Lock()
-        # The parent of workers, a Zygote or a Spawner: started by _zyg().
-        self._zygote: Optional[Union[Zygote, Spawner]] = None
+        # The parent of workers, a ZygoteClient or a Spawner: started by _zyg().
+        self._zygote: Optional[Union[ZygoteClient, Spawner]] = None
         self._pump: Optional[OutputPump] = None
         self._closed = False
         self.templates = Templates(idle_timeout_s, tenants_root)
@@ -497,7 +497,7 @@ class Supervisor(Closing):
         """Start the zygote (or the spawner's first spare) now, else the first call does."""
         self._zyg()
 
-    def _zyg(self) -> tuple[Union[Zygote, Spawner], Optional[OutputPump]]:
+    def _zyg(self) -> tuple[Union[ZygoteClient, Spawner], Optional[OutputPump]]:
         """The zygote (or the spawner), started if need be, and the pump of its workers'
         output; a spawned worker's output has a thread of its own."""
         with self._lock:
@@ -506,10 +506,10 @@ class Supervisor(Closing):
             if self._zygote is None or not self._zygote.alive:
                 try:
                     self._zygote = (Spawner(self._on_exit) if self.start_method == "spawn"
-                                    else Zygote(on_exit=self._on_exit))
+                                    else ZygoteClient(on_exit=self._on_exit))
                 except ZygoteGone as exc:
                     raise Unavailable(f"The sandbox could not start: {exc}") from None
-            if isinstance(self._zygote, Zygote):
+            if isinstance(self._zygote, ZygoteClient):
                 self._pump = self._pump or OutputPump()
             self._watchdog.start()
             return self._zygote, self._pump
@@ -517,7 +517,7 @@ class Supervisor(Closing):
     def _templates_due(self, now: float) -> Optional[float]:
         """The watchdog's tick: idle templates retired; when the next may be."""
         zyg = self._zygote
-        return self.templates.tick(now, zyg if isinstance(zyg, Zygote) else None)
+        return self.templates.tick(now, zyg if isinstance(zyg, ZygoteClient) else None)
 
     def _environment(self, slot: Slot, init: P.Init, tool: str,
                      deadline: Optional[float]) -> tuple[P.Init, Optional[float]]:

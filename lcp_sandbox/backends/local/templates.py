@@ -17,7 +17,7 @@
         the library's confined template, when made ─► "template"
         else (its first worker, a library not trusted at import, code registered at
         run time) the base of its key, when made ─► "base (why)"; else "fresh (why)"
-        what was missing is made after the call that needed it answered (Zygote.after);
+        what was missing is made after the call that needed it answered (ZygoteClient.after);
         a later worker of the library waits for its template while it is made
         its temp dir is made in the template's temp-dir parent (removed with the
         template once no worker of it lives, or at close())
@@ -47,7 +47,7 @@ from .confine.handover import private_tmpdir, remove_tmpdir
 from .output import OutputPump
 from .process import WorkerProcess
 from .slot import Slot
-from .zygote import Forked, Zygote
+from .zygote_client import Forked, ZygoteClient
 
 #: What makes a template: the library, its files (path, mtime, size), sys.path, environment...
 TemplateKey = tuple[Any, ...]
@@ -110,7 +110,7 @@ class Templates:
                 tuple(sorted((lim.get("env") or {}).items())), bool(lim.get("network", True)),
                 (init.environment or {}).get("key"))
 
-    def start(self, zygote: Zygote, slot: Slot, init: P.Init, pump: OutputPump,
+    def start(self, zygote: ZygoteClient, slot: Slot, init: P.Init, pump: OutputPump,
               deadline: Optional[float]) -> WorkerProcess:
         """Start ``slot``'s worker, from the library's template when one may serve it
         (confined: from a confined template or its base, see confine/confined.py), and attach it
@@ -132,7 +132,7 @@ class Templates:
                                 f"fresh ({why or 'its template was gone'})", None)
         return self._fork(zygote, slot, init, pump, tpl, "template")
 
-    def _start_confined(self, zygote: Zygote, slot: Slot, init: P.Init, pump: OutputPump,
+    def _start_confined(self, zygote: ZygoteClient, slot: Slot, init: P.Init, pump: OutputPump,
                         deadline: Optional[float]) -> WorkerProcess:
         why = confined.why_fresh(self.tenants_root, slot.limits, init)
         tpl, start = None, ""
@@ -154,12 +154,12 @@ class Templates:
             raise
         return self._attach(slot, proc, f"fresh ({why})", None)
 
-    def _confined(self, zygote: Zygote, limits: Limits, init: P.Init,
+    def _confined(self, zygote: ZygoteClient, limits: Limits, init: P.Init,
                   deadline: Optional[float]) -> tuple[Optional[_Template], str, str]:
         """(the confined template to fork from and the start it makes, or None and why
         not).  Its library's when the library may be imported there and the template
         is made; else its base's, when made.  What is missing is made once the call
-        that needed it is answered (Zygote.after): never during that call."""
+        that needed it is answered (ZygoteClient.after): never during that call."""
         root = cast(str, self.tenants_root)
         why = confined.untrusted(limits, init, root)
         if not why:
@@ -174,7 +174,7 @@ class Templates:
         return None, "", why + ("; no base yet" if base is None or base.state == "starting" else
                                 f"; base {base.state}")
 
-    def _shared(self, zygote: Zygote, key: TemplateKey, init: P.Init, library: bool,
+    def _shared(self, zygote: ZygoteClient, key: TemplateKey, init: P.Init, library: bool,
                 deadline: Optional[float]) -> Optional[_Template]:
         """The confined template of ``key``: None when it is new (made after this call);
         while it is being made, waited for within ``deadline`` (a library's) or not (a
@@ -208,7 +208,7 @@ class Templates:
                 return True
         return False
 
-    def _fork(self, zygote: Zygote, slot: Slot, init: P.Init, pump: OutputPump,
+    def _fork(self, zygote: ZygoteClient, slot: Slot, init: P.Init, pump: OutputPump,
               tpl: _Template, start: str) -> WorkerProcess:
         """A worker forked from ``tpl`` (claimed): attached to the slot as ``start``."""
         try:
@@ -243,7 +243,7 @@ class Templates:
                 stale.append(self._by_key.pop(other.key))       # the file changed
         return stale
 
-    def _template(self, zygote: Zygote, init: P.Init,
+    def _template(self, zygote: ZygoteClient, init: P.Init,
                   deadline: Optional[float]) -> Optional[_Template]:
         """The library's template, waiting while it is made; None for the library's
         first worker."""
@@ -266,7 +266,7 @@ class Templates:
         tpl.ready.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
         return tpl
 
-    def _begin(self, zygote: Zygote, tpl: _Template) -> None:
+    def _begin(self, zygote: ZygoteClient, tpl: _Template) -> None:
         """Make ``tpl`` now, unless that began already (or it was retired meanwhile)."""
         with self._lock:
             if tpl.begun or not tpl.live:
@@ -276,7 +276,7 @@ class Templates:
         threading.Thread(target=self._make, args=(zygote, tpl, time.monotonic() + 120.0),
                          name="lcp-sandbox-template", daemon=True).start()
 
-    def _make(self, zygote: Zygote, tpl: _Template, deadline: Optional[float]) -> None:
+    def _make(self, zygote: ZygoteClient, tpl: _Template, deadline: Optional[float]) -> None:
         host_sock, its_sock = P.pair()
         conn = P.Connection(host_sock)
         try:
@@ -345,7 +345,7 @@ class Templates:
                 done.append(tpl)
         return done
 
-    def _retire(self, zygote: Zygote, tpls: list[_Template]) -> None:
+    def _retire(self, zygote: ZygoteClient, tpls: list[_Template]) -> None:
         with self._lock:
             done = self._unlisted(tpls)
         for tpl in tpls:
@@ -379,7 +379,7 @@ class Templates:
             self._gone.discard(tpl)
         self._drop_parent(tpl)
 
-    def tick(self, now: float, zygote: Optional[Zygote]) -> Optional[float]:
+    def tick(self, now: float, zygote: Optional[ZygoteClient]) -> Optional[float]:
         """Retire the templates no worker has used for idle_timeout_s (oldest first);
         when the next may be (None: no template is idle)."""
         idle_s = self.idle_timeout_s

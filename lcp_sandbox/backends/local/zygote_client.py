@@ -1,7 +1,7 @@
 """The host's handle on the zygote (worker/zygote.py): start it, ask it to fork,
 kill and signal workers, learn how they ended.
 
-    Zygote() ── python -I -c _BOOT FD ──► zygote process, allowlisted environment
+    ZygoteClient() ── python -I -c _BOOT FD ──► zygote process, allowlisted environment
     fork(sock, log) ── FORK + fds ──────► ◄── FORKED(pid)   (a Forked future: nobody waits)
     fork(sock, log, template=tpid) ── TFORK: from a library's template (templates.py);
                                       Forked.templated: whether the template served it
@@ -68,7 +68,7 @@ class Forked(Future[int]):
 Reserved = tuple[socket.socket, int, Forked]
 
 
-class Zygote:
+class ZygoteClient:
     """The host's handle on a zygote process.  Thread-safe."""
 
     def __init__(self, on_exit: Optional[Callable[[int, int], None]] = None) -> None:
