@@ -318,7 +318,7 @@ class Seams:
 
     def connect(self, addresses, port):
         self.connected.append(([str(a) for a in addresses], port))
-        raise egress_conn.Refused(502, "not connected (test)")
+        raise egress_conn.ProxyRefusal(502, "not connected (test)")
 
 
 @pytest.fixture

@@ -64,7 +64,7 @@ class Recorded:
 
     def connect(self, addresses: list, port: int) -> socket.socket:
         self.connected.append((list(addresses), port))
-        raise egress_conn.Refused(502, "not connected (fuzz)")
+        raise egress_conn.ProxyRefusal(502, "not connected (fuzz)")
 
 
 # One proxy and one worker for every example (a worker's refusals are logged 20 times, then

@@ -35,8 +35,8 @@ classes of this module are the public outcomes; the others never leave the engin
     BuildFailed                      backends/envs/build.py ─► CallFailed
     DeclarationError (ValueError)    core/requirements.py: a requirement that is not a name
                                      ─► CallFailed naming it
-    Refused (egress)                 backends/local/confine/egress_conn.py: a connection the egress
-                                     proxy does not make ─► an HTTP answer to the tool
+    ProxyRefusal                     backends/local/confine/egress_conn.py: a connection the
+                                     egress proxy does not make ─► an HTTP answer to the tool
     HostGone                         backends/ray/relay.py: the driver gave up ─► the Ray
                                      agent ends the call as the driver said
 
