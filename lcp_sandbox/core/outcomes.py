@@ -28,7 +28,7 @@ classes of this module are the public outcomes; the others never leave the engin
     NotConfined                      backends/local/supervisor.py: a protection asked for is not
                                      in force ─► Unavailable (not_confined)
     ZygoteGone                       backends/local/zygote_client.py ─► Unavailable (no_start)
-    ProtocolViolation                protocol/messages.py: what a worker sent breaks the
+    BadMessage                       protocol/messages.py: what a worker sent breaks the
                                      protocol ─► ProtocolViolated
     PayloadError                     protocol/messages.py: the parameters cannot be sent
                                      ─► CallFailed (the worker kept)

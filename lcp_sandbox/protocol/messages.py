@@ -154,7 +154,7 @@ OP_OPERATOR = 6   # one of binding/objects.py OPERATORS by name: ==, <, hash(), 
 OPS = frozenset(range(7))
 
 
-class ProtocolViolation(Exception):
+class BadMessage(Exception):
     """A worker sent something the protocol does not allow; it is killed, not believed."""
 
 

@@ -15,7 +15,7 @@
                                                came before it is signalled now
                REQUEST ─► _answer(): HostObjects.handle(), REPLY  (clock paused past 5 ms)
                deadline ─► SIGUSR1 (soft) ... grace_s ... kill the tree (hard): DeadlinePassed
-        EOF ─► WorkerGone;  anything else, a frame over its cap ─► protocol.ProtocolViolation
+        EOF ─► WorkerGone;  anything else, a frame over its cap ─► protocol.BadMessage
 
     kill()      the zygote kills its tree (``kill_reason``, a KillReason, says why)
     shut_down() SHUTDOWN, then the connection is closed (a retired worker)
@@ -252,7 +252,7 @@ class WorkerProcess:
 
         Raises PayloadError (``msg`` could not be sent: nothing was), WorkerGone
         (NeverReceived: it had hung up before ``msg`` was sent),
-        DeadlinePassed (the tree was killed) or protocol.ProtocolViolation."""
+        DeadlinePassed (the tree was killed) or protocol.BadMessage."""
         conn = self.conn
         grace = limits.grace_s
         sent = time.monotonic()
@@ -281,7 +281,7 @@ class WorkerProcess:
                 # A worker that stops reading cannot hold the host past the hard deadline.
                 conn.send(kind, msg, None if deadline is None else deadline + grace)
             except TimeoutError:
-                raise P.ProtocolViolation(conn.broken) from None
+                raise P.BadMessage(conn.broken) from None
             except OSError:                       # the worker is gone: the read tells how
                 undelivered = self.ready          # (one that never started: its start failed)
             # Wait: poll for the answer a short while before sleeping; never past the deadline.
@@ -301,9 +301,9 @@ class WorkerProcess:
             if kind != P.RESULT:                  # READY, a REQUEST, the deadline: serve them
                 reply, soft_sent = self._serve(kind, reply, objects, deadline, grace, timeout)
             if reply.outcome == TIMED_OUT and not soft_sent and not self.interrupted:
-                raise P.ProtocolViolation("it reported a timeout nobody signalled")
+                raise P.BadMessage("it reported a timeout nobody signalled")
             if conn.pending():
-                raise P.ProtocolViolation("it sent more after its RESULT")
+                raise P.BadMessage("it sent more after its RESULT")
             if spin is not None:
                 spin.answered(sent, time.monotonic(), caught)
             return reply
@@ -367,7 +367,7 @@ class WorkerProcess:
         objects.deadline = None if deadline is None else deadline + grace
         answer = objects.handle(request, conn.decoder.saw_ref)
         if conn.broken:                           # during a callback into the tool
-            raise P.ProtocolViolation(conn.broken)
+            raise P.BadMessage(conn.broken)
         try:
             try:
                 conn.send(P.REPLY, answer, objects.deadline)
@@ -375,7 +375,7 @@ class WorkerProcess:
                 why = f"the host's answer cannot be sent: {exc}"
                 conn.send(P.REPLY, (False, ["TypeError", [why]]), objects.deadline)
         except TimeoutError:
-            raise P.ProtocolViolation(conn.broken) from None
+            raise P.BadMessage(conn.broken) from None
         except OSError:
             pass
         waited = time.monotonic() - t0

@@ -23,7 +23,7 @@ A failed call, in the same order:
                           sent once more to a fresh worker from _worker_for()
             else ─► _failed():  WorkerGone ─► _bury(), WorkerDied (500), or OutOfMemory
                                              (507) when the watchdog killed it
-                                ProtocolViolation ─► _violation(): killed, buried,
+                                BadMessage ─► _violation(): killed, buried,
                                              ProtocolViolated (500)
                                 DeadlinePassed ─► buried (killed), TimedOut (504)
                                 NotConfined (raised by _ready()) ─► killed before the call
@@ -369,7 +369,7 @@ class Supervisor(Closing):
                 self._event("memory", slot, pid=proc.pid, tool=tool, reason=reason.why)
                 raise OutOfMemory.killed(name, tool, reason.why)
             raise WorkerDied(name, tool, how)
-        if isinstance(exc, P.ProtocolViolation):
+        if isinstance(exc, P.BadMessage):
             self._violation(slot, proc, tool, str(exc))
         if isinstance(exc, DeadlinePassed):
             how = self._bury(slot, proc, served_a_call=True)

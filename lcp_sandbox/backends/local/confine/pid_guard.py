@@ -108,7 +108,7 @@ class Member:
 def receive(sock: socket.socket, deadline: Optional[float], pid: int) -> Union[Watch, str]:
     """(WorkerProcess, before its READY) the worker's first byte: "G" with its listener,
     or "N" (none installed).  A Watch once the listener is checked and guarded, else why
-    not.  Raises protocol.ProtocolViolation on anything else."""
+    not.  Raises protocol.BadMessage on anything else."""
     poller = select.poll()
     poller.register(sock, select.POLLIN)
     wait = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -122,7 +122,7 @@ def receive(sock: socket.socket, deadline: Optional[float], pid: int) -> Union[W
             os.close(fd)
         if not data:
             return "unavailable (the worker ended before it sent its guard)"
-        raise P.ProtocolViolation("it broke the protocol of the host's guard (its first byte)")
+        raise P.BadMessage("it broke the protocol of the host's guard (its first byte)")
     return GUARD.watch(fds[0], pid)
 
 
