@@ -11,7 +11,7 @@ The host's end is backends/local/zygote_client.py, the zygote's worker/zygote.py
                                        KILL, or (ended: 1) of what it left behind when
                                        it ended, just before its EXITED
       ◄── EXITED(pid, status)          a worker was reaped
-      ◄── READY(zygote pid)            once, when it can fork
+      ◄── ZYGOTE_READY(zygote pid)     once, when it can fork
       TEMPLATE(req) + [conn] fd ──────► fork a template (worker/template.py) on that
       ◄── FORKED(req, template pid)    connection: it imports a library, then waits
       TFORK(req, template pid)         like FORK, from the template's pre-forked spare;
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import struct
 
-FORK, KILL, SIGNAL, FORKED, EXITED, READY, TEMPLATE, TFORK = 1, 2, 3, 4, 5, 6, 7, 8
+FORK, KILL, SIGNAL, FORKED, EXITED, ZYGOTE_READY, TEMPLATE, TFORK = 1, 2, 3, 4, 5, 6, 7, 8
 KILL_FAILED = 9
 FORK_PIDNS = 1                       # FORK's flags: a worker in its own PID namespace
 RECORD = struct.Struct("!Bqqq")      # kind, then up to three integers

@@ -56,10 +56,10 @@ from ..protocol.control import (
     KILL,
     KILL_FAILED,
     MAX_RECORD,
-    READY,
     SIGNAL,
     TEMPLATE,
     TFORK,
+    ZYGOTE_READY,
     pack,
     unpack,
 )
@@ -160,7 +160,7 @@ def main(fd: int) -> None:
 class Zygote:
     """The zygote's loop: one method per thing that happens.
 
-        start()       fork the first spare, READY to the host, the rest of the reserve owed
+        start()       fork the first spare, ZYGOTE_READY to the host, the rest of the reserve owed
         run()         poll the control channel, the wake pipe (SIGCHLD) and the templates'
                       channels; fork what is owed when it is due
         control()     a record from the host: fork() / tfork() / template() / kill() /
@@ -208,7 +208,7 @@ class Zygote:
 
     def start(self) -> None:
         self.spares.append(self.fork_spare())
-        self.tell(pack(READY, self.me))
+        self.tell(pack(ZYGOTE_READY, self.me))
         self.owe()                                   # the rest of the reserve
 
     def control(self) -> None:

@@ -39,7 +39,7 @@ from typing import Callable, Optional
 
 from ...core.policy import host_environment
 from ...protocol import control
-from ...protocol.control import EXITED, FORKED, KILL_FAILED, READY, pack, unpack
+from ...protocol.control import EXITED, FORKED, KILL_FAILED, ZYGOTE_READY, pack, unpack
 from ...protocol.framing import Connection, pair
 from ...protocol.messages import PRIME, Prime
 from ..boot import boot_argv, boot_environment
@@ -159,7 +159,7 @@ class ZygoteClient:
         self._pending.clear()
 
     def _record(self, kind: int, a: int, b: int, c: int) -> None:
-        if kind == READY:
+        if kind == ZYGOTE_READY:
             self._ready.set()
         elif kind == FORKED:                     # (request, pid, from its template)
             fut = self._pending.pop(a, None)
@@ -192,7 +192,7 @@ class ZygoteClient:
         ``template``: the pid of a library template to fork it from (the future's
         ``templated`` says whether it was; a plain spare serves when the template is gone).
         ``pidns``: (a confined worker) pid 1 of a PID namespace of its own, when the
-        zygote can make one (its READY says).
+        zygote can make one (its ZYGOTE_READY says).
         The fds are duplicated into the zygote as this returns, so the caller may
         close its copies and talk to the worker at once, before the pid is known."""
         if template:
