@@ -345,13 +345,13 @@ class WorkerProcess:
                 self.zygote.signal(self.pid, P.SOFT_TIMEOUT_SIGNAL)
                 deadline = time.monotonic() + grace
             elif kind == P.READY:
-                self._ready(reply, soft_sent)
+                self._read_ready(reply, soft_sent)
             else:
                 deadline = self._answer(reply, objects, deadline, 0.0 if soft_sent else grace)
             kind, reply = self._next(deadline)
         return reply, soft_sent
 
-    def _ready(self, ready: P.Ready, soft_sent: bool) -> None:
+    def _read_ready(self, ready: P.Ready, soft_sent: bool) -> None:
         self.ready = True
         if self.interrupted and not soft_sent:   # interrupt() came before READY
             self.zygote.signal(self.pid, P.SOFT_TIMEOUT_SIGNAL)

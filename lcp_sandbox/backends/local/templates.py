@@ -189,7 +189,7 @@ class Templates:
                 new = True
             else:
                 new = False
-        self._retire(zygote, stale)
+        self._kill_templates(zygote, stale)
         if new:
             zygote.after(lambda: self._begin(zygote, tpl))
             return None
@@ -261,7 +261,7 @@ class Templates:
                 # handlers, no workspace.  The environment and sys.path are its workers'.
                 tpl = self._by_key[key] = _Template(key, init.library, init._replace(
                     configs={}, handlers=0, confine=None, tmpdir=None))
-        self._retire(zygote, stale)
+        self._kill_templates(zygote, stale)
         self._begin(zygote, tpl)     # made by a thread: a caller whose deadline passes goes fresh
         tpl.ready.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
         return tpl
@@ -345,7 +345,7 @@ class Templates:
                 done.append(tpl)
         return done
 
-    def _retire(self, zygote: ZygoteClient, tpls: list[_Template]) -> None:
+    def _kill_templates(self, zygote: ZygoteClient, tpls: list[_Template]) -> None:
         with self._lock:
             done = self._unlisted(tpls)
         for tpl in tpls:
@@ -391,7 +391,7 @@ class Templates:
                           key=lambda t: t.idle_since)
             for tpl in idle:
                 del self._by_key[tpl.key]
-        self._retire(zygote, idle)
+        self._kill_templates(zygote, idle)
         return min((t.idle_since + idle_s for t in unused if t not in idle), default=None)
 
     def ready(self) -> int:

@@ -97,10 +97,10 @@ class ZygoteClient:
         self._after: list[Callable[[], None]] = []     # after(): run with the replacement
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
-        self._ready = threading.Event()
+        self._started = threading.Event()
         self._reader = threading.Thread(target=self._read, name="lcp-sandbox-zygote", daemon=True)
         self._reader.start()
-        if not self._ready.wait(60) or not self.alive:
+        if not self._started.wait(60) or not self.alive:
             self.close()
             raise ZygoteGone("the zygote process did not start")
         self._owe(0.0)
@@ -152,7 +152,7 @@ class ZygoteClient:
         with self._cond:
             self.alive = False
             self._cond.notify_all()
-        self._ready.set()
+        self._started.set()
         self._drop_reserved()                    # they died with the zygote
         for fut in list(self._pending.values()):
             fut.set_exception(ZygoteGone("the zygote process is gone"))
@@ -160,7 +160,7 @@ class ZygoteClient:
 
     def _record(self, kind: int, a: int, b: int, c: int) -> None:
         if kind == ZYGOTE_READY:
-            self._ready.set()
+            self._started.set()
         elif kind == FORKED:                     # (request, pid, from its template)
             fut = self._pending.pop(a, None)
             if fut:
