@@ -142,6 +142,8 @@ class Result(NamedTuple):
 
 HOST_TO_WORKER = {INIT: Init, CALL: Call, PROMPT: Prompt, MODCALL: ModCall, LOAD: Load,
                   SHUTDOWN: Shutdown, REQUEST: Request, REPLY: Reply, PRIME: Prime}
+#: The kind each message type the host sends goes with: HOST_TO_WORKER read the other way.
+KIND_OF = {cls: kind for kind, cls in HOST_TO_WORKER.items()}
 
 # REQUEST ops
 OP_CALL = 0       # ref(*args, **kwargs)

@@ -56,7 +56,6 @@ from .output import OutputPump
 from .spin import SpinPolicy, calls_in_flight
 from .zygote_client import ZygoteClient
 
-_KIND = {P.Call: P.CALL, P.Prompt: P.PROMPT, P.ModCall: P.MODCALL, P.Load: P.LOAD}
 _READY_CAPS = {P.READY: P.READY_CAP}
 HOST_WAIT_COUNTS_S = 0.005     # of each REQUEST's answer, this much counts against the deadline
 
@@ -270,13 +269,13 @@ class WorkerProcess:
         calls = calls_in_flight.enter(token)
         try:
             # Send: a CALL carries the worker's spin budget.
-            kind = _KIND[type(msg)]
+            kind = P.KIND_OF[type(msg)]
             window = 0.0
             undelivered = False
             if spin is not None:
                 window, budget = spin.plan(sent, calls)
-                if kind == P.CALL and budget != msg[-1]:
-                    msg = msg[:-1] + (budget,)    # spin_us, its last field (sent as a tuple anyway)
+                if isinstance(msg, P.Call) and budget != msg.spin_us:
+                    msg = msg._replace(spin_us=budget)
             try:
                 # A worker that stops reading cannot hold the host past the hard deadline.
                 conn.send(kind, msg, None if deadline is None else deadline + grace)
