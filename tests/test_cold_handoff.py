@@ -9,7 +9,7 @@ from concurrent.futures import Future
 
 from lcp_sandbox import SandboxedBinding, Supervisor
 from lcp_sandbox import protocol as P
-from lcp_sandbox.backends.local import zygote as host_zygote
+from lcp_sandbox.backends.local import zygote_client
 from lcp_sandbox.backends.local.process import WorkerProcess
 from lcp_sandbox.core.policy import host_environment
 from lcp_sandbox.worker import confine
@@ -62,7 +62,7 @@ def _env_call(sup, tmp_path, tenant):
 
 def _reserved_pid(zyg):
     deadline = time.monotonic() + 30
-    while len(zyg._reserved) != host_zygote.RESERVED:
+    while len(zyg._reserved) != zygote_client.RESERVED:
         assert time.monotonic() < deadline, "no worker was forked ahead"
         time.sleep(0.01)
     return zyg._reserved[0][2].result(10)

@@ -10,7 +10,7 @@ import pytest
 from conftest import running
 
 from lcp_sandbox import SandboxedBinding, Supervisor
-from lcp_sandbox.backends.local import zygote as host_zygote
+from lcp_sandbox.backends.local import zygote_client
 from lcp_sandbox.worker import confine, zygote
 
 PROBE = '''
@@ -85,10 +85,10 @@ def test_spares_and_a_worker_forked_ahead_are_waiting(probe):
     def waiting() -> int:
         return sum(1 for p in zygote_process.children() if running(p))
     deadline = time.monotonic() + 30
-    while waiting() != zygote.PLAIN_SPARES + host_zygote.RESERVED or len(zyg._reserved) != host_zygote.RESERVED:
+    while waiting() != zygote.PLAIN_SPARES + zygote_client.RESERVED or len(zyg._reserved) != zygote_client.RESERVED:
         assert time.monotonic() < deadline, "the zygote's spares or the host's reserved worker were not refilled"
         time.sleep(0.01)
-    assert zygote.PLAIN_SPARES >= 2 and host_zygote.RESERVED >= 1
+    assert zygote.PLAIN_SPARES >= 2 and zygote_client.RESERVED >= 1
     reserved_pid = zyg._reserved[0][2].result(10)
     assert probe("t2")["pid"] == reserved_pid       # the next cold start is served by it
 

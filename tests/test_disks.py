@@ -9,7 +9,7 @@ import pytest
 
 from conftest import HERE
 from lcp_sandbox import SandboxedBinding, Supervisor
-from lcp_sandbox.backends.local import disks
+from lcp_sandbox.backends.local.confine import disks
 
 LIBS = HERE / "disk_libs"
 pytestmark = pytest.mark.skipif(disks._missing() != "", reason=disks._missing() or "-")

@@ -15,7 +15,7 @@ import pytest
 from conftest import HERE, poll
 
 from lcp_sandbox import SandboxedBinding, Supervisor
-from lcp_sandbox.backends.local import egress, egress_conn
+from lcp_sandbox.backends.local.confine import egress_conn, egress_proxy
 from lcp_sandbox.backends.metrics import Metrics
 from lcp_sandbox.core.egress_rules import authority_of, canonical_host, policy_of, rule_of
 from lcp_sandbox.testing import landlock_abi_at_most, protections_off
@@ -152,12 +152,12 @@ def test_a_library_allowed_one_public_name_cannot_reach_the_hosts_loopback(sup, 
 def test_a_name_no_rule_admits_is_never_resolved(sup, open_tmp_module, monkeypatch):
     """A tool cannot make the host look up names of its choosing (DNS as a way out)."""
     asked = []
-    resolve = egress._resolve
+    resolve = egress_proxy._resolve
 
     def recorded(host, port):
         asked.append(host)
         return resolve(host, port)
-    monkeypatch.setattr(egress, "_resolve", recorded)
+    monkeypatch.setattr(egress_proxy, "_resolve", recorded)
     t = binding(sup, open_tmp_module, "no-lookups", {"allow": ["localhost:9"]})
     got = out(t, "tool_urllib", url="http://secret-data.exfil.invalid/")
     assert got["status"] == 403 and "no allow rule matches secret-data.exfil.invalid:80" \
@@ -194,13 +194,13 @@ def test_a_flood_is_bounded_per_worker_and_others_still_get_through(sup, servers
     ports, _ = servers
     flood = binding(sup, open_tmp_module, "flood", {"allow": [f"127.0.0.1:{ports['allowed']}"]})
     release = open_tmp_module / "flood" / "release"
-    n = egress.MAX_PER_WORKER + 40
+    n = egress_proxy.MAX_PER_WORKER + 40
     result = {}
     worker = threading.Thread(target=lambda: result.update(out=flood.execute_tool(
         "tool_flood", {"n": n, "refusals": 40, "release": str(release)}, timeout_s=120)))
     worker.start()
     try:
-        assert poll(lambda: sup.egress.connections >= egress.MAX_PER_WORKER)
+        assert poll(lambda: sup.egress.connections >= egress_proxy.MAX_PER_WORKER)
         assert out(one_port, "tool_urllib",
                    url=f"http://127.0.0.1:{ports['allowed']}/during")["status"] == 200
     finally:
@@ -318,21 +318,21 @@ class Seams:
 
     def connect(self, addresses, port):
         self.connected.append(([str(a) for a in addresses], port))
-        raise egress_conn.Refused(502, "not connected (test)")
+        raise egress_conn.ProxyRefusal(502, "not connected (test)")
 
 
 @pytest.fixture
 def seams(monkeypatch):
     made = Seams({"vm": ["127.0.0.1"], "localhost": ["127.0.0.1"]})
-    monkeypatch.setattr(egress, "_resolve", made.resolve)
+    monkeypatch.setattr(egress_proxy, "_resolve", made.resolve)
     monkeypatch.setattr(egress_conn, "connect", made.connect)
     return made
 
 
 def exchange(rules: list, head: bytes, metrics=None) -> bytes:
     """What a proxy whose worker has the policy ``rules`` answers ``head`` (in this thread)."""
-    proxy = egress.EgressProxy(metrics or Metrics())
-    ident = egress.Identity("t", "lib", policy_of({"allow": rules}))
+    proxy = egress_proxy.EgressProxy(metrics or Metrics())
+    ident = egress_proxy.Identity("t", "lib", policy_of({"allow": rules}))
     client, server = socket.socketpair()
     with client, server:
         client.sendall(head)
@@ -442,11 +442,11 @@ def answer(client) -> bytes:
 
 
 def test_each_tenant_has_a_share_and_the_host_answers_503_with_retry_after():
-    proxy = egress.EgressProxy(Metrics())
+    proxy = egress_proxy.EgressProxy(Metrics())
     proxy.max_per_worker, proxy.max_per_tenant, proxy.max_connections = 2, 3, 5
-    assert egress.MAX_PER_TENANT == egress.MAX_CONNECTIONS // 32
+    assert egress_proxy.MAX_PER_TENANT == egress_proxy.MAX_CONNECTIONS // 32
     policy = policy_of({"allow": ["example.com"]})
-    a1, a2, b, c = (egress.Identity(t, lib, policy)
+    a1, a2, b, c = (egress_proxy.Identity(t, lib, policy)
                     for t, lib in (("a", "one"), ("a", "two"), ("b", "one"), ("c", "one")))
     clients, refused = held(proxy, a1, 2) + held(proxy, a2, 1), []
     try:
@@ -536,7 +536,7 @@ def test_one_mcp_client_at_its_session_cap_holds_at_most_half_the_proxy():
     """Each serve-mcp session is a tenant: a client holding every session it may by default,
     each at its tenant's share, leaves the other half of the host's connections to others."""
     from lcp_sandbox.fronts.mcp_limits import DEFAULT_SESSIONS_PER_CLIENT
-    assert DEFAULT_SESSIONS_PER_CLIENT * egress.MAX_PER_TENANT <= egress.MAX_CONNECTIONS // 2
+    assert DEFAULT_SESSIONS_PER_CLIENT * egress_proxy.MAX_PER_TENANT <= egress_proxy.MAX_CONNECTIONS // 2
 
 
 # ------------------------------------------------------------ without a network namespace

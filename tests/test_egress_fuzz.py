@@ -15,7 +15,7 @@ from unittest import mock
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lcp_sandbox.backends.local import egress, egress_conn
+from lcp_sandbox.backends.local.confine import egress_conn, egress_proxy
 from lcp_sandbox.backends.metrics import Metrics
 from lcp_sandbox.core.egress_rules import canonical_host, policy_of
 
@@ -64,20 +64,20 @@ class Recorded:
 
     def connect(self, addresses: list, port: int) -> socket.socket:
         self.connected.append((list(addresses), port))
-        raise egress_conn.Refused(502, "not connected (fuzz)")
+        raise egress_conn.ProxyRefusal(502, "not connected (fuzz)")
 
 
 # One proxy and one worker for every example (a worker's refusals are logged 20 times, then
 # counted only)
-PROXY = egress.EgressProxy(Metrics())
-IDENT = egress.Identity("fuzz", "lib", POLICY)
+PROXY = egress_proxy.EgressProxy(Metrics())
+IDENT = egress_proxy.Identity("fuzz", "lib", POLICY)
 
 
 def served(head: bytes) -> Recorded:
     """What the proxy resolved and connected to for ``head``, one connection."""
     seen = Recorded()
     client, server = socket.socketpair()
-    with client, server, mock.patch.object(egress, "_resolve", seen.resolve), \
+    with client, server, mock.patch.object(egress_proxy, "_resolve", seen.resolve), \
             mock.patch.object(egress_conn, "connect", seen.connect):
         client.sendall(head)
         client.shutdown(socket.SHUT_WR)

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from conftest import HERE
 
-from lcp_sandbox.backends.local.handover import check_capabilities
+from lcp_sandbox.backends.local.confine.handover import check_capabilities
 from lcp_sandbox.core.outcomes import Unavailable
 from lcp_sandbox.system import capabilities
 
@@ -76,7 +76,7 @@ HOST = '''\
 import ctypes, json, logging, os, sys
 import psutil
 from lcp_sandbox import SandboxedBinding, Supervisor
-from lcp_sandbox.backends.local import handover
+from lcp_sandbox.backends.local.confine import handover
 from lcp_sandbox.system.capabilities import NUMBERS
 
 logging.basicConfig(level=logging.WARNING)

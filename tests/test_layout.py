@@ -138,7 +138,7 @@ def test_the_lollms_front_is_the_only_module_that_imports_lollms_client():
 
 
 def test_the_zygote_boots_from_the_worker_side():
-    text = (PKG / "backends" / "local" / "zygote.py").read_text(encoding="utf-8")
+    text = (PKG / "backends" / "local" / "zygote_client.py").read_text(encoding="utf-8")
     assert "from lcp_sandbox.worker.zygote import main" in text
 
 

@@ -28,7 +28,7 @@ pytest.importorskip("mcp")
 
 import httpx2  # noqa: E402
 
-from lcp_sandbox.backends.local import disks  # noqa: E402
+from lcp_sandbox.backends.local.confine import disks  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 LIBS = HERE / "mcp_load_libs"

@@ -1,4 +1,4 @@
-"""The host's guard of processes (backends/local/pid_guard.py, worker/confine/guard.py), on
+"""The host's guard of processes (backends/local/confine/pid_guard.py, worker/confine/guard.py), on
 its own: a forked process installs the guard's filter and hands its listener to this test
 process, which guards it as the host does; what the guarded process may still name.
 
@@ -18,7 +18,7 @@ from typing import Callable
 
 import pytest
 
-from lcp_sandbox.backends.local import pid_guard
+from lcp_sandbox.backends.local.confine import pid_guard
 from lcp_sandbox.worker.confine import _processes
 from lcp_sandbox.worker.confine import guard as worker_guard
 

@@ -19,7 +19,7 @@ from confined_kinds import KINDS, NAMESPACES_REFUSED, Confined
 from conftest import HERE
 from lcp_sandbox import SandboxedBinding, Supervisor
 from lcp_sandbox import Limits
-from lcp_sandbox.backends.local import handover
+from lcp_sandbox.backends.local.confine import handover
 from lcp_sandbox.testing import protections_off
 from lcp_sandbox.worker.confine import seccomp
 
@@ -251,7 +251,7 @@ def test_hand_over_skips_mount_points(open_tmp):
     (outside / "f.txt").write_text("x")
     code = f"""if True:
         import ctypes, os
-        from lcp_sandbox.backends.local import handover
+        from lcp_sandbox.backends.local.confine import handover
         libc = ctypes.CDLL(None, use_errno=True)
         assert libc.unshare(0x20000) == 0
         assert libc.mount(b"none", b"/", None, 16384 | (1 << 18), None) == 0       # MS_REC | MS_PRIVATE

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from lcp_sandbox import CrashPolicy, SandboxedBinding, Supervisor
 from lcp_sandbox import protocol as P
-from lcp_sandbox.backends.local import starts as starts_module
+from lcp_sandbox.backends.local import supervisor as supervisor_module
 from lcp_sandbox.protocol.framing import Connection
 
 MARKER = Path(os.environ.get("TMPDIR", "/tmp")) / f"lcp-fuzz-marker-{uuid.uuid4().hex}"
@@ -54,7 +54,7 @@ plain = st.recursive(
 def test_decoder_raises_only_protocol_violations_on_random_bytes(kind, payload):
     try:
         P.parse_from_worker(kind, payload, P.Decoder())
-    except P.ProtocolViolation:
+    except P.BadMessage:
         pass
     assert not MARKER.exists()
 
@@ -70,14 +70,14 @@ def test_decoder_on_mutated_valid_results(value, flips, cut):
             body[pos % len(body)] = byte
     try:
         P.parse_from_worker(P.RESULT, bytes(body[:cut]), P.Decoder())
-    except P.ProtocolViolation:
+    except P.BadMessage:
         pass
 
 
 def test_decoder_never_unpickles():
     bomb = pickle.dumps((Bomb(), 0, ""), protocol=5)
     for kind in (P.RESULT, P.REQUEST, P.REPLY, P.READY):
-        with pytest.raises(P.ProtocolViolation):
+        with pytest.raises(P.BadMessage):
             P.parse_from_worker(kind, bomb, P.Decoder())
     assert not MARKER.exists()
 
@@ -87,7 +87,7 @@ def test_colliding_keys_are_capped():
     keys = [k * prime for k in range(P.MAX_HASHED + 1)]
     body = P.Encoder(repr).encode(P.RESULT, [{"output": set(keys), "status_code": 200, "success": True},
                                              P.OK, ""])[5:]
-    with pytest.raises(P.ProtocolViolation, match="non-string keys"):
+    with pytest.raises(P.BadMessage, match="non-string keys"):
         P.parse_from_worker(P.RESULT, body, P.Decoder())
     ok = P.Encoder(repr).encode(P.RESULT, [{1: "a", (2, 3): "b"}, P.OK, ""])[5:]
     assert P.parse_from_worker(P.RESULT, ok, P.Decoder()).value == {1: "a", (2, 3): "b"}
@@ -102,7 +102,7 @@ def test_a_result_carries_an_outcome_there_is_and_nothing_else():
         got = P.parse_from_worker(P.RESULT, body(int(outcome)), P.Decoder()).outcome
         assert got == outcome and type(got) is int
     for bad in (-1, len(P.Outcome), 1 << 40, True, 0.0, "0", None):
-        with pytest.raises(P.ProtocolViolation, match="malformed RESULT"):
+        with pytest.raises(P.BadMessage, match="malformed RESULT"):
             P.parse_from_worker(P.RESULT, body(bad), P.Decoder())
 
 
@@ -199,7 +199,7 @@ class FakeZygote:
 @pytest.fixture(scope="module")
 def fake_binding(tmp_path_factory):
     mp = pytest.MonkeyPatch()
-    mp.setattr(starts_module, "Zygote", FakeZygote)
+    mp.setattr(supervisor_module, "ZygoteClient", FakeZygote)
     if os.environ.get("LCP_SANDBOX_START_METHOD") == "spawn":
         # The forced spawn run: the host reads the fuzzed frames as it reads a spawned
         # worker's, with the portable connection (the fake stands in for the zygote).

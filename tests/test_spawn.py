@@ -86,7 +86,7 @@ def test_the_portable_connection_keeps_the_frame_rules():
         assert 0.09 < time.monotonic() - t0 < 2.0
         assert not host.readable_now()
         worker.send_encoded((1 << 20).to_bytes(4, "big") + bytes([P.RESULT]))
-        with pytest.raises(P.ProtocolViolation, match="over the 100-byte cap"):   # unread
+        with pytest.raises(P.BadMessage, match="over the 100-byte cap"):   # unread
             host.recv_frame(time.monotonic() + 5, {P.RESULT: 100})
         with pytest.raises(TimeoutError):                        # a peer that does not read
             host.send_frame(P.CALL, b"x" * (64 << 20), time.monotonic() + 0.3)
@@ -293,12 +293,12 @@ def test_confinement_fails_closed_where_the_system_lacks_it(monkeypatch, libs, o
 
 
 def test_the_portable_prepare_says_what_is_missing(monkeypatch):
-    from lcp_sandbox.worker import portable
+    from lcp_sandbox.worker import portable_prepare
     monkeypatch.setattr(sys, "platform", "darwin")
     env = {k.encode(): v.encode() for k, v in os.environ.items()}
     init = P.Init("lib", [], None, {}, 0, None, env, {"root": "/nowhere"}, None, [],
                   {"network": False})
-    report = portable.prepare(init)
+    report = portable_prepare.prepare(init)
     assert report["filesystem"] == "unavailable (not on darwin)"
     assert report["network"].startswith("unavailable") and report["env"].startswith("clean")
 

@@ -10,8 +10,8 @@ import pytest
 
 from conftest import HERE
 from lcp_sandbox import SandboxedBinding, Supervisor
-from lcp_sandbox.backends.local import tenant_uids
-from lcp_sandbox.backends.local.tenant_uids import TenantUids
+from lcp_sandbox.backends.local.confine import tenant_uids
+from lcp_sandbox.backends.local.confine.tenant_uids import TenantUids
 from lcp_sandbox.core.outcomes import Unavailable
 from lcp_sandbox.testing import protections_off
 

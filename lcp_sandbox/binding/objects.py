@@ -179,16 +179,16 @@ class HostObjects:
                         raise rebuild_error(*msg.value)
                     return self.unwrap(msg.value) if saw_ref else msg.value
                 conn.send(P.REPLY, self.handle(msg, saw_ref), self.deadline)
-        except P.ProtocolViolation as exc:
+        except P.BadMessage as exc:
             conn.broken = conn.broken or str(exc)
             raise
         except TimeoutError:
             conn.broken = (conn.broken
                            or "a callable of the tool did not answer before the call's deadline")
-            raise P.ProtocolViolation(conn.broken) from None
+            raise P.BadMessage(conn.broken) from None
         except EOFError:
             conn.broken = "the worker went away while the host called back into the tool"
-            raise P.ProtocolViolation(conn.broken) from None
+            raise P.BadMessage(conn.broken) from None
 
     def release(self) -> None:
         self._objects.clear()

@@ -25,7 +25,7 @@ One spelling of a host, from the request to the socket:
     percent-escape, empty label, a number the resolver would read as an address) ValueError
          ──► Policy.check() matches that string ──► the proxy resolves and connects to it
 
-Pure: parsing and matching; backends/local/egress.py runs the proxy that applies it.
+Pure: parsing and matching; backends/local/confine/egress_proxy.py runs the proxy that applies it.
 """
 from __future__ import annotations
 

@@ -69,7 +69,7 @@ class Limits:
     max_processes: Optional[int] = None     # processes and threads of a confined worker's tree
                                             # (a pids cgroup of its own; it starts fresh)
     disk_mb: Optional[int] = None           # bytes its confinement root may hold: a file
-                                            # system of its own (backends/local/disks.py)
+                                            # system of its own (backends/local/confine/disks.py)
     requirements: Optional[tuple[str, ...]] = None   # the library's dependencies, given by the
                                             # host (over what the library declares): its
                                             # workers get an environment of their own

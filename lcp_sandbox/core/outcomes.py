@@ -27,16 +27,16 @@ classes of this module are the public outcomes; the others never leave the engin
     DeadlinePassed                   backends/local/process.py ─► TimedOut (killed)
     NotConfined                      backends/local/supervisor.py: a protection asked for is not
                                      in force ─► Unavailable (not_confined)
-    ZygoteGone                       backends/local/zygote.py ─► Unavailable (no_start)
-    ProtocolViolation                protocol/messages.py: what a worker sent breaks the
+    ZygoteGone                       backends/local/zygote_client.py ─► Unavailable (no_start)
+    BadMessage                       protocol/messages.py: what a worker sent breaks the
                                      protocol ─► ProtocolViolated
     PayloadError                     protocol/messages.py: the parameters cannot be sent
                                      ─► CallFailed (the worker kept)
     BuildFailed                      backends/envs/build.py ─► CallFailed
     DeclarationError (ValueError)    core/requirements.py: a requirement that is not a name
                                      ─► CallFailed naming it
-    Refused (egress)                 backends/local/egress_conn.py: a connection the egress
-                                     proxy does not make ─► an HTTP answer to the tool
+    ProxyRefusal                     backends/local/confine/egress_conn.py: a connection the
+                                     egress proxy does not make ─► an HTTP answer to the tool
     HostGone                         backends/ray/relay.py: the driver gave up ─► the Ray
                                      agent ends the call as the driver said
 

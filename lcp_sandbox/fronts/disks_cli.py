@@ -21,7 +21,7 @@ import os
 import sys
 from typing import Any
 
-from ..backends.local import disks
+from ..backends.local.confine import disks
 
 
 def add_parser(sub: Any, parents: list) -> None:

@@ -2,7 +2,7 @@
 
 The one package both sides share, and the only one that knows bytes:
 ``messages`` (kinds, message types, caps), ``codec`` (the two codecs and the
-checks of what a worker sends), ``framing`` (frames on a socket; ``portable``:
+checks of what a worker sends), ``framing`` (frames on a socket; ``portable_framing``:
 the same frames with only what every OS has, for spawned workers), ``values``
 (how plain values and exceptions travel), ``control`` (the zygote's own
 records) and ``dialer`` (what a worker's dialer to the egress proxy carries).
@@ -45,6 +45,6 @@ sending (see :class:`Encoder`).  Exceptions cross as (type name, args).
 from .codec import *  # noqa: F401,F403
 from .framing import *  # noqa: F401,F403
 from .messages import *  # noqa: F401,F403
-from .portable import PortableConnection as PortableConnection
-from .portable import portable_pair as portable_pair
+from .portable_framing import PortableConnection as PortableConnection
+from .portable_framing import portable_pair as portable_pair
 from .values import *  # noqa: F401,F403

@@ -32,11 +32,11 @@ from .messages import (
     REQUEST,
     RESULT,
     TIMED_OUT,
+    BadMessage,
     Call,
     Load,
     PayloadError,
     Prompt,
-    ProtocolViolation,
     Ready,
     Reply,
     Request,
@@ -256,7 +256,7 @@ class Decoder:
     (not thread-safe; a connection serves one call at a time).
 
     Builds nothing but the types in the module docstring; any malformed input
-    raises ProtocolViolation."""
+    raises BadMessage."""
 
     __slots__ = ("_hashed", "_nesting", "saw_ref")
 
@@ -272,10 +272,10 @@ class Decoder:
         try:
             return msgpack.unpackb(payload, ext_hook=self._ext, raw=False, strict_map_key=True,
                                    unicode_errors="surrogatepass", use_list=True)
-        except ProtocolViolation:
+        except BadMessage:
             raise
         except Exception as exc:      # msgpack's errors, RecursionError, MemoryError...
-            raise ProtocolViolation(
+            raise BadMessage(
                 f"undecodable payload ({type(exc).__name__}: {exc})"[:300]) from None
 
     def _unpack(self, data: bytes) -> Any:
@@ -285,13 +285,13 @@ class Decoder:
     def _items(self, data: bytes) -> list[Any]:
         self._nesting += 1
         if self._nesting > 64:
-            raise ProtocolViolation("extension types nested too deeply")
+            raise BadMessage("extension types nested too deeply")
         try:
             items = self._unpack(data)
         finally:
             self._nesting -= 1
         if type(items) is not list:
-            raise ProtocolViolation("malformed extension value")
+            raise BadMessage("malformed extension value")
         return items
 
     def _hashable(self, items: list[Any]) -> list[Any]:
@@ -299,7 +299,7 @@ class Decoder:
             if type(x) is not str and type(x) is not bytes:
                 self._hashed += 1
         if self._hashed > MAX_HASHED:
-            raise ProtocolViolation(f"more than {MAX_HASHED} non-string keys or set members")
+            raise BadMessage(f"more than {MAX_HASHED} non-string keys or set members")
         return items
 
     def _ext(self, code: int, data: bytes) -> Any:  # noqa: C901 (msgpack's ext_hook: one frame)
@@ -311,7 +311,7 @@ class Decoder:
         if code == _X_PAIRS:
             pairs = self._items(data)
             if any(type(p) is not list or len(p) != 2 for p in pairs):
-                raise ProtocolViolation("malformed key/value pairs")
+                raise BadMessage("malformed key/value pairs")
             self._hashable([p[0] for p in pairs])
             return {k: v for k, v in pairs}
         if code == _X_BYTEARRAY:
@@ -337,10 +337,10 @@ class Decoder:
         if code == _X_REF or code == _X_WORKER_REF:
             items = self._items(data)
             if len(items) != 1 or not valid_ref(items[0], worker_ref=code == _X_WORKER_REF):
-                raise ProtocolViolation("malformed reference")
+                raise BadMessage("malformed reference")
             self.saw_ref = True
             return (Ref if code == _X_REF else WorkerRef)(items[0])
-        raise ProtocolViolation(f"unknown extension type {code}")
+        raise BadMessage(f"unknown extension type {code}")
 
 
 def valid_ref(ref: Any, worker_ref: bool = False) -> bool:
@@ -365,33 +365,33 @@ def _is_str_dict(d: Any) -> bool:
 
 def parse_from_worker(kind: int, payload: Union[bytes, memoryview], decoder: Decoder) -> Any:
     """In the host: a worker's message (Result, Request, Reply or Ready, as its kind
-    says), decoded and checked; ProtocolViolation otherwise."""
+    says), decoded and checked; BadMessage otherwise."""
     fields = decoder.decode(payload)
     if type(fields) is not list:
-        raise ProtocolViolation(f"message of kind {kind} is not a list of fields")
+        raise BadMessage(f"message of kind {kind} is not a list of fields")
     n = len(fields)
     if kind == RESULT:
         if (n != 3 or type(fields[1]) is not int or type(fields[2]) is not str
                 or fields[1] not in _OUTCOMES):
-            raise ProtocolViolation("malformed RESULT")
+            raise BadMessage("malformed RESULT")
         if fields[1] == RAISED and not is_error(fields[0]):
-            raise ProtocolViolation("malformed error in RESULT")
+            raise BadMessage("malformed error in RESULT")
         return _new(Result, fields)
     if kind == REQUEST:
         if (n != 5 or type(fields[0]) is not int or fields[0] not in OPS or not valid_ref(fields[1])
                 or not (fields[2] is None or type(fields[2]) is str)
                 or type(fields[3]) is not list or type(fields[4]) is not dict):
-            raise ProtocolViolation("malformed REQUEST")
+            raise BadMessage("malformed REQUEST")
         return _new(Request, fields)
     if kind == REPLY:
         if n != 2 or type(fields[0]) is not bool or (not fields[0] and not is_error(fields[1])):
-            raise ProtocolViolation("malformed REPLY")
+            raise BadMessage("malformed REPLY")
         return _new(Reply, fields)
     if kind == READY:
         if n != 1 or not _is_str_dict(fields[0]):
-            raise ProtocolViolation("malformed READY")
+            raise BadMessage("malformed READY")
         return _new(Ready, fields)
-    raise ProtocolViolation(f"a worker may not send messages of kind {kind}")
+    raise BadMessage(f"a worker may not send messages of kind {kind}")
 
 
 def is_error(v: Any) -> bool:

@@ -1,6 +1,8 @@
 """The zygote's control channel: fixed-size records, never pickled.
 
-    host (backends/local/zygote.py)    zygote process (worker/zygote.py)
+The host's end is backends/local/zygote_client.py, the zygote's worker/zygote.py:
+
+    host                               zygote process
       FORK(req, flags) + [sock, log] ► hand them to a spare worker (FORK_PIDNS: one
       ◄── FORKED(req, pid)             that is pid 1 of a PID namespace of its own)
       KILL(pid) / SIGNAL(pid, sig) ──► kill a worker's tree / signal it
@@ -9,7 +11,7 @@
                                        KILL, or (ended: 1) of what it left behind when
                                        it ended, just before its EXITED
       ◄── EXITED(pid, status)          a worker was reaped
-      ◄── READY(zygote pid)            once, when it can fork
+      ◄── ZYGOTE_READY(zygote pid)     once, when it can fork
       TEMPLATE(req) + [conn] fd ──────► fork a template (worker/template.py) on that
       ◄── FORKED(req, template pid)    connection: it imports a library, then waits
       TFORK(req, template pid)         like FORK, from the template's pre-forked spare;
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import struct
 
-FORK, KILL, SIGNAL, FORKED, EXITED, READY, TEMPLATE, TFORK = 1, 2, 3, 4, 5, 6, 7, 8
+FORK, KILL, SIGNAL, FORKED, EXITED, ZYGOTE_READY, TEMPLATE, TFORK = 1, 2, 3, 4, 5, 6, 7, 8
 KILL_FAILED = 9
 FORK_PIDNS = 1                       # FORK's flags: a worker in its own PID namespace
 RECORD = struct.Struct("!Bqqq")      # kind, then up to three integers

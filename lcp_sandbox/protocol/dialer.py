@@ -10,7 +10,7 @@
     worker ◄─A_SOCKET with it (SCM_RIGHTS), or NO_SOCKET ─ proxy
 
 The worker is hostile: the proxy answers what it understands and passes over the rest
-(backends/local/egress.py, egress_port.py); worker/confine/egress.py asks.
+(backends/local/confine/egress_proxy.py, egress_port.py); worker/confine/egress_relay.py asks.
 """
 ASK_PORT = b"p"
 ASK_SOCKET = b"s"

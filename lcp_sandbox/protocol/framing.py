@@ -9,10 +9,10 @@ from typing import Any, Optional
 
 from .codec import Decoder, dumps
 from .messages import HEADER as _HDR
-from .messages import PayloadError, ProtocolViolation
+from .messages import BadMessage, PayloadError
 
 _BIG = 1 << 16
-_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)     # (not on Windows: see portable.py)
+_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)     # (not on Windows: see portable_framing.py)
 
 
 class Connection:
@@ -25,7 +25,7 @@ class Connection:
 
     __slots__ = ("sock", "fd", "_buf", "_big", "_poll", "_rcvtimeo", "_spun", "decoder", "broken",
                  "_held")
-    #: Flags of a read or send that must not wait (protocol/portable.py: 0 on a
+    #: Flags of a read or send that must not wait (protocol/portable_framing.py: 0 on a
     #: socket kept non-blocking, where MSG_DONTWAIT does not exist or is not used).
     _NOWAIT = _DONTWAIT
 
@@ -105,9 +105,9 @@ class Connection:
                    caps: Optional[dict[int, int]] = None) -> tuple[int, bytes]:
         """The next (kind, payload).  EOFError when the peer is gone, TimeoutError
         at ``deadline`` (time.monotonic()); with ``caps`` (kind -> max bytes) a kind
-        not in it, or a length over its cap, raises ProtocolViolation unread."""
+        not in it, or a length over its cap, raises BadMessage unread."""
         if self.broken:
-            raise ProtocolViolation(self.broken)
+            raise BadMessage(self.broken)
         big = self._big
         if big is not None:
             return self._recv_big(big, deadline)
@@ -143,10 +143,10 @@ class Connection:
         cap = caps.get(kind)
         if cap is None:
             self.broken = f"a message of kind {kind} it may not send now"
-            raise ProtocolViolation(self.broken)
+            raise BadMessage(self.broken)
         if n > cap:
             self.broken = f"a frame of {n} bytes announced, over the {cap}-byte cap of its kind"
-            raise ProtocolViolation(self.broken)
+            raise BadMessage(self.broken)
 
     def _recv_big(self, big: list[Any], deadline: Optional[float]) -> tuple[int, bytes]:
         # Large frames are read straight into their final buffer (``big`` is self._big).

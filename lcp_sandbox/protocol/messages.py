@@ -35,7 +35,7 @@ INIT, CALL, PROMPT, MODCALL, LOAD, SHUTDOWN = 1, 2, 3, 4, 5, 6
 REQUEST, REPLY = 7, 8
 # Worker -> host:
 READY, RESULT = 9, 10
-# Host -> a worker forked ahead, before its INIT (backends/local/zygote.py):
+# Host -> a worker forked ahead, before its INIT (backends/local/zygote_client.py):
 PRIME = 11
 
 
@@ -142,6 +142,8 @@ class Result(NamedTuple):
 
 HOST_TO_WORKER = {INIT: Init, CALL: Call, PROMPT: Prompt, MODCALL: ModCall, LOAD: Load,
                   SHUTDOWN: Shutdown, REQUEST: Request, REPLY: Reply, PRIME: Prime}
+#: The kind each message type the host sends goes with: HOST_TO_WORKER read the other way.
+KIND_OF = {cls: kind for kind, cls in HOST_TO_WORKER.items()}
 
 # REQUEST ops
 OP_CALL = 0       # ref(*args, **kwargs)
@@ -154,7 +156,7 @@ OP_OPERATOR = 6   # one of binding/objects.py OPERATORS by name: ==, <, hash(), 
 OPS = frozenset(range(7))
 
 
-class ProtocolViolation(Exception):
+class BadMessage(Exception):
     """A worker sent something the protocol does not allow; it is killed, not believed."""
 
 

@@ -2,7 +2,7 @@
 
 The host reads its own effective set (``CapEff``) before it starts confined workers
 that run as another uid: managing them needs some of root's capabilities
-(backends/local/handover.py says which, and what each is for).  Read only.
+(backends/local/confine/handover.py says which, and what each is for).  Read only.
 """
 from __future__ import annotations
 

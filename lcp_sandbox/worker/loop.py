@@ -43,7 +43,7 @@ from ..protocol import LOAD_FAILED, OK, OUT_OF_MEMORY, RAISED, TIMED_OUT, error_
 if sys.platform.startswith("linux"):
     from .confine import prepare, set_environment
 else:           # a spawned worker on macOS or Windows (worker/spawned.py): no Linux mechanism
-    from .portable import prepare, set_environment
+    from .portable_prepare import prepare, set_environment
 from .environment import enter
 from .proxies import Channel, Proxy
 from .signature import accepts, positional

@@ -19,7 +19,7 @@
 The soft interrupt is seen between bytecodes only: a tool blocked in C (time.sleep,
 a read) sees it when it returns to Python, so the host's hard kill after grace_s
 stays.  On Linux a spawned worker confines exactly as a forked one (loop.py imports
-worker/confine/'s prepare()); elsewhere worker/portable.py's.
+worker/confine/'s prepare()); elsewhere worker/portable_prepare.py's.
 """
 from __future__ import annotations
 

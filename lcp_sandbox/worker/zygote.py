@@ -7,7 +7,9 @@ once (a fresh interpreter), imports the engine, freezes its heap
 forks.  It is the parent of every worker, so it is also the one that reaps
 them, reports how they ended, and kills process trees.
 
-    host (backends/local/zygote.py)     zygote process (here)          worker
+The host's end of its channel is backends/local/zygote_client.py:
+
+    host                                zygote process (here)          worker
       FORK(req) + [sock, log fds] ──►  hand them to the spare ─────────► (forked earlier: setsid,
       ◄── FORKED(req, pid)             fork the next spare               die-with-parent) fds 1,2
                                                                          -> log pipe, serve()
@@ -54,10 +56,10 @@ from ..protocol.control import (
     KILL,
     KILL_FAILED,
     MAX_RECORD,
-    READY,
     SIGNAL,
     TEMPLATE,
     TFORK,
+    ZYGOTE_READY,
     pack,
     unpack,
 )
@@ -125,7 +127,8 @@ def _kill_orphans(workers: set) -> None:
 
 
 def main(fd: int) -> None:
-    """Entry point of the zygote process (``python -I -c`` backends/local/zygote.py's boot line)."""
+    """Entry point of the zygote process (``python -I -c``: the boot line of
+    backends/local/zygote_client.py)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from .rlimits import become_subreaper
     become_subreaper()
@@ -157,7 +160,7 @@ def main(fd: int) -> None:
 class Zygote:
     """The zygote's loop: one method per thing that happens.
 
-        start()       fork the first spare, READY to the host, the rest of the reserve owed
+        start()       fork the first spare, ZYGOTE_READY to the host, the rest of the reserve owed
         run()         poll the control channel, the wake pipe (SIGCHLD) and the templates'
                       channels; fork what is owed when it is due
         control()     a record from the host: fork() / tfork() / template() / kill() /
@@ -205,7 +208,7 @@ class Zygote:
 
     def start(self) -> None:
         self.spares.append(self.fork_spare())
-        self.tell(pack(READY, self.me))
+        self.tell(pack(ZYGOTE_READY, self.me))
         self.owe()                                   # the rest of the reserve
 
     def control(self) -> None:

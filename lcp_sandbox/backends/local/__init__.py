@@ -12,25 +12,15 @@ The supervisor, one class in one module, and the worker's life it drives:
 How workers start:
 
     platforms.py    the start method's setting; the confinement a system lacks
-    zygote.py       the zygote client (forks, reaps, kills), the worker forked ahead
+    zygote_client.py the zygote client (forks, reaps, kills), the worker forked ahead
     templates.py    library templates: template, base or fresh per worker
-    confined.py     confined templates: which confined workers may share one, their INIT
     spawn.py        the spawn path: a fresh interpreter per worker, spares ahead
+    winjob.py       Windows: a spawned worker's Job Object and socket hand-over
     output.py       worker stdout/stderr to logging, rate-limited
     descriptors.py  the host's open-files limit
 
-What the host sets up around a confined worker:
-
-    handover.py     a confinement root and temp dir made the worker's
-    tenant_uids.py  run_as="per-tenant": a uid of its own per tenant, kept, given back
-    extras.py       what a confined worker may get beyond its root: disk, cgroup, egress
-    cgroups.py      a confined worker's pids cgroup (max_processes)
-    disks.py        a tenant's root as a file system of its own (disk_mb)
-    egress.py       the egress proxy of network policies: dialers, caps, decisions
-    egress_conn.py  one connection through the egress proxy: head, decision, relay
-    egress_port.py  the egress proxy by port, for workers with no network namespace
-    pid_guard.py    the guard of processes where all tenants share one uid (seccomp notify)
-    winjob.py       Windows: a worker's Job Object and socket hand-over
+What the host sets up around a confined worker: confine/ (its own index), as
+worker/confine/ is what the worker applies to itself.
 
 Host side: nothing here imports lcp_sandbox.worker (the zygote is started as a
 fresh interpreter that imports it)."""

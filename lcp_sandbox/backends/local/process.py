@@ -1,6 +1,6 @@
 """One worker process as the host sees it: its connection, its pid, its end.
 
-    start()     INIT to a worker the zygote forked ahead (backends/local/zygote.py take()),
+    start()     INIT to a worker the zygote forked ahead (backends/local/zygote_client.py take()),
                 held to go with the first call (one send, one wake-up),
                 or else FORK to the zygote with a fresh socketpair and INIT into it
                 (the pid comes later, as a Future: the call is sent at once);
@@ -15,7 +15,7 @@
                                                came before it is signalled now
                REQUEST ─► _answer(): HostObjects.handle(), REPLY  (clock paused past 5 ms)
                deadline ─► SIGUSR1 (soft) ... grace_s ... kill the tree (hard): DeadlinePassed
-        EOF ─► WorkerGone;  anything else, a frame over its cap ─► protocol.ProtocolViolation
+        EOF ─► WorkerGone;  anything else, a frame over its cap ─► protocol.BadMessage
 
     kill()      the zygote kills its tree (``kill_reason``, a KillReason, says why)
     shut_down() SHUTDOWN, then the connection is closed (a retired worker)
@@ -51,12 +51,11 @@ from ...core.policy import PROTECTIONS
 from ...protocol import TIMED_OUT
 from ...system.proc import describe_exit
 from ..base import Lent
-from . import pid_guard
+from .confine import pid_guard
 from .output import OutputPump
 from .spin import SpinPolicy, calls_in_flight
-from .zygote import Zygote
+from .zygote_client import ZygoteClient
 
-_KIND = {P.Call: P.CALL, P.Prompt: P.PROMPT, P.ModCall: P.MODCALL, P.Load: P.LOAD}
 _READY_CAPS = {P.READY: P.READY_CAP}
 HOST_WAIT_COUNTS_S = 0.005     # of each REQUEST's answer, this much counts against the deadline
 
@@ -71,7 +70,7 @@ class KillReason:
 
 
 class Parent(Protocol):
-    """What a worker's parent does for the host: the zygote (zygote.py), or a spawned
+    """What a worker's parent does for the host: the zygote (zygote_client.py), or a spawned
     worker's own handle (spawn.py's Child)."""
     alive: bool
 
@@ -119,11 +118,11 @@ class WorkerProcess:
         self._caps: dict[int, int] = {}        # frame caps during a call, for ...
         self._caps_mb: Optional[float] = None  # ... this max_result_mb
         self._pid: Optional[int] = None        # the pid, once the zygote said it
-        # the host's guard of its processes (pid_guard.py): True until its first byte came
+        # the host's guard of its processes (confine/pid_guard.py): True until its first byte came
         self.guard: Union[pid_guard.Watch, pid_guard.Member, str, bool, None] = None
 
     @classmethod
-    def start(cls, zygote: Zygote, init: P.Init, pump: OutputPump, library: str,
+    def start(cls, zygote: ZygoteClient, init: P.Init, pump: OutputPump, library: str,
               log_bytes_per_s: int, template: int = 0) -> "WorkerProcess":
         """Fork a worker that will serve ``init`` (from the library's ``template``
         process when given, see backends/local/templates.py); raises ZygoteGone or OSError.
@@ -146,7 +145,7 @@ class WorkerProcess:
             else:
                 pump.add(log_r, library, log_bytes_per_s)
                 return cls(forked, zygote, conn, init.tmpdir, "forked ahead")
-        # a fresh confined worker may need the host's guard of its processes (pid_guard.py)
+        # a fresh confined worker may need the host's guard of its processes (confine/pid_guard.py)
         guarded = init.confine is not None and not template
         if guarded:
             init = init._replace(confine={**(init.confine or {}), "pid_guard": True})
@@ -252,7 +251,7 @@ class WorkerProcess:
 
         Raises PayloadError (``msg`` could not be sent: nothing was), WorkerGone
         (NeverReceived: it had hung up before ``msg`` was sent),
-        DeadlinePassed (the tree was killed) or protocol.ProtocolViolation."""
+        DeadlinePassed (the tree was killed) or protocol.BadMessage."""
         conn = self.conn
         grace = limits.grace_s
         sent = time.monotonic()
@@ -270,18 +269,18 @@ class WorkerProcess:
         calls = calls_in_flight.enter(token)
         try:
             # Send: a CALL carries the worker's spin budget.
-            kind = _KIND[type(msg)]
+            kind = P.KIND_OF[type(msg)]
             window = 0.0
             undelivered = False
             if spin is not None:
                 window, budget = spin.plan(sent, calls)
-                if kind == P.CALL and budget != msg[-1]:
-                    msg = msg[:-1] + (budget,)    # spin_us, its last field (sent as a tuple anyway)
+                if isinstance(msg, P.Call) and budget != msg.spin_us:
+                    msg = msg._replace(spin_us=budget)
             try:
                 # A worker that stops reading cannot hold the host past the hard deadline.
                 conn.send(kind, msg, None if deadline is None else deadline + grace)
             except TimeoutError:
-                raise P.ProtocolViolation(conn.broken) from None
+                raise P.BadMessage(conn.broken) from None
             except OSError:                       # the worker is gone: the read tells how
                 undelivered = self.ready          # (one that never started: its start failed)
             # Wait: poll for the answer a short while before sleeping; never past the deadline.
@@ -301,9 +300,9 @@ class WorkerProcess:
             if kind != P.RESULT:                  # READY, a REQUEST, the deadline: serve them
                 reply, soft_sent = self._serve(kind, reply, objects, deadline, grace, timeout)
             if reply.outcome == TIMED_OUT and not soft_sent and not self.interrupted:
-                raise P.ProtocolViolation("it reported a timeout nobody signalled")
+                raise P.BadMessage("it reported a timeout nobody signalled")
             if conn.pending():
-                raise P.ProtocolViolation("it sent more after its RESULT")
+                raise P.BadMessage("it sent more after its RESULT")
             if spin is not None:
                 spin.answered(sent, time.monotonic(), caught)
             return reply
@@ -345,13 +344,13 @@ class WorkerProcess:
                 self.zygote.signal(self.pid, P.SOFT_TIMEOUT_SIGNAL)
                 deadline = time.monotonic() + grace
             elif kind == P.READY:
-                self._ready(reply, soft_sent)
+                self._read_ready(reply, soft_sent)
             else:
                 deadline = self._answer(reply, objects, deadline, 0.0 if soft_sent else grace)
             kind, reply = self._next(deadline)
         return reply, soft_sent
 
-    def _ready(self, ready: P.Ready, soft_sent: bool) -> None:
+    def _read_ready(self, ready: P.Ready, soft_sent: bool) -> None:
         self.ready = True
         if self.interrupted and not soft_sent:   # interrupt() came before READY
             self.zygote.signal(self.pid, P.SOFT_TIMEOUT_SIGNAL)
@@ -367,7 +366,7 @@ class WorkerProcess:
         objects.deadline = None if deadline is None else deadline + grace
         answer = objects.handle(request, conn.decoder.saw_ref)
         if conn.broken:                           # during a callback into the tool
-            raise P.ProtocolViolation(conn.broken)
+            raise P.BadMessage(conn.broken)
         try:
             try:
                 conn.send(P.REPLY, answer, objects.deadline)
@@ -375,7 +374,7 @@ class WorkerProcess:
                 why = f"the host's answer cannot be sent: {exc}"
                 conn.send(P.REPLY, (False, ["TypeError", [why]]), objects.deadline)
         except TimeoutError:
-            raise P.ProtocolViolation(conn.broken) from None
+            raise P.BadMessage(conn.broken) from None
         except OSError:
             pass
         waited = time.monotonic() - t0

@@ -23,7 +23,7 @@ A failed call, in the same order:
                           sent once more to a fresh worker from _worker_for()
             else ─► _failed():  WorkerGone ─► _bury(), WorkerDied (500), or OutOfMemory
                                              (507) when the watchdog killed it
-                                ProtocolViolation ─► _violation(): killed, buried,
+                                BadMessage ─► _violation(): killed, buried,
                                              ProtocolViolated (500)
                                 DeadlinePassed ─► buried (killed), TimedOut (504)
                                 NotConfined (raised by _ready()) ─► killed before the call
@@ -46,7 +46,7 @@ A failed call, in the same order:
 
 How workers start (start(), _zyg(), _launch()):
 
-    start_method "zygote" (Linux; zygote.py)   a pre-started process forks each worker;
+    start_method "zygote" (Linux; zygote_client.py)   a pre-started process forks each worker;
                    the host keeps one forked ahead; library templates (templates.py);
                    one output pump thread (epoll) for every worker's log pipe
     start_method "spawn" (everywhere; spawn.py)   a fresh interpreter per worker, spares
@@ -58,9 +58,9 @@ starts, waited for outside the call's timeout (``env_wait_s``), named in INIT an
 readable by a confined worker (its folder joins the read paths).
 
 What a tenant takes, it gives back (stop(), remove_tenant()): its workers stop; with its
-root, its disk is unmounted and its image deleted (disks.py), its root deleted (a folder
+root, its disk is unmounted and its image deleted (confine/disks.py), its root deleted (a folder
 of its own: never tenants_root, a folder above it or a system folder), and its uid
-returns to the range (tenant_uids.py).  The MCP server calls remove_tenant when a session
+returns to the range (confine/tenant_uids.py).  The MCP server calls remove_tenant when a session
 ends; a host that removes a tenant closes its bindings first.
 
 What it tells a host (stats(), pool_stats(), metrics()): per worker slot, the pool and the
@@ -114,10 +114,11 @@ from ...protocol import OK, Call, Outcome, invalid_answer, is_error, rebuild_err
 from ..base import Closing, Lent, WorkerSpec, emit
 from ..envs import Environments
 from ..metrics import Metrics
-from . import cgroups
+from .confine import cgroups
+from .confine.extras import WorkerExtras
+from .confine.handover import hand_over_root, private_tmpdir, remove_tmpdir
+from .confine.tenant_uids import TenantUids
 from .descriptors import out_of_descriptors, raise_open_files_limit
-from .extras import WorkerExtras
-from .handover import hand_over_root, private_tmpdir, remove_tmpdir
 from .output import OutputPump
 from .platforms import start_method as start_method_of
 from .pool import Pool
@@ -125,9 +126,8 @@ from .process import DeadlinePassed, KillReason, NeverReceived, WorkerGone, Work
 from .slot import CrashPolicy, Slot, evict_one
 from .spawn import Spawner
 from .templates import Templates
-from .tenant_uids import TenantUids
 from .watchdog import Watchdog
-from .zygote import Zygote, ZygoteGone
+from .zygote_client import ZygoteClient, ZygoteGone
 
 log = logging.getLogger("lcp_sandbox")
 
@@ -169,10 +169,10 @@ class Supervisor(Closing):
             has a memory limit (watchdog.py).
         run_as: the (uid, gid) of a root host's confined workers, or "per-tenant": a
             uid of its own per tenant, from uid_range, kept in tenants_root
-            (tenant_uids.py).  None: "per-tenant" for a root host with a
+            (confine/tenant_uids.py).  None: "per-tenant" for a root host with a
             tenants_root, else nobody.
         tenants_root: the folder of every tenant's root; the confined workers of roots
-            beneath it start from shared templates (templates.py, confined.py).
+            beneath it start from shared templates (templates.py, confine/confined.py).
         start_method: "zygote" or "spawn" (platforms.py); None: the environment's
             LCP_SANDBOX_START_METHOD, else "zygote" on Linux and "spawn" elsewhere.
         uid_range: (first uid, count) the "per-tenant" uids come from.
@@ -213,8 +213,8 @@ class Supervisor(Closing):
         self._slots: dict[tuple[str, str, str], Slot] = {}
         self._by_pid: dict[int, Slot] = {}
         self._lock = threading.Lock()
-        # The parent of workers, a Zygote or a Spawner: started by _zyg().
-        self._zygote: Optional[Union[Zygote, Spawner]] = None
+        # The parent of workers, a ZygoteClient or a Spawner: started by _zyg().
+        self._zygote: Optional[Union[ZygoteClient, Spawner]] = None
         self._pump: Optional[OutputPump] = None
         self._closed = False
         self.templates = Templates(idle_timeout_s, tenants_root)
@@ -369,7 +369,7 @@ class Supervisor(Closing):
                 self._event("memory", slot, pid=proc.pid, tool=tool, reason=reason.why)
                 raise OutOfMemory.killed(name, tool, reason.why)
             raise WorkerDied(name, tool, how)
-        if isinstance(exc, P.ProtocolViolation):
+        if isinstance(exc, P.BadMessage):
             self._violation(slot, proc, tool, str(exc))
         if isinstance(exc, DeadlinePassed):
             how = self._bury(slot, proc, served_a_call=True)
@@ -497,7 +497,7 @@ class Supervisor(Closing):
         """Start the zygote (or the spawner's first spare) now, else the first call does."""
         self._zyg()
 
-    def _zyg(self) -> tuple[Union[Zygote, Spawner], Optional[OutputPump]]:
+    def _zyg(self) -> tuple[Union[ZygoteClient, Spawner], Optional[OutputPump]]:
         """The zygote (or the spawner), started if need be, and the pump of its workers'
         output; a spawned worker's output has a thread of its own."""
         with self._lock:
@@ -506,10 +506,10 @@ class Supervisor(Closing):
             if self._zygote is None or not self._zygote.alive:
                 try:
                     self._zygote = (Spawner(self._on_exit) if self.start_method == "spawn"
-                                    else Zygote(on_exit=self._on_exit))
+                                    else ZygoteClient(on_exit=self._on_exit))
                 except ZygoteGone as exc:
                     raise Unavailable(f"The sandbox could not start: {exc}") from None
-            if isinstance(self._zygote, Zygote):
+            if isinstance(self._zygote, ZygoteClient):
                 self._pump = self._pump or OutputPump()
             self._watchdog.start()
             return self._zygote, self._pump
@@ -517,7 +517,7 @@ class Supervisor(Closing):
     def _templates_due(self, now: float) -> Optional[float]:
         """The watchdog's tick: idle templates retired; when the next may be."""
         zyg = self._zygote
-        return self.templates.tick(now, zyg if isinstance(zyg, Zygote) else None)
+        return self.templates.tick(now, zyg if isinstance(zyg, ZygoteClient) else None)
 
     def _environment(self, slot: Slot, init: P.Init, tool: str,
                      deadline: Optional[float]) -> tuple[P.Init, Optional[float]]:

@@ -13,11 +13,11 @@
         verdict "ok"     ─► WorkerProcess.start(template=pid); slot.attach(proc, "template", tpl)
                             (the template gone meanwhile: slot.started_fresh(...) when forked)
         verdict refused  ─► fresh, with the reason; remembered until the file changes
-    confined (Supervisor(tenants_root=T), a root beneath T; confined.py decides):
+    confined (Supervisor(tenants_root=T), a root beneath T; confine/confined.py decides):
         the library's confined template, when made ─► "template"
         else (its first worker, a library not trusted at import, code registered at
         run time) the base of its key, when made ─► "base (why)"; else "fresh (why)"
-        what was missing is made after the call that needed it answered (Zygote.after);
+        what was missing is made after the call that needed it answered (ZygoteClient.after);
         a later worker of the library waits for its template while it is made
         its temp dir is made in the template's temp-dir parent (removed with the
         template once no worker of it lives, or at close())
@@ -29,7 +29,7 @@
 An unconfined template imports with its workers' environment and network.  A confined
 one first applies everything of its workers' confinement that does not depend on a
 tenant (a Landlock layer that writes beneath T), then imports: only what the host trusts
-at import (confined.py).  See worker/template.py for the template process.
+at import (confine/confined.py).  See worker/template.py for the template process.
 """
 from __future__ import annotations
 
@@ -42,12 +42,12 @@ from typing import Any, Callable, Optional, Union, cast
 from ... import protocol as P
 from ...core.limits import Limits
 from ...system.proc import tree_memory
-from . import confined, pid_guard
-from .handover import private_tmpdir, remove_tmpdir
+from .confine import confined, pid_guard
+from .confine.handover import private_tmpdir, remove_tmpdir
 from .output import OutputPump
 from .process import WorkerProcess
 from .slot import Slot
-from .zygote import Forked, Zygote
+from .zygote_client import Forked, ZygoteClient
 
 #: What makes a template: the library, its files (path, mtime, size), sys.path, environment...
 TemplateKey = tuple[Any, ...]
@@ -68,7 +68,7 @@ class _Template:
         self.init = init                         # what it is made with (nothing of a tenant)
         self.tmp_parent: Optional[str] = None    # confined: its workers' temp dirs are in it
         self.live = True                         # still listed (else: gone, workers may live)
-        # the host's guard of its processes and its workers' (pid_guard.py), if it holds one
+        # the host's guard of its processes and its workers' (confine/pid_guard.py), if it holds one
         self.guard: Union[pid_guard.Watch, str, None] = None
 
 
@@ -110,10 +110,10 @@ class Templates:
                 tuple(sorted((lim.get("env") or {}).items())), bool(lim.get("network", True)),
                 (init.environment or {}).get("key"))
 
-    def start(self, zygote: Zygote, slot: Slot, init: P.Init, pump: OutputPump,
+    def start(self, zygote: ZygoteClient, slot: Slot, init: P.Init, pump: OutputPump,
               deadline: Optional[float]) -> WorkerProcess:
         """Start ``slot``'s worker, from the library's template when one may serve it
-        (confined: from a confined template or its base, see confined.py), and attach it
+        (confined: from a confined template or its base, see confine/confined.py), and attach it
         to the slot.  A confined worker's temp dir is made here."""
         if init.confine is not None:
             return self._start_confined(zygote, slot, init, pump, deadline)
@@ -132,7 +132,7 @@ class Templates:
                                 f"fresh ({why or 'its template was gone'})", None)
         return self._fork(zygote, slot, init, pump, tpl, "template")
 
-    def _start_confined(self, zygote: Zygote, slot: Slot, init: P.Init, pump: OutputPump,
+    def _start_confined(self, zygote: ZygoteClient, slot: Slot, init: P.Init, pump: OutputPump,
                         deadline: Optional[float]) -> WorkerProcess:
         why = confined.why_fresh(self.tenants_root, slot.limits, init)
         tpl, start = None, ""
@@ -154,12 +154,12 @@ class Templates:
             raise
         return self._attach(slot, proc, f"fresh ({why})", None)
 
-    def _confined(self, zygote: Zygote, limits: Limits, init: P.Init,
+    def _confined(self, zygote: ZygoteClient, limits: Limits, init: P.Init,
                   deadline: Optional[float]) -> tuple[Optional[_Template], str, str]:
         """(the confined template to fork from and the start it makes, or None and why
         not).  Its library's when the library may be imported there and the template
         is made; else its base's, when made.  What is missing is made once the call
-        that needed it is answered (Zygote.after): never during that call."""
+        that needed it is answered (ZygoteClient.after): never during that call."""
         root = cast(str, self.tenants_root)
         why = confined.untrusted(limits, init, root)
         if not why:
@@ -174,7 +174,7 @@ class Templates:
         return None, "", why + ("; no base yet" if base is None or base.state == "starting" else
                                 f"; base {base.state}")
 
-    def _shared(self, zygote: Zygote, key: TemplateKey, init: P.Init, library: bool,
+    def _shared(self, zygote: ZygoteClient, key: TemplateKey, init: P.Init, library: bool,
                 deadline: Optional[float]) -> Optional[_Template]:
         """The confined template of ``key``: None when it is new (made after this call);
         while it is being made, waited for within ``deadline`` (a library's) or not (a
@@ -189,7 +189,7 @@ class Templates:
                 new = True
             else:
                 new = False
-        self._retire(zygote, stale)
+        self._kill_templates(zygote, stale)
         if new:
             zygote.after(lambda: self._begin(zygote, tpl))
             return None
@@ -208,7 +208,7 @@ class Templates:
                 return True
         return False
 
-    def _fork(self, zygote: Zygote, slot: Slot, init: P.Init, pump: OutputPump,
+    def _fork(self, zygote: ZygoteClient, slot: Slot, init: P.Init, pump: OutputPump,
               tpl: _Template, start: str) -> WorkerProcess:
         """A worker forked from ``tpl`` (claimed): attached to the slot as ``start``."""
         try:
@@ -243,7 +243,7 @@ class Templates:
                 stale.append(self._by_key.pop(other.key))       # the file changed
         return stale
 
-    def _template(self, zygote: Zygote, init: P.Init,
+    def _template(self, zygote: ZygoteClient, init: P.Init,
                   deadline: Optional[float]) -> Optional[_Template]:
         """The library's template, waiting while it is made; None for the library's
         first worker."""
@@ -261,12 +261,12 @@ class Templates:
                 # handlers, no workspace.  The environment and sys.path are its workers'.
                 tpl = self._by_key[key] = _Template(key, init.library, init._replace(
                     configs={}, handlers=0, confine=None, tmpdir=None))
-        self._retire(zygote, stale)
+        self._kill_templates(zygote, stale)
         self._begin(zygote, tpl)     # made by a thread: a caller whose deadline passes goes fresh
         tpl.ready.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
         return tpl
 
-    def _begin(self, zygote: Zygote, tpl: _Template) -> None:
+    def _begin(self, zygote: ZygoteClient, tpl: _Template) -> None:
         """Make ``tpl`` now, unless that began already (or it was retired meanwhile)."""
         with self._lock:
             if tpl.begun or not tpl.live:
@@ -276,7 +276,7 @@ class Templates:
         threading.Thread(target=self._make, args=(zygote, tpl, time.monotonic() + 120.0),
                          name="lcp-sandbox-template", daemon=True).start()
 
-    def _make(self, zygote: Zygote, tpl: _Template, deadline: Optional[float]) -> None:
+    def _make(self, zygote: ZygoteClient, tpl: _Template, deadline: Optional[float]) -> None:
         host_sock, its_sock = P.pair()
         conn = P.Connection(host_sock)
         try:
@@ -345,7 +345,7 @@ class Templates:
                 done.append(tpl)
         return done
 
-    def _retire(self, zygote: Zygote, tpls: list[_Template]) -> None:
+    def _kill_templates(self, zygote: ZygoteClient, tpls: list[_Template]) -> None:
         with self._lock:
             done = self._unlisted(tpls)
         for tpl in tpls:
@@ -379,7 +379,7 @@ class Templates:
             self._gone.discard(tpl)
         self._drop_parent(tpl)
 
-    def tick(self, now: float, zygote: Optional[Zygote]) -> Optional[float]:
+    def tick(self, now: float, zygote: Optional[ZygoteClient]) -> Optional[float]:
         """Retire the templates no worker has used for idle_timeout_s (oldest first);
         when the next may be (None: no template is idle)."""
         idle_s = self.idle_timeout_s
@@ -391,7 +391,7 @@ class Templates:
                           key=lambda t: t.idle_since)
             for tpl in idle:
                 del self._by_key[tpl.key]
-        self._retire(zygote, idle)
+        self._kill_templates(zygote, idle)
         return min((t.idle_since + idle_s for t in unused if t not in idle), default=None)
 
     def ready(self) -> int:

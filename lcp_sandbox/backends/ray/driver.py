@@ -224,9 +224,9 @@ class RaySupervisor(Closing):
         try:
             size, kind = P.HEADER.unpack_from(frame)
             if kind != P.REQUEST or size != len(frame) - P.HEADER.size:
-                raise P.ProtocolViolation("a relayed frame that is not one REQUEST")
+                raise P.BadMessage("a relayed frame that is not one REQUEST")
             req = P.parse_from_worker(kind, memoryview(frame)[P.HEADER.size:], conn.decoder)
-        except P.ProtocolViolation as exc:
+        except P.BadMessage as exc:
             conn.broken = conn.broken or str(exc)
             answer: tuple = (False, ["RuntimeError", ["protocol violation"]])
         else:

@@ -61,13 +61,13 @@ def pack_outcome(tag: int, value: Any, calls: int, starts: int) -> bytes:
 
 def unpack_outcome(data: bytes) -> tuple:
     """In the driver: (tag, value, calls, starts), the value decoded into plain types
-    by the protocol's Decoder; ProtocolViolation when malformed."""
+    by the protocol's Decoder; BadMessage when malformed."""
     if type(data) is not bytes or len(data) < _OUTCOME.size + P.HEADER.size:
-        raise P.ProtocolViolation("a malformed outcome from a node")
+        raise P.BadMessage("a malformed outcome from a node")
     tag, calls, starts = _OUTCOME.unpack_from(data)
     fields = P.Decoder().decode(memoryview(data)[_OUTCOME.size + P.HEADER.size:])
     if type(fields) is not list or len(fields) != 1:
-        raise P.ProtocolViolation("a relayed value that is not one field")
+        raise P.BadMessage("a relayed value that is not one field")
     return tag, fields[0], calls, starts
 
 
@@ -106,7 +106,7 @@ class Relay:
         try:
             frame = P.Encoder(_unsendable).encode(P.REQUEST, list(req))
         except P.Unsendable as exc:
-            raise P.ProtocolViolation(f"a request that cannot be relayed ({exc})") from None
+            raise P.BadMessage(f"a request that cannot be relayed ({exc})") from None
         remaining = None if self.deadline is None else self.deadline - time.monotonic()
         self.emit((self.cid, REQUEST, frame, remaining))
         while True:
@@ -151,7 +151,7 @@ class Relay:
             kind, payload = conn.recv_frame(self.deadline, caps)
         except TimeoutError:
             self.emit((self.cid, FRAME_ERROR, "timeout", ""))
-        except P.ProtocolViolation as exc:
+        except P.BadMessage as exc:
             self.emit((self.cid, FRAME_ERROR, "violation", str(exc)))
         except (EOFError, OSError):
             self.emit((self.cid, FRAME_ERROR, "eof", ""))
@@ -187,7 +187,7 @@ class RemoteConn:
 
     def recv_frame(self, deadline: Optional[float] = None, caps: Optional[dict] = None) -> tuple:
         if self.broken:
-            raise P.ProtocolViolation(self.broken)
+            raise P.BadMessage(self.broken)
         self._call.reply((XFER, self.take_sends(), caps))
         if deadline is None:
             timeout = None
@@ -204,5 +204,5 @@ class RemoteConn:
                 raise TimeoutError
             if what == "violation":
                 self.broken = self.broken or text
-                raise P.ProtocolViolation(text)
+                raise P.BadMessage(text)
         raise EOFError("the worker's node stopped relaying")

@@ -44,12 +44,12 @@ ruleset its spare prepared while it waited (ready_layer()); of a per-tenant temp
 first takes its tenant's uid (handoff.take()).
 
 Every step reports whether it took effect; nothing pretends.  The host
-shows the report in ``stats()["protections"]``.  Host side (backends/local/handover.py),
+shows the report in ``stats()["protections"]``.  Host side (backends/local/confine/handover.py),
 hand_over() gives the confinement root to the worker's uid before the worker
 starts, and private_tmpdir() makes its temp dir.
 
     network.py      isolate_network()
-    egress.py       relay_to_proxy(), or by port policy_network() and hold_tcp()
+    egress_relay.py relay_to_proxy(), or by port policy_network() and hold_tcp()
     caps.py         join_pids_cgroup(), cap_tenant_processes(); disk_state(): its root's disk
     mounts.py       make_reachable()
     landlock.py     apply_landlock()  (its rules are described there)
@@ -74,7 +74,7 @@ from ...core.policy import (
     SYSTEM_READ_PATHS,
     python_paths,
 )
-from ..portable import environment_of, set_environment  # noqa: F401  (also for loop, template)
+from ..portable_prepare import environment_of, set_environment  # noqa: F401  (also for loop, template)
 from ..rlimits import apply_in_worker
 from .apart import (
     files_by_uid,
@@ -84,7 +84,7 @@ from .apart import (
     processes_by_uid,
 )
 from .caps import cap_tenant_processes, disk_state, join_pids_cgroup
-from .egress import BY_PORT, hold_tcp, policy_network, start_relay
+from .egress_relay import BY_PORT, hold_tcp, policy_network, start_relay
 from .guard import REPORT as GUARD_REPORT
 from .guard import install as install_guard
 from .guard import installed as guard_installed
@@ -316,7 +316,7 @@ def _cap_tenant(conf: dict, report: dict) -> None:
 
 def _egress(conf: Any, rules: dict, namespace: str, disabled: set) -> str:
     """A network policy: the relay to the host's egress proxy, in the namespace just made
-    (``namespace``: isolate_network()'s report), else by port (egress.py)."""
+    (``namespace``: isolate_network()'s report), else by port (egress_relay.py)."""
     egress = (conf or {}).get("egress")
     if not egress:
         return "unavailable (a network policy needs a confined worker, and the host's proxy)"

@@ -74,7 +74,7 @@ def files_by_uid(root: str, tmp: str, engine: Sequence[str], open_siblings: Sequ
     """(A worker holding its tenant's own uid, without Landlock nor a root of its own)
     whether its files are apart by its uid: "on (...)" or "unavailable (what does not
     hold)".  ``open_siblings``: what the host found beside its root that other uids may
-    open by name (backends/local/handover.py: a tenant's folder made before its first
+    open by name (backends/local/confine/handover.py: a tenant's folder made before its first
     worker made it 0700)."""
     parent = os.path.dirname(os.path.realpath(root))
     wrong = [*_own_private(root, "its root"), *_own_private(tmp, "its temp dir"),

@@ -25,7 +25,7 @@ def join_pids_cgroup(path: Optional[str], limit: int, why: Optional[str] = None)
 
 def disk_state(root: str, mb: int) -> str:
     """Whether ``root`` is a file system of at most ``mb`` MiB (the host made it so:
-    backends/local/disks.py), as the kernel says."""
+    backends/local/confine/disks.py), as the kernel says."""
     try:
         st = os.statvfs(root)
     except OSError as exc:

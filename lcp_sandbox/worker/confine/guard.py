@@ -1,4 +1,4 @@
-"""The worker's half of the host's guard of processes (backends/local/pid_guard.py).
+"""The worker's half of the host's guard of processes (backends/local/confine/pid_guard.py).
 
 Where all tenants share one uid and neither a PID namespace of its own nor Landlock ABI 6's
 scope keeps a worker's signals in its own process tree (a Kubernetes "restricted" pod on a
@@ -69,7 +69,7 @@ GUARDED = (*ASK, *ASK_UNLESS_SELF, *ASK_UNLESS_WHO_SELF, "ptrace", "fcntl")
 #: The handshake's call: kill(its own pid, 0).
 HANDSHAKE = "kill"
 #: How stats() say processes are the guard's (the host keeps it only when it holds the
-#: worker's listener: backends/local/pid_guard.py vouched()).
+#: worker's listener: backends/local/confine/pid_guard.py vouched()).
 REPORT_START = "on (the host's guard (seccomp user notification)"
 REPORT = (REPORT_START + ": signals, pidfds, SIGIO owners, and the other calls that name a "
           "process reach only its own process tree, each decided by the host; no PID "

@@ -47,13 +47,13 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Coroutine, Optional
 
-from ... import protocol as P
-from ...core.egress_rules import Address, Decision, Policy, canonical_host, policy_of
-from ...protocol.dialer import ASK_PORT, ASK_SOCKET
-from ..metrics import Metrics
-from .egress_conn import HEAD_TIMEOUT_S, Refused, response, serve
+from .... import protocol as P
+from ....core.egress_rules import Address, Decision, Policy, canonical_host, policy_of
+from ....protocol.dialer import ASK_PORT, ASK_SOCKET
+from ...metrics import Metrics
+from ..slot import Slot
+from .egress_conn import HEAD_TIMEOUT_S, ProxyRefusal, response, serve
 from .egress_port import ByPort, Handed
-from .slot import Slot
 
 log = logging.getLogger("lcp_sandbox.egress")
 
@@ -260,14 +260,14 @@ class EgressProxy:
             except OSError:
                 pass
 
-    def _full(self, ident: Identity) -> Optional[Refused]:
+    def _full(self, ident: Identity) -> Optional[ProxyRefusal]:
         """The cap ``ident``'s next connection would pass (the lock held), or None."""
         for status, held, cap, whose in (
                 (429, ident.active, self.max_per_worker, "this worker's"),
                 (429, self.tenants.get(ident.tenant, 0), self.max_per_tenant, "this tenant's"),
                 (503, self.connections, self.max_connections, "the host's")):
             if held >= cap:
-                return Refused(status, f"lcp-sandbox egress proxy: {whose} limit of {cap} "
+                return ProxyRefusal(status, f"lcp-sandbox egress proxy: {whose} limit of {cap} "
                                        f"connections at once is reached", RETRY_AFTER_S)
         return None
 
@@ -308,7 +308,7 @@ class EgressProxy:
             sock.close()
 
     def _admit(self, ident: Identity, host: str, port: int) -> list[Address]:
-        """The addresses (host, port) may be reached at, or Refused.  The name first: a
+        """The addresses (host, port) may be reached at, or ProxyRefusal.  The name first: a
         name no rule admits is never resolved (no lookups on the host's resolver for
         names a tool chose); then exactly the string the rules matched is resolved, and
         every address it resolved to is checked."""
@@ -334,7 +334,7 @@ class EgressProxy:
                         ident.tenant, ident.library, host, port, decision.why,
                         " (further refusals of this worker are counted, not logged)"
                         if ident.refused == _LOGGED_PER_WORKER else "")
-        raise Refused(403, f"lcp-sandbox network policy: {decision.why}")
+        raise ProxyRefusal(403, f"lcp-sandbox network policy: {decision.why}")
 
 
 @dataclass(eq=False)
@@ -424,11 +424,11 @@ def _resolve(host: str, port: int) -> list[Address]:
         if canonical_host(host) != host:
             raise ValueError(f"{host!r} is not spelled as the rules match names")
     except ValueError as exc:
-        raise Refused(400, f"lcp-sandbox egress proxy: {exc}") from None
+        raise ProxyRefusal(400, f"lcp-sandbox egress proxy: {exc}") from None
     try:
         infos = socket.getaddrinfo(host.encode("ascii"), port, type=socket.SOCK_STREAM)
     except OSError as exc:
-        raise Refused(502, f"{host} cannot be resolved ({exc})") from None
+        raise ProxyRefusal(502, f"{host} cannot be resolved ({exc})") from None
     return list(dict.fromkeys(ipaddress.ip_address(str(i[4][0]).split("%")[0]) for i in infos))
 
 

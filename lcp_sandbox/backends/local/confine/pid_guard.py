@@ -24,7 +24,7 @@ process in it is in the tree; kill(-1) never does.  After deciding, the guard ch
 notification is still pending (SECCOMP_IOCTL_NOTIF_ID_VALID) and answers
 SECCOMP_USER_NOTIF_FLAG_CONTINUE (Linux 5.5) or EPERM.
 
-A template's listener (templates.py receives it the same way) answers for the template and
+A template's listener (local/templates.py receives it the same way) answers for the template and
 for each worker the zygote reported forking from it (Member.join(), from WorkerProcess before
 its first call): a caller's tree is the first of those roots on its chain of parents; a spare
 not yet a worker (re-parented to the zygote) has none, and is refused everything it names.
@@ -48,9 +48,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Union
 
-from ... import protocol as P
-from ...core.syscall_numbers import number
-from ...worker.confine.guard import GUARDED, HANDSHAKE, REPORT_START
+from .... import protocol as P
+from ....core.syscall_numbers import number
+from ....worker.confine.guard import GUARDED, HANDSHAKE, REPORT_START
 
 log = logging.getLogger("lcp_sandbox")
 _RECV, _SEND = 0xC0502100, 0xC0182101
@@ -109,7 +109,7 @@ class Member:
 def receive(sock: socket.socket, deadline: Optional[float], pid: int) -> Union[Watch, str]:
     """(WorkerProcess, before its READY) the worker's first byte: "G" with its listener,
     or "N" (none installed).  A Watch once the listener is checked and guarded, else why
-    not.  Raises protocol.ProtocolViolation on anything else."""
+    not.  Raises protocol.BadMessage on anything else."""
     poller = select.poll()
     poller.register(sock, select.POLLIN)
     wait = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -123,7 +123,7 @@ def receive(sock: socket.socket, deadline: Optional[float], pid: int) -> Union[W
             os.close(fd)
         if not data:
             return "unavailable (the worker ended before it sent its guard)"
-        raise P.ProtocolViolation("it broke the protocol of the host's guard (its first byte)")
+        raise P.BadMessage("it broke the protocol of the host's guard (its first byte)")
     return GUARD.watch(fds[0], pid)
 
 

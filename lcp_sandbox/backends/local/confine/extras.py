@@ -3,7 +3,7 @@
     disk_mb          its root, a file system of its own (disks.py): made before the root
                      is handed over, so the hand-over is the new file system's
     max_processes    a pids cgroup of its own (cgroups.py)
-    network policy   its token for the host's egress proxy (egress.py)
+    network policy   its token for the host's egress proxy (egress_proxy.py)
 
 One object a supervisor holds (``Supervisor.extras``), closed with it.
 """
@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import os
 
-from ... import protocol as P
-from ...core.outcomes import Unavailable
-from ...core.policy import BEST_EFFORT, may_hand_over
-from ..metrics import Metrics
+from .... import protocol as P
+from ....core.outcomes import Unavailable
+from ....core.policy import BEST_EFFORT, may_hand_over
+from ...metrics import Metrics
+from ..slot import Slot
 from .cgroups import WorkerCgroups
 from .disks import TenantDisks
-from .egress import EgressProxy
-from .slot import Slot
+from .egress_proxy import EgressProxy
 
 
 class WorkerExtras:

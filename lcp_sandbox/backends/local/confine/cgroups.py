@@ -18,10 +18,10 @@ import os
 import uuid
 from typing import TYPE_CHECKING, Optional
 
-from ... import protocol as P
+from .... import protocol as P
 
 if TYPE_CHECKING:
-    from .slot import Slot
+    from ..slot import Slot
 
 
 @functools.lru_cache(maxsize=1)
@@ -42,13 +42,13 @@ def _parent() -> tuple[Optional[str], str]:
     except OSError as exc:
         return None, f"cannot read the cgroups of this host ({exc})"
     if "v1" in mounts and "pids" in own:
-        return _ready(os.path.join(mounts["v1"], own["pids"].lstrip("/")), v2=False)
+        return _host_folder(os.path.join(mounts["v1"], own["pids"].lstrip("/")), v2=False)
     if "v2" in mounts and "" in own:
-        return _ready(os.path.join(mounts["v2"], own[""].lstrip("/")), v2=True)
+        return _host_folder(os.path.join(mounts["v2"], own[""].lstrip("/")), v2=True)
     return None, "no pids cgroup controller is mounted (cgroup v1 pids, or cgroup v2)"
 
 
-def _ready(base: str, v2: bool) -> tuple[Optional[str], str]:
+def _host_folder(base: str, v2: bool) -> tuple[Optional[str], str]:
     """This host's folder for worker cgroups below ``base`` (its own cgroup), made now."""
     folder = os.path.join(base, f"lcp-sandbox-{os.getpid()}")
     try:

@@ -1,4 +1,4 @@
-"""Confined workers and the templates they may share, host side (templates.py asks).
+"""Confined workers and the templates they may share, host side (local/templates.py asks).
 
 A confined worker's rights depend on its tenant only through its root and its temp dir;
 everything else (uid, network, environment, read set, system calls) is the library's.
@@ -28,9 +28,9 @@ import os
 import tempfile
 from typing import Any, Optional
 
-from ... import protocol as P
-from ...core.limits import Limits
-from ...core.policy import BEST_EFFORT, DEFAULT_RUN_AS, PER_TENANT, path_within
+from .... import protocol as P
+from ....core.limits import Limits
+from ....core.policy import BEST_EFFORT, DEFAULT_RUN_AS, PER_TENANT, path_within
 
 BASE = "(base)"          # the library name of a template without a library
 

@@ -36,12 +36,12 @@ import tempfile
 import threading
 from typing import Iterable, Optional
 
-from ... import protocol as P
-from ...core import policy
-from ...core.outcomes import Refused, Unavailable
-from ...core.policy import BEST_EFFORT, DEFAULT_RUN_AS, may_hand_over, run_as_ids
-from ...core.policy import path_within as _within
-from ...system import capabilities
+from .... import protocol as P
+from ....core import policy
+from ....core.outcomes import Refused, Unavailable
+from ....core.policy import BEST_EFFORT, DEFAULT_RUN_AS, may_hand_over, run_as_ids
+from ....core.policy import path_within as _within
+from ....system import capabilities
 
 #: What a root host does with each capability it needs for workers of another uid.
 MANAGING = {"KILL": "to signal and kill them (a call past its timeout would run on)",
@@ -116,7 +116,7 @@ def hand_over_root(init: P.Init, run_as: tuple[int, int], library: str, tool: st
         per_tenant = {"per_tenant": True, "nproc": nproc}                   # (confined.py)
         if files_rest_on_uids(init.disabled or ()):
             per_tenant["open_siblings"] = open_siblings(root)
-    # The temp dir is the host's to make (templates.py, when it knows where) and to
+    # The temp dir is the host's to make (local/templates.py, when it knows where) and to
     # remove: no path a worker names is ever deleted.
     return init._replace(confine={**confine, "run_as": run_as, **per_tenant})
 

@@ -37,8 +37,8 @@ handed to that worker and still holds (the same socket: its peer is the proxy's 
 no other process, tenant or worker can speak for it.  A program that makes its sockets
 itself (a C library, a subprocess such as curl) gets EACCES: it fails, it does not leak.
 
-The proxy (backends/local/egress.py) decides; this side holds nothing a tool could bend: a
-tool that uses the dialer itself only reaches the same proxy under the same policy.
+The proxy (backends/local/confine/egress_proxy.py) decides; this side holds nothing a tool
+could bend: a tool that uses the dialer itself only reaches the same proxy under the same policy.
 """
 from __future__ import annotations
 

@@ -40,9 +40,9 @@ import time
 import zlib
 from typing import Any, Optional
 
-from ...core.limits import count_setting
-from ...core.outcomes import Unavailable
-from ...core.policy import BEST_EFFORT, PER_TENANT, run_as_ids, uid_range_setting
+from ....core.limits import count_setting
+from ....core.outcomes import Unavailable
+from ....core.policy import BEST_EFFORT, PER_TENANT, run_as_ids, uid_range_setting
 
 log = logging.getLogger("lcp_sandbox")
 

@@ -1,7 +1,7 @@
 """The egress proxy by port: for workers with no network namespace of their own.
 
 A worker a default container keeps in the host's network (unshare refused) reaches the
-proxy by port (worker/confine/egress.py says why this holds; protocol/dialer.py, what the
+proxy by port (worker/confine/egress_relay.py says why this holds; protocol/dialer.py, what the
 dialer carries):
 
     worker (the host's network; Landlock: TCP connect    host process (EgressProxy.by_port)
@@ -35,12 +35,12 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Optional, TypeVar
 
-from ...protocol.dialer import A_SOCKET, NO_SOCKET
+from ....protocol.dialer import A_SOCKET, NO_SOCKET
 
 # SOL_SOCKET's SO_NETNS_COOKIE (Linux 5.14; the same number on every architecture the
 # engine filters)
 _SO_NETNS_COOKIE = 71
-#: Whose a connection is (egress.py's Identity), and a connection being served (its
+#: Whose a connection is (egress_proxy.py's Identity), and a connection being served (its
 #: _Connection): this module knows them by these names only
 Who = TypeVar("Who")
 Conn = TypeVar("Conn")

@@ -1,7 +1,7 @@
 """The host's handle on the zygote (worker/zygote.py): start it, ask it to fork,
 kill and signal workers, learn how they ended.
 
-    Zygote() ── python -I -c _BOOT FD ──► zygote process, allowlisted environment
+    ZygoteClient() ── python -I -c _BOOT FD ──► zygote process, allowlisted environment
     fork(sock, log) ── FORK + fds ──────► ◄── FORKED(pid)   (a Forked future: nobody waits)
     fork(sock, log, template=tpid) ── TFORK: from a library's template (templates.py);
                                       Forked.templated: whether the template served it
@@ -39,7 +39,7 @@ from typing import Callable, Optional
 
 from ...core.policy import host_environment
 from ...protocol import control
-from ...protocol.control import EXITED, FORKED, KILL_FAILED, READY, pack, unpack
+from ...protocol.control import EXITED, FORKED, KILL_FAILED, ZYGOTE_READY, pack, unpack
 from ...protocol.framing import Connection, pair
 from ...protocol.messages import PRIME, Prime
 from ..boot import boot_argv, boot_environment
@@ -68,7 +68,7 @@ class Forked(Future[int]):
 Reserved = tuple[socket.socket, int, Forked]
 
 
-class Zygote:
+class ZygoteClient:
     """The host's handle on a zygote process.  Thread-safe."""
 
     def __init__(self, on_exit: Optional[Callable[[int, int], None]] = None) -> None:
@@ -97,10 +97,10 @@ class Zygote:
         self._after: list[Callable[[], None]] = []     # after(): run with the replacement
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
-        self._ready = threading.Event()
+        self._started = threading.Event()
         self._reader = threading.Thread(target=self._read, name="lcp-sandbox-zygote", daemon=True)
         self._reader.start()
-        if not self._ready.wait(60) or not self.alive:
+        if not self._started.wait(60) or not self.alive:
             self.close()
             raise ZygoteGone("the zygote process did not start")
         self._owe(0.0)
@@ -152,15 +152,15 @@ class Zygote:
         with self._cond:
             self.alive = False
             self._cond.notify_all()
-        self._ready.set()
+        self._started.set()
         self._drop_reserved()                    # they died with the zygote
         for fut in list(self._pending.values()):
             fut.set_exception(ZygoteGone("the zygote process is gone"))
         self._pending.clear()
 
     def _record(self, kind: int, a: int, b: int, c: int) -> None:
-        if kind == READY:
-            self._ready.set()
+        if kind == ZYGOTE_READY:
+            self._started.set()
         elif kind == FORKED:                     # (request, pid, from its template)
             fut = self._pending.pop(a, None)
             if fut:
@@ -192,7 +192,7 @@ class Zygote:
         ``template``: the pid of a library template to fork it from (the future's
         ``templated`` says whether it was; a plain spare serves when the template is gone).
         ``pidns``: (a confined worker) pid 1 of a PID namespace of its own, when the
-        zygote can make one (its READY says).
+        zygote can make one (its ZYGOTE_READY says).
         The fds are duplicated into the zygote as this returns, so the caller may
         close its copies and talk to the worker at once, before the pid is known."""
         if template:

@@ -4,7 +4,7 @@
         read_request(): the head, parsed by h11 as it arrives (at most HEAD_LIMIT bytes, all
         of it within one deadline) ──► request_of(): CONNECT host:port, or a plain-HTTP
         request with an absolute http:// URL; its host as canonical_host() spells it, or 400
-        ──► admit(host, port) (the proxy's: the policy, every address; Refused ──► an HTTP
+        ──► admit(host, port) (the proxy's: the policy, every address; ProxyRefusal ──► an HTTP
         error naming why, and the connection ends) ──► a connection to the first checked
         address that answers ──► relay(): bytes both ways until both have ended
 
@@ -30,7 +30,7 @@ from typing import Callable, Optional
 
 import h11
 
-from ...core.egress_rules import Address, authority_of
+from ....core.egress_rules import Address, authority_of
 
 HEAD_LIMIT = 64 * 1024
 HEAD_TIMEOUT_S = 10.0
@@ -46,7 +46,7 @@ Admit = Callable[[str, int], list[Address]]
 Track = Callable[[Optional[socket.socket]], None]
 
 
-class Refused(Exception):
+class ProxyRefusal(Exception):
     """A connection not made: the HTTP status, the text the tool reads and, for a limit
     that frees itself, the seconds after which to try again."""
 
@@ -73,7 +73,7 @@ def serve(client: socket.socket, admit: Admit, head_timeout_s: float = HEAD_TIME
     try:
         request, rest = read_request(client, head_timeout_s)
         upstream = connect(admit(request.host, request.port), request.port)
-    except Refused as exc:
+    except ProxyRefusal as exc:
         client.sendall(response(exc.status, str(exc), exc.retry_after))
         return
     if track is not None:
@@ -105,13 +105,13 @@ def read_request(client: socket.socket, timeout_s: float) -> tuple[Request, byte
             try:
                 event = parser.next_event()
             except h11.RemoteProtocolError as exc:
-                raise Refused(400, f"not an HTTP/1 request head: {exc}") from None
+                raise ProxyRefusal(400, f"not an HTTP/1 request head: {exc}") from None
             if isinstance(event, h11.Request):
                 return request_of(event), parser.trailing_data[0]
             if event is not h11.NEED_DATA:
-                raise Refused(400, "the connection ended before its request head")
+                raise ProxyRefusal(400, "the connection ended before its request head")
             if taken >= HEAD_LIMIT:
-                raise Refused(400, f"a request head over {HEAD_LIMIT} bytes")
+                raise ProxyRefusal(400, f"a request head over {HEAD_LIMIT} bytes")
             data = _receive(client, deadline, min(_CHUNK, HEAD_LIMIT - taken), timeout_s)
             taken += len(data)
             parser.receive_data(data)
@@ -128,33 +128,33 @@ def _receive(client: socket.socket, deadline: float, size: int, timeout_s: float
         client.settimeout(left)
         return client.recv(size)
     except socket.timeout:
-        raise Refused(400, f"no complete request head within {timeout_s:g} s") from None
+        raise ProxyRefusal(400, f"no complete request head within {timeout_s:g} s") from None
 
 
 def request_of(event: h11.Request) -> Request:
     """Where an h11 request goes: CONNECT host:port, or an absolute http:// URL (its
     head rewritten for the server: origin-form, its own Host, ``Connection: close``)."""
     if event.http_version not in _VERSIONS:
-        raise Refused(400, f"HTTP/{event.http_version.decode()} is not HTTP/1.0 or 1.1")
+        raise ProxyRefusal(400, f"HTTP/{event.http_version.decode()} is not HTTP/1.0 or 1.1")
     # h11 admits visible ASCII only in a request target
     target = event.target.decode("ascii")
     if event.method == b"CONNECT":
         try:
             return Request(*authority_of(target), None)
         except ValueError as exc:
-            raise Refused(400, f"CONNECT needs host:port: {exc}") from None
+            raise ProxyRefusal(400, f"CONNECT needs host:port: {exc}") from None
     if target[:len(_HTTP)].lower() != _HTTP:
-        raise Refused(400, f"a plain-HTTP request through the proxy names an absolute http:// "
+        raise ProxyRefusal(400, f"a plain-HTTP request through the proxy names an absolute http:// "
                            f"URL, not {target[:200]!r} (https goes through CONNECT)")
     rest = target[len(_HTTP):]
     cut = min((i for i in map(rest.find, "/?#") if i >= 0), default=len(rest))
     path = rest[cut:]
     if "#" in path:
-        raise Refused(400, f"a request target has no fragment: {target[:200]!r}")
+        raise ProxyRefusal(400, f"a request target has no fragment: {target[:200]!r}")
     try:
         host, port = authority_of(rest[:cut], 80)
     except ValueError as exc:
-        raise Refused(400, f"the URL {target[:200]!r} names no host this proxy reaches: "
+        raise ProxyRefusal(400, f"the URL {target[:200]!r} names no host this proxy reaches: "
                            f"{exc}") from None
     return Request(host, port, _upstream_head(event, host, port, path))
 
@@ -190,7 +190,7 @@ def connect(addresses: list[Address], port: int) -> socket.socket:
         except OSError as exc:
             sock.close()
             last = exc
-    raise Refused(502, f"could not connect to port {port} of "
+    raise ProxyRefusal(502, f"could not connect to port {port} of "
                        f"{', '.join(map(str, addresses))}: {last or 'no address'}")
 
 
