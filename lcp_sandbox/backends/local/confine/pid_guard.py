@@ -49,8 +49,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional, Union
 
 from .... import protocol as P
+from ....core.guarded_calls import GUARDED, HANDSHAKE, REPORT_START
 from ....core.syscall_numbers import number
-from ....worker.confine.guard import GUARDED, HANDSHAKE, REPORT_START
 
 log = logging.getLogger("lcp_sandbox")
 _RECV, _SEND = 0xC0502100, 0xC0182101
