@@ -154,11 +154,11 @@ def vouched(report: dict, watch: Union[Watch, Member, str, bool, None]) -> dict:
             watch = watch.watch
         else:
             watch = "the host does not know it as a worker of its template's guard"
-    if isinstance(watch, Watch) and watch.verified and not watch.closed:
+    # (verified is enough: a worker that ended since, its listener closed, serves nothing)
+    if isinstance(watch, Watch) and watch.verified:
         return report
     why = (watch if isinstance(watch, str) else
-           "no process uses its filter any more" if isinstance(watch, Watch) and watch.closed
-           else "its listener's first call did not come from the worker itself"
+           "its listener's first call did not come from the worker itself"
            if isinstance(watch, Watch) else "the host offered none")
     return {**report, "processes": f"unavailable (the host's guard (seccomp user "
                                    f"notification) is not in force: {why})"}
