@@ -277,10 +277,11 @@ class Guard:
                 allow = False       # (a process gone, or unreadable, mid-decision)
             if not _still_pending(watch.fd, nid):
                 return
-            if allow and _send(watch.fd, _RESP.pack(nid, 0, 0, _FLAG_CONTINUE)):
-                watch.verified = watch.verified or handshake
-            else:
+            # (verified before the answer: the worker's READY may be read the moment after)
+            watch.verified = watch.verified or handshake
+            if not (allow and _send(watch.fd, _RESP.pack(nid, 0, 0, _FLAG_CONTINUE))):
                 # (refused, or a kernel before 5.5 that cannot let it through: EPERM)
+                watch.verified = watch.verified and not handshake
                 allow = False
                 _send(watch.fd, _RESP.pack(nid, 0, -errno.EPERM, 0))
             watch.answered += 1
