@@ -29,7 +29,8 @@ TARGET_NAMES = {"warm_p50", "warm_p99", "warm_p50_inprocess", "cold_vs_spawn", "
                 "fresh_over_template", "uss_template", "syscalls_warm_p50", "confined_np_p50",
                 "confined_np_ratio", "uss_confined_np", "confined_plain_ratio", "confined_density_uss",
                 "confined_namespaces_ratio", "egress_ratio", "mcp_warm_sdk", "mcp_warm_plain", "metrics_share", "density_metrics_ms",
-                "spawn_path_cold_vs_spawn", "spawn_path_warm_vs_zygote", "envs_first_call", "envs_fresh_host",
+                "spawn_path_cold_vs_spawn", "spawn_path_warm_vs_zygote", "spawn_path_burst_vs_spawn",
+                "envs_first_call", "envs_fresh_host",
                 "envs_warm", "envs_build_5"}
 
 
@@ -189,6 +190,8 @@ def test_bench_end_to_end(tmp_path, new_processes):
     assert _number(data["discovery"]["sandbox"]["again"]["p50"])
 
     targets = {t["name"]: t for t in data["targets"]}
+    burst = data["spawn_burst"]
+    assert burst["n"] == len(burst["ms"]) == 15 and all(_number(v) for v in burst["ms"])
     assert set(targets) == TARGET_NAMES
     for t in targets.values():
         if t["name"] == "warm_p50_inprocess" and "inprocess" in data["skipped"]:
