@@ -17,7 +17,8 @@ import logging
 from importlib import import_module
 from typing import Any
 
-from .core.version import __version__ as __version__  # the public version
+# The public version.
+from .core.version import __version__ as __version__
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 

@@ -37,7 +37,8 @@ class Lent(Protocol):
     handed to ``handle`` on the thread waiting for the call, with ``conn`` (the
     call's connection, for a callback into the tool) and ``deadline`` set while
     it runs; ``release`` drops everything lent when the call ends."""
-    conn: Any                      # a protocol Connection, or the Ray driver's RemoteConn
+    # A protocol Connection, or the Ray driver's RemoteConn.
+    conn: Any
     deadline: Optional[float]
 
     def handle(self, req: P.Request, saw_ref: bool) -> tuple[bool, Any]:
@@ -54,7 +55,8 @@ class WorkerSpec:
     tenant: str
     library: Library
     limits: Limits
-    root: str                             # confinement root ("" when not confined)
+    # Confinement root ("" when not confined)
+    root: str
     init: Callable[[], P.Init] = field(compare=False, repr=False)
     key: tuple = field(init=False, compare=False, repr=False)
 
@@ -73,7 +75,8 @@ class Backend(Protocol):
     ``SandboxEvent`` carrying the LCP result to return.  Waiting for the
     worker counts against ``timeout_s`` (default: ``spec.limits.timeout_s``)."""
 
-    confine: Union[bool, str]   # the confinement of bindings that do not choose ("best-effort")
+    # The confinement of bindings that do not choose ("best-effort")
+    confine: Union[bool, str]
     #: The network of bindings that do not choose: True, False or a policy (core/egress_rules.py)
     network: Union[bool, dict[str, Any]] = True
 
@@ -116,7 +119,8 @@ class Closing:
     """``with backend: ...`` closes it at the end."""
 
     def close(self) -> None:
-        raise NotImplementedError        # the backend's own
+        # The backend's own.
+        raise NotImplementedError
 
     def __enter__(self: _B) -> _B:
         return self

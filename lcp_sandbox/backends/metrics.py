@@ -25,7 +25,8 @@ DURATION_BUCKETS_S: tuple[float, ...] = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.0
                                          0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
-_SLOTS = len(DURATION_BUCKETS_S) + 1          # the last bucket: +Inf; then the sum of seconds
+# The last bucket: +Inf; then the sum of seconds.
+_SLOTS = len(DURATION_BUCKETS_S) + 1
 
 
 class Metrics:
@@ -34,7 +35,8 @@ class Metrics:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._local = threading.local()
-        self._tables: list[dict[tuple[str, str, int], list[Any]]] = []   # one per thread
+        # One per thread.
+        self._tables: list[dict[tuple[str, str, int], list[Any]]] = []
         self._starts: dict[str, int] = {}
         self._ends: dict[str, int] = {}
         self._refusals: dict[str, int] = {}
@@ -77,7 +79,8 @@ class Metrics:
     def snapshot(self) -> dict[str, Any]:
         """Copies of every counter; the histogram's buckets cumulative, as exported."""
         with self._lock:
-            tables = [dict(t) for t in self._tables]     # (a dict copies in one step)
+            # A dict copies in one step.
+            tables = [dict(t) for t in self._tables]
             starts, ends, refusals = dict(self._starts), dict(self._ends), dict(self._refusals)
             egress = {k: dict(v) for k, v in self._egress.items()}
         calls: dict[tuple[str, str, int], int] = {}

@@ -163,7 +163,8 @@ class SandboxedBinding(LcpSurface):
             confine=self.supervisor.confine if confine is None else confine,
             network=self.supervisor.network if network is None else network))
         self._lib_limits: dict[str, Limits] = {}
-        self._specs: dict[tuple, WorkerSpec] = {}      # (library key, root) -> its worker's spec
+        # (library key, root) -> its worker's spec.
+        self._specs: dict[tuple, WorkerSpec] = {}
         self._resolvers: dict[str, NamedRefs] = {}
         self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._workspaces = Workspaces(tenant, self.workspace_root)
@@ -308,7 +309,8 @@ class SandboxedBinding(LcpSurface):
             return normalize.failure(f"[{lib.name}] {self._closed_text(tool_name)}",
                                      normalize.UNAVAILABLE)
         injected = None
-        objects = HostObjects(self._named(route.library))    # one per call: released when it ends
+        # One per call: released when it ends.
+        objects = HostObjects(self._named(route.library))
         if discussion_instance is not None or kwargs or not params.keys().isdisjoint(HOST_PARAMS):
             values = {"discussion_instance": discussion_instance,
                       "tool_context": kwargs.get("tool_context") or params.get("tool_context"),
@@ -346,10 +348,12 @@ class SandboxedBinding(LcpSurface):
                                  **kwargs)
         try:
             future = loop.run_in_executor(self._executor, call)
-        except RuntimeError:                # close() shut the executor down meanwhile
+        # close() shut the executor down meanwhile.
+        except RuntimeError:
             if not self._closed:
                 raise
-            return call()                   # the closed binding's 503, at once
+            # The closed binding's 503, at once.
+            return call()
         return await future
 
     # ------------------------------------------------------------ dynamic tools

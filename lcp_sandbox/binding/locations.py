@@ -6,7 +6,8 @@ import importlib.util
 from pathlib import Path
 from typing import Any, Optional
 
-_PACKAGE = Path(__file__).resolve().parent.parent          # lcp_sandbox/
+# lcp_sandbox/
+_PACKAGE = Path(__file__).resolve().parent.parent
 
 
 def lollms_bindings_dir() -> Path:

@@ -67,7 +67,8 @@ def _refused(value: Any) -> Optional[str]:
         return kind.__name__
     if (isinstance(value, types.BuiltinFunctionType)
             and isinstance(value.__self__, types.ModuleType)):
-        return "module-level builtin function"      # os.system, eval, open...
+        # os.system, eval, open...
+        return "module-level builtin function"
     return None
 
 
@@ -83,8 +84,10 @@ class HostObjects:
         # resolves a named ref (handlers, the library's config callables)
         self._named = named
         self._objects: dict[int, Any] = {}
-        self.conn: Optional[P.Connection] = None   # set while the call runs (callbacks)
-        self.deadline: Optional[float] = None      # for a callback into the tool
+        # Set while the call runs (callbacks)
+        self.conn: Optional[P.Connection] = None
+        # For a callback into the tool.
+        self.deadline: Optional[float] = None
 
     def lend(self, value: Any) -> Any:
         """What the host chose to lend at the start of a call: plain values by
@@ -156,7 +159,8 @@ class HostObjects:
             else:
                 value = _operate(target, op, name, args, kwargs)
             return True, self._give(value)
-        except BaseException as exc:  # the host must survive anything a handler does
+        # The host must survive anything a handler does.
+        except BaseException as exc:
             return False, error_value(exc)
 
     def call_tool_callable(self, wid: int, args: tuple, kwargs: dict) -> Any:
@@ -195,7 +199,8 @@ class HostObjects:
         self.conn = None
 
 
-_BY_NAME = (P.OP_GETATTR, P.OP_METHOD, P.OP_SETATTR)      # operations on a public name
+# Operations on a public name.
+_BY_NAME = (P.OP_GETATTR, P.OP_METHOD, P.OP_SETATTR)
 
 
 def _operate(target: Any, op: int, name: Optional[str], args: list, kwargs: dict) -> Any:
@@ -209,7 +214,8 @@ def _operate(target: Any, op: int, name: Optional[str], args: list, kwargs: dict
         if fn is None:
             raise AttributeError(f"{name!r} is not an operator a host proxy forwards")
         return fn(target, *args)
-    attr = cast(str, name)             # _BY_NAME: handle() refused a missing or private name
+    # _BY_NAME: handle() refused a missing or private name.
+    attr = cast(str, name)
     if op == P.OP_GETATTR:
         return getattr(target, attr)
     if op == P.OP_METHOD:
@@ -218,7 +224,8 @@ def _operate(target: Any, op: int, name: Optional[str], args: list, kwargs: dict
         if why is not None:
             raise PermissionError(f"a {why} is not called for a tool through a host proxy")
         return method(*args, **kwargs)
-    setattr(target, attr, args[0])     # OP_SETATTR
+    # OP_SETATTR
+    setattr(target, attr, args[0])
     return None
 
 

@@ -32,9 +32,12 @@ class ToolCatalog:
         self.host_tool_configs = host_tool_configs
         self.load_flags = load_flags
         self.session_flags: dict = {}
-        self._default_tools = default_tools       # lollms_client's default tools folder, if any
-        self._on_discover = on_discover           # what the binding derived from routes is stale
-        self.cache = discovery.SHARED              # parsed once per process, not per tenant
+        # lollms_client's default tools folder, if any.
+        self._default_tools = default_tools
+        # What the binding derived from routes is stale.
+        self._on_discover = on_discover
+        # Parsed once per process, not per tenant.
+        self.cache = discovery.SHARED
         self.mounted: list[discovery.Library] = []
         self.dynamic: dict[str, tuple[discovery.Library, ParsedFile]] = {}
         self.routes: dict[str, discovery.Route] = {}

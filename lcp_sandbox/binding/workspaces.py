@@ -12,8 +12,10 @@ from ..core.policy import path_within
 class Workspaces:
     def __init__(self, tenant: str, root: Optional[str]) -> None:
         self.tenant = tenant
-        self.root = root                          # the tenant's workspace root (resolved), or None
-        self._existing: set[str] = set()          # workspaces known to exist (made if missing)
+        # The tenant's workspace root (resolved), or None.
+        self.root = root
+        # Workspaces known to exist (made if missing)
+        self._existing: set[str] = set()
 
     def check(self, library: str, tool: str, cwd: str) -> Optional[dict]:
         """None when a call may run in the resolved workspace ``cwd``, else its
@@ -28,7 +30,8 @@ class Workspaces:
         if cwd in self._existing:
             return None
         try:
-            if not os.path.isdir(cwd):            # (one stat; makedirs makes three calls)
+            # One stat; makedirs makes three calls.
+            if not os.path.isdir(cwd):
                 os.makedirs(cwd, exist_ok=True)
         except OSError as exc:
             return normalize.failure(f"[{library}] tool '{tool}' not run: the workspace {cwd!r} "

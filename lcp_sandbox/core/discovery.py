@@ -68,7 +68,8 @@ class FileCache:
     tenant.  Its entries are never changed, only replaced (specs are copied out of
     them), and a dict's get and set are atomic, so threads may share it."""
 
-    MAX_ENTRIES = 50_000                # a host discovering more files starts again
+    # A host discovering more files starts again.
+    MAX_ENTRIES = 50_000
 
     def __init__(self) -> None:
         self._entries: dict[str, tuple[int, int, ParsedFile]] = {}
@@ -116,9 +117,12 @@ class Library:
     """The unit a worker loads.  ``key`` is unique across folders; ``name`` is the stem."""
     name: str
     key: str
-    files: tuple[Path, ...] = ()     # in load order
-    source: Optional[str] = None     # code of a dynamic library
-    root: Optional[Path] = None      # the library's folder (read access, display)
+    # In load order.
+    files: tuple[Path, ...] = ()
+    # Code of a dynamic library.
+    source: Optional[str] = None
+    # The library's folder (read access, display)
+    root: Optional[Path] = None
 
     @property
     def dynamic(self) -> bool:
@@ -219,8 +223,10 @@ class Route:
 @dataclass
 class Discovered:
     specs: list[dict[str, Any]] = field(default_factory=list)
-    routes: dict[str, Route] = field(default_factory=dict)          # tool name -> Route
-    libraries: dict[str, Library] = field(default_factory=dict)    # key -> Library with tools
+    # Tool name -> Route.
+    routes: dict[str, Route] = field(default_factory=dict)
+    # Key -> Library with tools.
+    libraries: dict[str, Library] = field(default_factory=dict)
     # stem -> (lib, fn, file)
     prompt_providers: dict[str, tuple[Library, str, int]] = field(default_factory=dict)
 
@@ -258,10 +264,12 @@ def add_library(out: Discovered, lib: Library, parsed_files: list[tuple[int, Par
             if name.endswith("_prompt") and tool.llm_param_count == 0:
                 target = base[: -len("_prompt")]
                 if f"tool_{target}" in tool_names:
-                    continue                       # describes tool_<target>
+                    # Describes tool_<target>.
+                    continue
                 if target == lib.name:
                     out.prompt_providers[lib.name] = (lib, name, index)
-                    continue                       # the library's dynamic context
+                    # The library's dynamic context.
+                    continue
             if name in out.routes:
                 first = out.routes[name].library
                 log.warning("tool %s in %s ignored: already provided by %s", name, path or lib.key,
@@ -314,7 +322,8 @@ def discover(folders: Iterable[Path], tool_files: Iterable[Path] = (), *, cache:
 
 def dynamic_library(prefix: str, code: str) -> tuple[Library, ParsedFile]:
     """A library made of in-memory code (``register_tool_from_code``); parsed, never run here."""
-    parsed = parse_code(code)         # a syntax error is reported to the caller
+    # A syntax error is reported to the caller.
+    parsed = parse_code(code)
     return Library(prefix, f"dynamic:{prefix}", (), source=code), parsed
 
 

@@ -50,10 +50,14 @@ _NAME_MAX = 253
 class Rule:
     """One allow or deny entry, as written and as parsed."""
     text: str
-    port: Optional[int]                   # None: any port
-    name: Optional[str] = None            # a host name, lower case ("" with suffix)
-    suffix: Optional[str] = None          # "*.example.com": ".example.com"
-    network: Optional[Network] = None     # an address or CIDR
+    # None: any port.
+    port: Optional[int]
+    # A host name, lower case ("" with suffix)
+    name: Optional[str] = None
+    # "*.example.com": ".example.com".
+    suffix: Optional[str] = None
+    # An address or CIDR.
+    network: Optional[Network] = None
 
     def matches_name(self, host: str, port: int) -> bool:
         if self.port is not None and self.port != port:

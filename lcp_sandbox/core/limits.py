@@ -16,7 +16,8 @@ from .policy import BEST_EFFORT, run_as_setting
 from .spelling import closest
 from .syscalls import check_setting
 
-MIN_DISK_MB = 8                             # (an ext4 file system's own needs)
+# An ext4 file system's own needs.
+MIN_DISK_MB = 8
 
 
 def confine_setting(value: Any) -> Union[bool, str]:
@@ -42,38 +43,54 @@ def network_setting(value: Any) -> Union[bool, dict[str, Any]]:
 @dataclass
 class Limits:
     """Per-library sandbox settings (``host_tool_configs[stem]["sandbox"]``)."""
-    timeout_s: Optional[float] = 60.0       # None/0: no timeout
-    grace_s: float = 2.0                    # soft interrupt -> hard kill
-    memory_mb: Optional[float] = None       # kernel limit + watchdog on the process tree
-    cpu_s: Optional[int] = None             # RLIMIT_CPU of the worker
+    # None/0: no timeout.
+    timeout_s: Optional[float] = 60.0
+    # Soft interrupt -> hard kill.
+    grace_s: float = 2.0
+    # Kernel limit + watchdog on the process tree.
+    memory_mb: Optional[float] = None
+    # RLIMIT_CPU of the worker.
+    cpu_s: Optional[int] = None
     max_open_files: int = 1024
     max_file_size_mb: Optional[float] = 4096
     max_result_mb: float = 64
-    log_bytes_per_s: int = 256 * 1024       # tool stdout/stderr forwarded to logging
+    # Tool stdout/stderr forwarded to logging.
+    log_bytes_per_s: int = 256 * 1024
     # confinement (worker/confine/); None: the binding's / supervisor's setting
-    confine: Optional[Union[bool, str]] = None    # True, False or "best-effort"
-    network: Union[bool, dict[str, Any]] = True   # False: own network namespace, loopback
+    # True, False or "best-effort".
+    confine: Optional[Union[bool, str]] = None
+    # False: own network namespace, loopback.
+    network: Union[bool, dict[str, Any]] = True
                                             # only; {"allow": [...], "deny": [...]}: that,
                                             # and the host's egress proxy (egress_rules.py)
-    env: Optional[dict[str, Any]] = None    # extra environment variables for the worker
-    read_paths: tuple[str, ...] = ()        # extra read-only paths for a confined worker
-    run_as: Optional[Union[tuple[int, int], str]] = None  # (uid, gid) of a confined worker of
+    # Extra environment variables for the worker.
+    env: Optional[dict[str, Any]] = None
+    # Extra read-only paths for a confined worker.
+    read_paths: tuple[str, ...] = ()
+    # (uid, gid) of a confined worker of.
+    run_as: Optional[Union[tuple[int, int], str]] = None
                                             # a root host, or "per-tenant"; None: the
                                             # supervisor's run_as
-    template: bool = True                   # False: every worker imports the library itself
+    # False: every worker imports the library itself.
+    template: bool = True
                                             # (no shared template process: backends/local/
                                             # templates.py)
-    trusted_import: bool = True             # confined, from files: may import in a template
+    # Confined, from files: may import in a template.
+    trusted_import: bool = True
                                             # that can write beneath the tenants' folder
                                             # (False: imports after its own confinement)
-    max_processes: Optional[int] = None     # processes and threads of a confined worker's tree
+    # Processes and threads of a confined worker's tree.
+    max_processes: Optional[int] = None
                                             # (a pids cgroup of its own; it starts fresh)
-    disk_mb: Optional[int] = None           # bytes its confinement root may hold: a file
+    # Bytes its confinement root may hold: a file.
+    disk_mb: Optional[int] = None
                                             # system of its own (backends/local/confine/disks.py)
-    requirements: Optional[tuple[str, ...]] = None   # the library's dependencies, given by the
+    # The library's dependencies, given by the.
+    requirements: Optional[tuple[str, ...]] = None
                                             # host (over what the library declares): its
                                             # workers get an environment of their own
-    syscalls: Optional[dict[str, Any]] = None   # {"allow": [names], "allow_dangerous": bool}: calls
+    # {"allow": [names], "allow_dangerous": bool}: calls.
+    syscalls: Optional[dict[str, Any]] = None
                                             # a confined worker adds to the allowlist
                                             # (core/syscalls.py; checked here)
 

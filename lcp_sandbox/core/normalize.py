@@ -25,7 +25,8 @@ _LOOKED_AT = _META_KEYS | {"output", "context_files", *_PAYLOAD_KEYS, *PASSTHROU
 NOT_FOUND = 404
 TOOL_FAILED = 500
 FORBIDDEN = 403
-CANCELLED = 499          # interrupted at the host's request (SandboxedBinding.interrupt)
+# Interrupted at the host's request (SandboxedBinding.interrupt)
+CANCELLED = 499
 UNAVAILABLE = 503
 TIMED_OUT = 504
 OUT_OF_MEMORY = 507
@@ -64,7 +65,8 @@ def normalize(result: Any, cwd: Optional[str] = None) -> dict[str, Any]:  # noqa
     if not isinstance(result, dict):
         result = {"success": True, "output": result}
     else:
-        result = dict(result)          # never mutate the tool's own object
+        # Never mutate the tool's own object.
+        result = dict(result)
     failed = False
     error = None
     if result.get("success") is False:

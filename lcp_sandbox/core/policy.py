@@ -17,7 +17,8 @@ ENV_ALLOWLIST = ("PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TERM", "USER", "LOGN
                  "PYTHONIOENCODING", "PYTHONUTF8", "PYTHONHASHSEED", "VIRTUAL_ENV")
 SYSTEM_READ_PATHS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/proc/self",
                      "/sys/devices/system/cpu")
-DEFAULT_RUN_AS = (65534, 65534)          # nobody:nogroup on most distributions
+# Nobody:nogroup on most distributions.
+DEFAULT_RUN_AS = (65534, 65534)
 #: The folder holding the lcp_sandbox package: read-only for a confined worker,
 #: never handed over to one.
 ENGINE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -251,7 +252,8 @@ def not_in_force(report: dict[str, Any], confined: bool, network: "bool | dict[s
     in force, as (kind, what the report says).  ``network``: True, False or a policy."""
     wanted = ["max_processes"] if max_processes else []
     wanted += ["disk"] if disk_mb else []
-    wanted += ["tenant_processes"] if "tenant_processes" in report else []   # (its own uid's)
+    # Its own uid's.
+    wanted += ["tenant_processes"] if "tenant_processes" in report else []
     if confined:
         wanted += ["filesystem", "processes", "privileges", "syscalls"]
         wanted += [] if network is True else ["unix_sockets"]

@@ -42,8 +42,10 @@ _CACHE: dict[str, tuple[int, int, Optional["Declared"]]] = {}
 
 
 class Declared(NamedTuple):
-    requirements: tuple[str, ...]     # normalised: sorted, unique
-    where: str                        # the file that declared them
+    # Normalised: sorted, unique.
+    requirements: tuple[str, ...]
+    # The file that declared them.
+    where: str
 
 
 class DeclarationError(ValueError):
@@ -61,7 +63,8 @@ def declared(files: Sequence[str], root: Optional[str]) -> Optional[Declared]:
         return found
     folder = str(root)
     if Path(primary).parent != Path(folder) or Path(folder).name != Path(primary).stem:
-        return None                      # a loose file: only its own block counts
+        # A loose file: only its own block counts.
+        return None
     for name, reader in (("requirements.txt", _requirements_txt), ("pyproject.toml", _pyproject)):
         path = os.path.join(folder, name)
         if os.path.isfile(path):
@@ -137,7 +140,8 @@ def _pyproject(text: str, path: str) -> Optional[list[str]]:
 def _toml(text: str, path: str) -> dict[str, Any]:
     if sys.version_info >= (3, 11):
         import tomllib as toml
-    else:                                # Python 3.10
+    # Python 3.10.
+    else:
         try:
             import tomli as toml  # type: ignore[import-not-found, unused-ignore]
         except ImportError:

@@ -77,9 +77,12 @@ def _doc_params(docstring: str) -> dict[str, tuple[Optional[str], str]]:
 @dataclass
 class ToolDef:
     """What the host knows about one tool without running it."""
-    spec: dict[str, Any]             # the LCP spec (public keys + private `_` keys)
-    literal_defaults: dict[str, Any]  # defaults that are real literals: filled in on call
-    llm_param_count: int             # parameters the LLM can see (prompt-provider rule)
+    # The LCP spec (public keys + private `_` keys)
+    spec: dict[str, Any]
+    # Defaults that are real literals: filled in on call.
+    literal_defaults: dict[str, Any]
+    # Parameters the LLM can see (prompt-provider rule)
+    llm_param_count: int
 
 
 def schema_from_function(node: ast.FunctionDef) -> ToolDef:
@@ -179,7 +182,8 @@ def regex_tools(text: str) -> list[ToolDef]:
                 "_parsed_via_regex_fallback": True,
             }
             tools.append(ToolDef(spec, {}, len(properties)))
-    except Exception as exc:  # the fallback must never raise
+    # The fallback must never raise.
+    except Exception as exc:
         log.warning("regex fallback stopped early: %s", exc)
     return tools
 
@@ -188,7 +192,8 @@ def regex_tools(text: str) -> list[ToolDef]:
 class ParsedFile:
     """Everything discovery needs from one file, cached by (mtime, size)."""
     tools: list[ToolDef]
-    function_names: frozenset[str]   # every def name in the file (prompt providers)
+    # Every def name in the file (prompt providers)
+    function_names: frozenset[str]
     load_flag: Optional[str]
     display_name: str
     aliases: list[str]

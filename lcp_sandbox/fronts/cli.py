@@ -242,7 +242,8 @@ def _add_bench(sub: Any, verbose: argparse.ArgumentParser) -> None:
     lists it, with how to run it.  The engine never edits ``sys.path``."""
     try:
         add_parser = _checkout_benchmarks().add_parser
-    except ImportError as exc:                            # an installed package: no benchmarks
+    # An installed package: no benchmarks.
+    except ImportError as exc:
         why = f"{_BENCH_MISSING} ({exc})"
 
         def bench_missing(args: argparse.Namespace) -> int:
@@ -339,7 +340,8 @@ def main(argv: Optional[list] = None) -> int:
     except UsageError as exc:
         print(f"lcp-sandbox {args.cmd}: {exc}", file=sys.stderr)
         return 2
-    except BrokenPipeError:                  # `lcp-sandbox tools ... | head`: the reader left
+    # `lcp-sandbox tools ... | head`: the reader left.
+    except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
 

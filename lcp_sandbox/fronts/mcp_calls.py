@@ -23,8 +23,10 @@ from ..binding.binding import SandboxedBinding
 
 log = logging.getLogger("lcp_sandbox.mcp")
 
-ELICIT_TIMEOUT_S = 600.0         # a question nobody answers is a rejection after this long
-_current = threading.local()     # .call: the ToolCall whose execute_tool runs on this thread
+# A question nobody answers is a rejection after this long.
+ELICIT_TIMEOUT_S = 600.0
+# .call: the ToolCall whose execute_tool runs on this thread.
+_current = threading.local()
 
 
 class CallSession(Protocol):
@@ -62,7 +64,8 @@ class ToolCall:
     def __init__(self, session: CallSession, ctx: Any) -> None:
         self.session, self.ctx = session, ctx
         self.token = anyio.lowlevel.current_token()
-        self.cancel_event = anyio.Event()                  # for the loop side
+        # For the loop side.
+        self.cancel_event = anyio.Event()
         self.cancelled, self.done = threading.Event(), threading.Event()
         self.lock = threading.Lock()
         self.thread: Optional[int] = None
@@ -109,7 +112,8 @@ class ToolCall:
         try:
             anyio.from_thread.run(self.ctx.session.report_progress, progress, total,
                                   str(text)[:4000], token=self.token)
-        except Exception as exc:                           # the request or the loop is gone
+        # The request or the loop is gone.
+        except Exception as exc:
             log.debug("progress not sent: %s", exc)
         return not self.cancelled.is_set()
 
@@ -140,7 +144,8 @@ class ToolCall:
                     outcome = (f"{type(exc).__name__}: {exc}", None)
                 tg.cancel_scope.cancel()
             tg.start_soon(ask)
-            await self.cancel_event.wait()                 # the tools/call was cancelled meanwhile
+            # The tools/call was cancelled meanwhile.
+            await self.cancel_event.wait()
             tg.cancel_scope.cancel()
         return outcome
 
@@ -165,7 +170,8 @@ class ToolCall:
         while not self.done.wait(0.05) and not self.session.closed:
             if self.thread is None:
                 idle += 1
-                if idle >= 100:              # its job never started (dropped with its task)
+                # Its job never started (dropped with its task)
+                if idle >= 100:
                     return
             elif self._interrupt():
                 return

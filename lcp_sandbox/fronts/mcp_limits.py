@@ -38,7 +38,8 @@ class TokenBucket:
 
     def take(self, now: float) -> Optional[float]:
         """None when a token was taken, else the seconds until one will be there."""
-        if self.tokens < 0:                       # a new bucket starts full
+        # A new bucket starts full.
+        if self.tokens < 0:
             self.tokens, self.stamp = self.burst, now
         self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
         self.stamp = now
@@ -75,9 +76,12 @@ class ClientSessions:
 
     def __init__(self, cap: int) -> None:
         self.cap = cap
-        self.held: dict[str, int] = {}          # client -> places taken
-        self._owner: dict[str, str] = {}        # session id -> its client
-        self._live: set[str] = set()            # sessions started and not ended
+        # Client -> places taken.
+        self.held: dict[str, int] = {}
+        # Session id -> its client.
+        self._owner: dict[str, str] = {}
+        # Sessions started and not ended.
+        self._live: set[str] = set()
 
     def admit(self, client: str) -> bool:
         """Take a place for a new session of ``client``; False when it holds ``cap``."""

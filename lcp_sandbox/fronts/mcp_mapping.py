@@ -28,10 +28,13 @@ from typing import Any, Optional
 UNKNOWN_TOOL = "Unknown tool: {name}"
 INVALID_INPUT = "Input validation error: {message}"
 
-_MAX_FORM_TEXT = 4000          # characters of a tool's source / prompt shown in a form
-_MAX_TITLE = 300               # characters of a label or title (tools are untrusted:
+# Characters of a tool's source / prompt shown in a form.
+_MAX_FORM_TEXT = 4000
+# Characters of a label or title (tools are untrusted:
+_MAX_TITLE = 300
                                # keep forms sane)
-_MAX_OPTIONS = 200             # choices of a select
+# Choices of a select.
+_MAX_OPTIONS = 200
 
 
 # ---------------------------------------------------------------- JSON safety
@@ -116,7 +119,8 @@ def literal_default_names(path: str, function: str) -> frozenset:
 
 def _literal_default(spec: dict, param: str, value: Any) -> bool:
     if not isinstance(value, str):
-        return True                    # only literals reach a spec as anything but text
+        # Only literals reach a spec as anything but text.
+        return True
     if spec.get("_parsed_via_regex_fallback") or not spec.get("_python_file_path"):
         return False
     return param in literal_default_names(str(spec["_python_file_path"]), str(spec.get("name")))
@@ -170,7 +174,8 @@ def _image_blocks(result: dict) -> list[dict]:
         try:
             base64.b64decode(data, validate=True)
         except (binascii.Error, ValueError):
-            continue                   # a path or a name, not image data: it stays in
+            # A path or a name, not image data: it stays in.
+            continue
                                        # structuredContent
         mime = types[i] if i < len(types) else (types[-1] if types else "image/png")
         blocks.append({"type": "image", "data": data, "mimeType": mime})

@@ -56,8 +56,10 @@ from .mcp_limits import (
 
 log = logging.getLogger("lcp_sandbox.mcp")
 
-CALL_THREADS = 128               # tool calls waiting in threads at once, all sessions together
-RATE_BURST_S = 2.0               # a session's rate limit lets this many seconds' calls burst
+# Tool calls waiting in threads at once, all sessions together.
+CALL_THREADS = 128
+# A session's rate limit lets this many seconds' calls burst.
+RATE_BURST_S = 2.0
 _tracer = trace.get_tracer("lcp_sandbox")
 _SESSION_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 _STATE_KEY = "lcp_sandbox.session"
@@ -74,24 +76,36 @@ class ServeOptions:
     """What every session's binding is made with (the command line's options)."""
     folders: list
     host_tool_configs: dict = field(default_factory=dict)
-    workspace: Optional[str] = None          # stdio: the one session's workspace (default: CWD)
-    workspace_root: str = "mcp-workspaces"   # http: <root>/<session id> per session
-    confine: Union[bool, str] = False        # True, False or "best-effort"
-    network: Union[bool, dict] = True        # True, False or a policy (core/egress_rules.py)
+    # Stdio: the one session's workspace (default: CWD)
+    workspace: Optional[str] = None
+    # Http: <root>/<session id> per session.
+    workspace_root: str = "mcp-workspaces"
+    # True, False or "best-effort".
+    confine: Union[bool, str] = False
+    # True, False or a policy (core/egress_rules.py)
+    network: Union[bool, dict] = True
     timeout_s: Optional[float] = 60.0
     memory_mb: Optional[float] = None
-    auto_confirm: Optional[str] = None       # the answer when the client cannot be asked
+    # The answer when the client cannot be asked.
+    auto_confirm: Optional[str] = None
     # What keeps one client from taking the server (docs/mcp.md; mcp_limits.py)
     max_sessions: int = field(default_factory=default_max_sessions)
-    max_sessions_per_client: int = DEFAULT_SESSIONS_PER_CLIENT     # per bearer token / address
+    # Per bearer token / address.
+    max_sessions_per_client: int = DEFAULT_SESSIONS_PER_CLIENT
     session_idle_timeout_s: float = 1800.0
-    uid_range: Optional[tuple[int, int]] = None       # root host: the sessions' uids
-    max_workers: Optional[int] = None                 # the supervisor's pool
+    # Root host: the sessions' uids.
+    uid_range: Optional[tuple[int, int]] = None
+    # The supervisor's pool.
+    max_workers: Optional[int] = None
     max_workers_per_session: Optional[int] = None
-    max_calls_per_session: int = 8                    # more wait their turn
-    rate_limit: Optional[float] = None                # tools/call per second per session
-    metrics: bool = False                             # GET /metrics (http)
-    max_connections: int = 1024                       # http connections at once (more: 503)
+    # More wait their turn.
+    max_calls_per_session: int = 8
+    # tools/call per second per session.
+    rate_limit: Optional[float] = None
+    # GET /metrics (http)
+    metrics: bool = False
+    # Http connections at once (more: 503)
+    max_connections: int = 1024
 
 
 # ---------------------------------------------------------------- sessions
@@ -130,8 +144,10 @@ class _Session:
         # HTTP: a folder of the session's own, removed when it ends (stdio: the user's)
         self.own_workspace = own_workspace
         self.files = _snapshot(folders)
-        self.refresh_lock: Optional[anyio.Lock] = None      # made on the event loop
-        self.calls: Optional[anyio.Semaphore] = None         # likewise
+        # Made on the event loop.
+        self.refresh_lock: Optional[anyio.Lock] = None
+        # Likewise
+        self.calls: Optional[anyio.Semaphore] = None
         self.max_calls = max(1, options.max_calls_per_session)
         rate = options.rate_limit
         self.bucket = TokenBucket(rate, max(1.0, rate * RATE_BURST_S)) if rate else None
@@ -197,9 +213,12 @@ class McpFront:
         self.options = options
         self.supervisor = supervisor
         self.stdio_session: Optional[_Session] = None
-        self.sessions: dict[str, _Session] = {}            # HTTP sessions by MCP session id
-        self.refusals: dict[str, int] = {}                 # the front's: session cap, rate
-        self.clients: Optional[ClientSessions] = None       # HTTP: sessions per client
+        # HTTP sessions by MCP session id.
+        self.sessions: dict[str, _Session] = {}
+        # The front's: session cap, rate.
+        self.refusals: dict[str, int] = {}
+        # HTTP: sessions per client.
+        self.clients: Optional[ClientSessions] = None
         self._create_lock: Optional[anyio.Lock] = None
         self._limiter: Optional[anyio.CapacityLimiter] = None
         self.server = _Server("lcp-sandbox", version=__version__,
@@ -353,7 +372,8 @@ class McpFront:
     async def _call_tool(self, ctx: Any,
                          params: types.CallToolRequestParams) -> types.CallToolResult:
         session = await self._session(ctx)
-        if session is self.stdio_session:        # (over HTTP the guard answered 429 before)
+        # Over HTTP the guard answered 429 before.
+        if session is self.stdio_session:
             wait = session.throttled()
             if wait is not None:
                 self.refused("rate")
@@ -366,7 +386,8 @@ class McpFront:
             return types.CallToolResult(content=[types.TextContent(type="text", text=problem)],
                                         is_error=True)
         session.calls = session.calls or anyio.Semaphore(session.max_calls)
-        async with session.calls:               # this session's calls beyond the cap wait here
+        # This session's calls beyond the cap wait here.
+        async with session.calls:
             with _tracer.start_as_current_span(f"lcp_sandbox {params.name}") as span:
                 result = await self._run(session, ctx, params.name, arguments)
                 if span.is_recording():

@@ -38,8 +38,10 @@ MCP_PATH = "/mcp"
 METRICS_PATH = "/metrics"
 HEALTH_PATH = "/healthz"
 SESSION_HEADER = b"mcp-session-id"
-MAX_PEEK = 4 * 1024 * 1024          # the SDK's own cap on a request body
-SESSION_CAP_RETRY_S = 5.0           # Retry-After of a new session refused at the cap
+# The SDK's own cap on a request body.
+MAX_PEEK = 4 * 1024 * 1024
+# Retry-After of a new session refused at the cap.
+SESSION_CAP_RETRY_S = 5.0
 _LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
 
 

@@ -182,7 +182,8 @@ def _literal(value: Any) -> str:
 def _keywords(cls: type, group: str) -> Iterator[tuple[str, str, str]]:
     """(name, default, description) of each keyword of ``cls.__init__``."""
     described = DESCRIPTIONS[group]
-    init = cls.__dict__["__init__"]   # its own: SandboxedBinding also has a __new__
+    # Its own: SandboxedBinding also has a __new__.
+    init = cls.__dict__["__init__"]
     params = [p for p in inspect.signature(init).parameters.values() if p.name != "self"]
     names = {p.name for p in params}
     gone = sorted(set(described) - names)
@@ -254,7 +255,8 @@ def _flags() -> Iterator[tuple[str, str, str]]:
         if not help_text.strip() or action.help == argparse.SUPPRESS:
             raise Missing(f"serve-mcp: the flag {key!r} has no help text (its description)")
         default = MACHINE_DEFAULTS.get(key) or (said.group(1) if said else _flag_default(action))
-        yield f"`{names}`", default, help_text.strip().replace("*", "\\*")   # plain text
+        # Plain text.
+        yield f"`{names}`", default, help_text.strip().replace("*", "\\*")
 
 
 def _metavars(action: argparse.Action) -> list[str]:
@@ -266,7 +268,8 @@ def _metavars(action: argparse.Action) -> list[str]:
 def _flag_default(action: argparse.Action) -> str:
     if not action.option_strings:
         return "required"
-    if action.nargs == 0:                            # store_true, store_const: a switch
+    # store_true, store_const: a switch.
+    if action.nargs == 0:
         return "-"
     if action.default in (None, [], ()):
         return "none"

@@ -80,7 +80,8 @@ _X_DATETIME, _X_DATE, _X_TIME, _X_TIMEDELTA, _X_DECIMAL, _X_UUID, _X_PATH = 8, 9
 _X_REF, _X_WORKER_REF = 15, 16
 
 _LEAF = frozenset({str, int, float, bool, type(None), bytes})
-_SCALAR = frozenset({str, float, bool, type(None), bytes})      # packed as they are, at any size
+# Packed as they are, at any size.
+_SCALAR = frozenset({str, float, bool, type(None), bytes})
 _INT_MIN, _INT_MAX = -(1 << 63), (1 << 64) - 1
 
 
@@ -183,7 +184,8 @@ class Encoder:
         if t is int and not _INT_MIN <= v <= _INT_MAX:
             return msgpack.ExtType(_X_BIGINT,
                                    v.to_bytes((v.bit_length() + 8) // 8, "big", signed=True))
-        return v          # a leaf, or packed by _default
+        # A leaf, or packed by _default.
+        return v
 
     def _pairs(self, d: dict[Any, Any], depth: int) -> msgpack.ExtType:
         return self._ext(_X_PAIRS, [[k, x] for k, x in d.items()], depth)
@@ -206,7 +208,8 @@ class Encoder:
                 return self._plain(o, 1)
             if (isinstance(o, (dict, list, tuple, str, int, float, bytes))
                     and not hasattr(o, "tolist")):
-                o = _base_copy(o)          # subclasses: OrderedDict, NamedTuple, IntEnum...
+                # Subclasses: OrderedDict, NamedTuple, IntEnum...
+                o = _base_copy(o)
             else:
                 o = self._convert(o)
         return repr(o)
@@ -274,7 +277,8 @@ class Decoder:
                                    unicode_errors="surrogatepass", use_list=True)
         except BadMessage:
             raise
-        except Exception as exc:      # msgpack's errors, RecursionError, MemoryError...
+        # Msgpack's errors, RecursionError, MemoryError...
+        except Exception as exc:
             raise BadMessage(
                 f"undecodable payload ({type(exc).__name__}: {exc})"[:300]) from None
 

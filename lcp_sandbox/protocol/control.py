@@ -27,8 +27,10 @@ import struct
 
 FORK, KILL, SIGNAL, FORKED, EXITED, ZYGOTE_READY, TEMPLATE, TFORK = 1, 2, 3, 4, 5, 6, 7, 8
 KILL_FAILED = 9
-FORK_PIDNS = 1                       # FORK's flags: a worker in its own PID namespace
-RECORD = struct.Struct("!Bqqq")      # kind, then up to three integers
+# FORK's flags: a worker in its own PID namespace.
+FORK_PIDNS = 1
+# Kind, then up to three integers.
+RECORD = struct.Struct("!Bqqq")
 MAX_RECORD = 64
 
 

@@ -12,7 +12,8 @@ from .messages import HEADER as _HDR
 from .messages import BadMessage, PayloadError
 
 _BIG = 1 << 16
-_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)     # (not on Windows: see portable_framing.py)
+# Not on Windows: see portable_framing.py.
+_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
 
 
 class Connection:
@@ -34,13 +35,17 @@ class Connection:
         self.sock = sock
         self.fd = sock.fileno()
         self._buf = bytearray()
-        self._big: Optional[list[Any]] = None   # [kind, bytearray, bytes read] of a large frame
+        # [kind, bytearray, bytes read] of a large frame.
+        self._big: Optional[list[Any]] = None
         self._poll: Optional[select.poll] = None
         self._rcvtimeo: Optional[float] = None
-        self._spun: Optional[bytes] = None      # what spin() read, for the next read
+        # What spin() read, for the next read.
+        self._spun: Optional[bytes] = None
         self.decoder = Decoder()
-        self.broken: Optional[str] = None       # set once the peer broke the protocol
-        self._held = b""                        # frames that go out with the next send
+        # Set once the peer broke the protocol.
+        self.broken: Optional[str] = None
+        # Frames that go out with the next send.
+        self._held = b""
 
     # -- sending -------------------------------------------------------
     def send(self, kind: int, msg: tuple[Any, ...] = (), deadline: Optional[float] = None) -> int:
@@ -66,7 +71,8 @@ class Connection:
             held = b""
         if n < _BIG:
             data = held + _HDR.pack(n, kind) + body
-            try:          # the common case: one non-blocking send takes the whole frame
+            # The common case: one non-blocking send takes the whole frame.
+            try:
                 sent = self.sock.send(data, self._NOWAIT)
             except BlockingIOError:
                 sent = 0
@@ -131,10 +137,12 @@ class Connection:
             chunk = self._recv(deadline)
             if not chunk:
                 raise EOFError("peer closed the connection")
-            if not buf and len(chunk) >= 5:       # the common case: one read, one whole frame
+            # The common case: one read, one whole frame.
+            if not buf and len(chunk) >= 5:
                 n, kind = _HDR.unpack_from(chunk)
                 if len(chunk) == 5 + n:
-                    if caps is not None and not n <= caps.get(kind, -1):   # (a call only to fail)
+                    # A call only to fail.
+                    if caps is not None and not n <= caps.get(kind, -1):
                         self._check(kind, n, caps)
                     return kind, chunk[5:]
             buf += chunk
@@ -221,7 +229,8 @@ class Connection:
                 if clock() >= until:
                     return False
             except OSError:
-                return True                       # recv_frame's read says what
+                # recv_frame's read says what.
+                return True
 
     def readable_now(self) -> bool:
         """True if the peer sent something or hung up (an idle worker never does)."""

@@ -10,22 +10,28 @@ from typing import Any, NamedTuple, Optional
 # The worker turns it into ToolTimeout inside the tool (Windows has no SIGUSR1: a spawned
 # worker there raises its handler itself, see worker/spawned.py).
 SOFT_TIMEOUT_SIGNAL = getattr(signal, "SIGUSR1", signal.SIGTERM)
-HANDLER_CONFIRM = 1                       # handler bits: which host handlers are set
+# Handler bits: which host handlers are set.
+HANDLER_CONFIRM = 1
 HANDLER_UI = 2
 # Parameters the host injects (never LLM-facing, never in a schema).
 HOST_PARAMS = frozenset({"tool_context", "lollms_client_instance", "discussion_instance",
                          "user_interaction_handler"})
 # Named host objects a worker may refer to (besides per-call integer refs):
-REF_CONFIRM = "confirm"                   # the confirm handler, when one is set
-REF_UI = "ui"                             # the user-interaction handler, when one is set
+# The confirm handler, when one is set.
+REF_CONFIRM = "confirm"
+# The user-interaction handler, when one is set.
+REF_UI = "ui"
 # and ["cfg", stem, key]: a callable in host_tool_configs[stem][key] of the library's own stems.
 
 # Frame caps (bytes) for what a worker sends; RESULT's is the library's max_result_mb + overhead.
 READY_CAP = 64 * 1024
-REQUEST_CAP = 16 * 1024 * 1024            # REQUEST and REPLY from a worker
+# REQUEST and REPLY from a worker.
+REQUEST_CAP = 16 * 1024 * 1024
 RESULT_OVERHEAD = 64 * 1024
-MAX_HASHED = 4096                         # non-str keys and set members per message
-MAX_DEPTH = 256                           # nesting of what a worker sends
+# Non-str keys and set members per message.
+MAX_HASHED = 4096
+# Nesting of what a worker sends.
+MAX_DEPTH = 256
 
 
 # ---------------------------------------------------------------- messages
@@ -41,17 +47,25 @@ PRIME = 11
 
 class Init(NamedTuple):
     library: str
-    files: list[str]          # absolute paths, in load order (empty: code registered at run time)
-    source: Optional[str]     # code of a library registered with register_tool_from_code
-    configs: dict[str, Any]   # host_tool_configs of the library's stems (host callables as refs)
-    handlers: int             # HANDLER_* bits
+    # Absolute paths, in load order (empty: code registered at run time)
+    files: list[str]
+    # Code of a library registered with register_tool_from_code.
+    source: Optional[str]
+    # host_tool_configs of the library's stems (host callables as refs)
+    configs: dict[str, Any]
+    # HANDLER_* bits.
+    handlers: int
     sys_path: Optional[list[str]]
     # the whole environment (unconfined) or the allowlisted part (confined), bytes
     env: Optional[dict[bytes, bytes]]
-    confine: Optional[dict[str, Any]]   # {"root", "read_paths"} when confined
-    tmpdir: Optional[str]     # the private temp dir the host made for a confined worker
-    disabled: list[str]       # protections switched off for a test (lcp_sandbox.testing)
-    limits: dict[str, Any]    # Limits as a dict
+    # {"root", "read_paths"} when confined.
+    confine: Optional[dict[str, Any]]
+    # The private temp dir the host made for a confined worker.
+    tmpdir: Optional[str]
+    # Protections switched off for a test (lcp_sandbox.testing)
+    disabled: list[str]
+    # Limits as a dict.
+    limits: dict[str, Any]
     # the library's own environment: {"requirements", "where"} as declared; once the host
     # has it built, also {"key", "prefix", "site", "versions"} (worker/environment.py)
     environment: Optional[dict[str, Any]] = None
@@ -60,7 +74,8 @@ class Init(NamedTuple):
 class Prime(NamedTuple):
     """What every unconfined worker of this host gets, set while the worker waits for
     its INIT; INIT's own values are set again over it (then nothing differs)."""
-    env: dict[bytes, bytes]   # the host's environment
+    # The host's environment.
+    env: dict[bytes, bytes]
     sys_path: list[str]
 
 
@@ -69,9 +84,11 @@ class Call(NamedTuple):
     file_index: int
     params: dict[str, Any]
     cwd: str
-    injected: Optional[dict[str, Any]]  # host objects, lent as refs
+    # Host objects, lent as refs.
+    injected: Optional[dict[str, Any]]
     handlers: int
-    spin_us: int = 0          # after its RESULT, the worker polls this long for the next CALL
+    # After its RESULT, the worker polls this long for the next CALL.
+    spin_us: int = 0
 
 
 class Prompt(NamedTuple):
@@ -102,30 +119,39 @@ class Shutdown(NamedTuple):
 
 class Request(NamedTuple):
     op: int
-    ref: Any                  # int (lent this call), REF_CONFIRM / REF_UI, or ["cfg", stem, key]
-    name: Optional[str]       # attribute or operator name
+    # Int (lent this call), REF_CONFIRM / REF_UI, or ["cfg", stem, key].
+    ref: Any
+    # Attribute or operator name.
+    name: Optional[str]
     args: list[Any]
     kwargs: dict[str, Any]
 
 
 class Reply(NamedTuple):
     ok: bool
-    value: Any                # the value, or [type name, args] of the error
+    # The value, or [type name, args] of the error.
+    value: Any
 
 
 class Ready(NamedTuple):
-    report: dict[str, str]    # what protections are in force
+    # What protections are in force.
+    report: dict[str, str]
 
 
 class Outcome(IntEnum):
     """How a call ended: a RESULT's ``outcome``, an int on the wire (the plain ints
     below).  The host reads what a worker sent as an Outcome
     (Supervisor._outcome, backends/local/supervisor.py)."""
-    OK = 0                    # the value is the answer (an LCP result for a CALL)
-    TIMED_OUT = 1             # the tool obeyed the soft timeout (or an interrupt)
-    OUT_OF_MEMORY = 2         # MemoryError escaped the tool; the detail is its message
-    LOAD_FAILED = 3           # the library did not load: the worker exits after this RESULT
-    RAISED = 4                # a module function raised: the value is [type name, args]
+    # The value is the answer (an LCP result for a CALL)
+    OK = 0
+    # The tool obeyed the soft timeout (or an interrupt)
+    TIMED_OUT = 1
+    # MemoryError escaped the tool; the detail is its message.
+    OUT_OF_MEMORY = 2
+    # The library did not load: the worker exits after this RESULT.
+    LOAD_FAILED = 3
+    # A module function raised: the value is [type name, args].
+    RAISED = 4
 
 
 # The same values as plain ints, as they travel: what a worker sends, what the codec
@@ -137,7 +163,8 @@ OK, TIMED_OUT, OUT_OF_MEMORY, LOAD_FAILED, RAISED = (int(o) for o in Outcome)
 
 class Result(NamedTuple):
     value: Any
-    outcome: int              # an Outcome, as its int
+    # An Outcome, as its int.
+    outcome: int
     detail: str
 
 HOST_TO_WORKER = {INIT: Init, CALL: Call, PROMPT: Prompt, MODCALL: ModCall, LOAD: Load,
@@ -146,13 +173,20 @@ HOST_TO_WORKER = {INIT: Init, CALL: Call, PROMPT: Prompt, MODCALL: ModCall, LOAD
 KIND_OF = {cls: kind for kind, cls in HOST_TO_WORKER.items()}
 
 # REQUEST ops
-OP_CALL = 0       # ref(*args, **kwargs)
-OP_GETATTR = 1    # getattr(ref, name), public names only
-OP_METHOD = 2     # getattr(ref, name)(*args, **kwargs), public names only
-OP_SETATTR = 3    # setattr(ref, name, args[0]), public names only
-OP_TRUTH = 4      # bool(ref)
-OP_LIST = 5       # list(ref)
-OP_OPERATOR = 6   # one of binding/objects.py OPERATORS by name: ==, <, hash(), len(), in...
+# ref(*args, **kwargs)
+OP_CALL = 0
+# getattr(ref, name), public names only.
+OP_GETATTR = 1
+# getattr(ref, name)(*args, **kwargs), public names only.
+OP_METHOD = 2
+# setattr(ref, name, args[0]), public names only.
+OP_SETATTR = 3
+# bool(ref)
+OP_TRUTH = 4
+# list(ref)
+OP_LIST = 5
+# One of binding/objects.py OPERATORS by name: ==, <, hash(), len(), in...
+OP_OPERATOR = 6
 OPS = frozenset(range(7))
 
 

@@ -30,7 +30,8 @@ T = TypeVar("T")
 
 class PortableConnection(Connection):
     __slots__ = ()
-    _NOWAIT = 0                   # the socket itself is non-blocking at rest
+    # The socket itself is non-blocking at rest.
+    _NOWAIT = 0
 
     def __init__(self, sock: socket.socket) -> None:
         super().__init__(sock)
@@ -57,7 +58,8 @@ class PortableConnection(Connection):
     def _send_all(self, data: bytes, deadline: Optional[float], sent: int = 0) -> None:
         view = memoryview(data)[sent:]
         try:
-            while view:                     # (each send waits for room by the deadline)
+            # Each send waits for room by the deadline.
+            while view:
                 view = view[self._waiting(functools.partial(self.sock.send, view), deadline):]
         except TimeoutError:
             self.broken = "it did not read the host's messages before the call's deadline"
@@ -84,7 +86,8 @@ class PortableConnection(Connection):
         if self.pending():
             return True
         try:
-            self.sock.recv(1, socket.MSG_PEEK)      # bytes, or b"" at EOF: either way
+            # Bytes, or b"" at EOF: either way.
+            self.sock.recv(1, socket.MSG_PEEK)
             return True
         except BlockingIOError:
             return False

@@ -56,7 +56,8 @@ def error_value(exc: BaseException) -> list[Any]:
     """How an exception travels: [type name, args] (its text when args are not plain)."""
     args = exc.args
     if isinstance(exc, OSError) and exc.filename is not None:
-        args = (exc.errno, exc.strerror, exc.filename)      # the filename is not in args
+        # The filename is not in args.
+        args = (exc.errno, exc.strerror, exc.filename)
     if not is_plain(args):
         args = (str(exc),)
     return [type(exc).__name__, list(args)]

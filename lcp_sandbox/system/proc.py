@@ -37,7 +37,8 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 def children(pid: int) -> list[int]:
     """The direct children of ``pid``, from /proc/<pid>/task/<tid>/children."""
     if not _HAS_CHILDREN_FILES:
-        import psutil  # kernels without CONFIG_PROC_CHILDREN: slower, same answer
+        # Kernels without CONFIG_PROC_CHILDREN: slower, same answer.
+        import psutil
         try:
             return [c.pid for c in psutil.Process(pid).children()]
         except psutil.Error:

@@ -24,7 +24,8 @@ from typing import Any, Optional
 
 from . import packages
 
-_LAYERED: dict[str, list[str]] = {}       # environment key -> the sys.path entries it adds
+# Environment key -> the sys.path entries it adds.
+_LAYERED: dict[str, list[str]] = {}
 _NOT_MODULES = (".dist-info", ".egg-info", ".pth", ".data")
 
 
@@ -48,7 +49,8 @@ def enter(environment: Optional[dict[str, Any]]) -> None:
                 f"engine runs with, or leave that package out of the declaration")
         before = set(sys.path)
         for folder in environment["site"]:
-            site.addsitedir(folder)               # its .pth files run, as at a venv's start
+            # Its .pth files run, as at a venv's start.
+            site.addsitedir(folder)
         entries = _LAYERED[key] = [p for p in sys.path if p not in before]
     rest = [p for p in sys.path if p not in entries]
     sys.path[:] = [*entries, *rest]
@@ -83,7 +85,8 @@ def conflicts(environment: dict[str, Any]) -> list[str]:
 
 def _owner(folder: str, top: str) -> tuple[str, str]:
     """(distribution, version) of the wheel in ``folder`` that provides module ``top``."""
-    import importlib.metadata  # (here: 20-40 ms to import, and seldom needed)
+    # Here: 20-40 ms to import, and seldom needed.
+    import importlib.metadata
     for dist in importlib.metadata.distributions(path=[folder]):
         files = dist.files or ()
         if any(str(f).split("/")[0].split(".")[0] == top for f in files):

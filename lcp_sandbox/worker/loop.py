@@ -42,14 +42,16 @@ from ..protocol import LOAD_FAILED, OK, OUT_OF_MEMORY, RAISED, TIMED_OUT, error_
 
 if sys.platform.startswith("linux"):
     from .confine import prepare, set_environment
-else:           # a spawned worker on macOS or Windows (worker/spawned.py): no Linux mechanism
+# A spawned worker on macOS or Windows (worker/spawned.py): no Linux mechanism.
+else:
     from .portable_prepare import prepare, set_environment
 from .environment import enter
 from .proxies import Channel, Proxy
 from .signature import accepts, positional
 
 PERSISTENT_PREFIX = "lollms_client.tools_bindings.lcp.persistent_"
-PRELOADED: set[str] = set()   # module names the library's template imported before forking us
+# Module names the library's template imported before forking us.
+PRELOADED: set[str] = set()
 HOST_PARAMS = P.HOST_PARAMS
 #: What a call method answers: RESULT's fields (value, outcome, detail).
 Answer = tuple[Any, int, str]
@@ -103,9 +105,11 @@ _HOOKS = (("set_confirm_handler", "confirm_handler", "_CONFIRM_HANDLER", P.HANDL
 
 class Worker:
     def __init__(self, conn: Optional[P.Connection], init: P.Init) -> None:
-        self.conn = conn                          # None: a worker that only runs calls (benchmarks)
+        # None: a worker that only runs calls (benchmarks)
+        self.conn = conn
         self.ch = Channel(conn, describe)
-        self.encoder = P.Encoder(describe)        # results: callables are described, not lent
+        # Results: callables are described, not lent.
+        self.encoder = P.Encoder(describe)
         self.library = init.library
         self.files: list[str] = init.files
         self.source = init.source
@@ -115,7 +119,8 @@ class Worker:
         self.entries: dict[str, _Entry] = {}
         self.handlers = init.handlers
         self.in_tool = False
-        self.environment = init.environment       # entered before the first import
+        # Entered before the first import.
+        self.environment = init.environment
         self.entered = False
         if init.sys_path:
             sys.path[:] = init.sys_path
@@ -150,17 +155,20 @@ class Worker:
                 if cfg is None and attr and hasattr(mod, attr):
                     setattr(mod, attr, relay)
             except Exception:
-                pass        # as in-process: a failing hook does not stop the load
+                # As in-process: a failing hook does not stop the load.
+                pass
 
     def _load(self, index: int) -> types.ModuleType:
         stem = self._stem(index)
         name = (PERSISTENT_PREFIX + stem) if self.files else f"lcp_dynamic_{self.library}"
         try:
             if not self.entered:
-                enter(self.environment)           # its own packages first; pipmaster
+                # Its own packages first; pipmaster.
+                enter(self.environment)
                 self.entered = True
             if self.files and name in PRELOADED:
-                PRELOADED.discard(name)           # imported by the template (worker/template.py)
+                # Imported by the template (worker/template.py)
+                PRELOADED.discard(name)
                 mod = sys.modules[name]
             elif self.files:
                 spec = importlib.util.spec_from_file_location(name, self.files[index])
@@ -226,7 +234,8 @@ class Worker:
     # Each answers RESULT's fields: (value, outcome, detail).
     # (The warm call's path, kept in one frame: a call of a helper costs more than its branches.)
     def call(self, msg: P.Call) -> Answer:  # noqa: C901
-        tool, file_index, params, cwd, injected, handlers, _ = msg      # (unpacked once)
+        # Unpacked once.
+        tool, file_index, params, cwd, injected, handlers, _ = msg
         try:
             self._enter(cwd, handlers)
         except OSError as exc:
@@ -242,7 +251,8 @@ class Worker:
 
         if entry.var_kw:
             kwargs = {k: v for k, v in params.items() if k not in HOST_PARAMS}
-        else:        # (a loop: a local read by a comprehension would be a cell made on every call)
+        # A loop: a local read by a comprehension would be a cell made on every call.
+        else:
             names = entry.names
             kwargs = {}
             for k, v in params.items():
@@ -258,7 +268,8 @@ class Worker:
 
         self.in_tool = True
         try:
-            if self.ch.interrupt_pending:            # signalled while the library loaded
+            # Signalled while the library loaded.
+            if self.ch.interrupt_pending:
                 self.ch.interrupt_pending = False
                 raise ToolTimeout()
             out = entry.fn(**kwargs)
@@ -344,8 +355,10 @@ class Worker:
             f"[{self.library}] {where}: {what}"), OK, ""])
 
 
-REHEARSED: list[str] = []   # what this process's rehearsal ran (worker/rehearsal.py); READY says it
-ACTIVE: list[Worker] = []   # the worker of the session running (worker/spawned.py reads it)
+# What this process's rehearsal ran (worker/rehearsal.py); READY says it.
+REHEARSED: list[str] = []
+# The worker of the session running (worker/spawned.py reads it)
+ACTIVE: list[Worker] = []
 
 
 def prime(msg: P.Prime) -> None:
@@ -360,7 +373,8 @@ def session(conn: P.Connection, prepared: Optional[Callable[[], Any]] = None) ->
     ``prepared`` runs once the worker is confined (a spawned worker's control thread:
     started earlier, it would keep what prepare() drops, per thread)."""
     kind, payload = conn.recv_frame()
-    if kind == P.PRIME:                      # forked ahead: set now what INIT will say again
+    # Forked ahead: set now what INIT will say again.
+    if kind == P.PRIME:
         prime(cast(P.Prime, P.loads_from_host(kind, payload)))
         kind, payload = conn.recv_frame()
     init = cast(P.Init, P.loads_from_host(kind, payload))
@@ -380,12 +394,16 @@ def session(conn: P.Connection, prepared: Optional[Callable[[], Any]] = None) ->
     def on_soft_timeout(signum: int, frame: Any) -> None:
         if worker.in_tool and not ch.waiting_host:
             raise ToolTimeout()
-        if ch.in_call:          # loading the library, or waiting for the host: raised once
-            ch.interrupt_pending = True          # the tool runs, or has the host's answer
-    signal.signal(P.SOFT_TIMEOUT_SIGNAL, on_soft_timeout)   # before READY: the host may signal then
+        # Loading the library, or waiting for the host: raised once.
+        if ch.in_call:
+            # The tool runs, or has the host's answer.
+            ch.interrupt_pending = True
+    # Before READY: the host may signal then.
+    signal.signal(P.SOFT_TIMEOUT_SIGNAL, on_soft_timeout)
     conn.send_encoded(worker.ch.encoder.encode(P.READY, [report]))
     if refused(report, init.limits, init.confine is not None):
-        return           # fail closed: no call of this worker runs (the host says why)
+        # Fail closed: no call of this worker runs (the host says why)
+        return
     serve_calls(conn, worker)
 
 
@@ -401,7 +419,8 @@ def serve_calls(conn: P.Connection, worker: Worker) -> None:
         except EOFError:
             return
         op = ops.get(kind)
-        if op is None:                           # SHUTDOWN
+        # SHUTDOWN
+        if op is None:
             return
         msg: Any = loads(kind, payload)
         ch.call_seq += 1
@@ -411,9 +430,11 @@ def serve_calls(conn: P.Connection, worker: Worker) -> None:
         finally:
             ch.end_call()
         send(result(msg, value, outcome, detail))
-        if outcome == LOAD_FAILED:               # the library failed to load: start afresh
+        # The library failed to load: start afresh.
+        if outcome == LOAD_FAILED:
             return
-        if kind == P.CALL and msg.spin_us:       # the host expects the next call soon
+        # The host expects the next call soon.
+        if kind == P.CALL and msg.spin_us:
             spin(monotonic() + msg.spin_us * 1e-6)
 
 

@@ -40,7 +40,8 @@ def install(environment: Optional[dict[str, Any]]) -> None:
 
 def version(name: str) -> Optional[str]:
     """The installed version of ``name`` the worker would import, or None."""
-    import importlib.metadata  # (here: 20-40 ms to import, only for a tool that asks)
+    # Here: 20-40 ms to import, only for a tool that asks.
+    import importlib.metadata
     try:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:

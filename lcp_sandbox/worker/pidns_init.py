@@ -24,7 +24,8 @@ from typing import NoReturn
 
 from ..protocol import SOFT_TIMEOUT_SIGNAL
 
-STATUS = struct.Struct("=i")        # the worker's raw wait status, on the status pipe
+# The worker's raw wait status, on the status pipe.
+STATUS = struct.Struct("=i")
 #: Set in the worker (pid 2): it is in a PID namespace of its own, with this init.
 IN_OWN_PIDNS: list[bool] = []
 
@@ -48,7 +49,8 @@ def run(worker: int, status_w: int) -> NoReturn:
             pass
     for sig in (SOFT_TIMEOUT_SIGNAL, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, forward)
-    os.closerange(0, status_w)           # nothing of the worker's: only the status pipe
+    # Nothing of the worker's: only the status pipe.
+    os.closerange(0, status_w)
     os.closerange(status_w + 1, 0x7FFFFFFF)
     while True:
         try:

@@ -28,7 +28,8 @@ def set_environment(env: dict) -> None:
     them; str ones are encoded), touching only what differs: most of it is usually
     the zygote's allowlisted environment already (putenv is not free in a process
     that was just forked), and os.environb spares encoding every name and value."""
-    if not os.supports_bytes_environ:            # Windows: str names and values (untested)
+    # Windows: str names and values (untested)
+    if not os.supports_bytes_environ:
         env = {os.fsdecode(k): os.fsdecode(v) for k, v in env.items()}
         os.environ.clear()
         os.environ.update(env)
@@ -71,7 +72,8 @@ def prepare(init: P.Init) -> dict:
         os.environ["TMPDIR"] = tempfile.tempdir = init.tmpdir
     try:
         from .rlimits import apply_in_worker
-    except ImportError:                          # Windows: no resource module
+    # Windows: no resource module.
+    except ImportError:
         return report
     apply_in_worker(lim)
     return report

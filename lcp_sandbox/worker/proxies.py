@@ -31,13 +31,17 @@ class Channel:
 
     def __init__(self, conn: Optional[P.Connection], describe: Callable[[Any], Any]) -> None:
         self.conn = conn
-        self.call_seq = 0        # increases per call; per-call proxies remember theirs
+        # Increases per call; per-call proxies remember theirs.
+        self.call_seq = 0
         self.in_call = False
         self.waiting_host = False
-        self.interrupt_pending = False   # the soft-timeout signal came while the host was asked
+        # The soft-timeout signal came while the host was asked.
+        self.interrupt_pending = False
         self._lock = threading.RLock()
-        self._lent: dict[int, Any] = {}   # tool callables the host may call back
-        self._describe = describe         # what to send for an object the protocol cannot carry
+        # Tool callables the host may call back.
+        self._lent: dict[int, Any] = {}
+        # What to send for an object the protocol cannot carry.
+        self._describe = describe
         self.encoder = P.Encoder(self._convert)
 
     def _convert(self, value: Any) -> Any:
@@ -71,10 +75,12 @@ class Channel:
                     msg = P.loads_from_host(kind, payload)
                     if kind == P.REPLY:
                         break
-                    self._serve(conn, msg)     # the host calls a callable the tool lent
+                    # The host calls a callable the tool lent.
+                    self._serve(conn, msg)
             finally:
                 self.waiting_host = False
-                if self.interrupt_pending:   # deferred: the tool is interrupted now it is back
+                # Deferred: the tool is interrupted now it is back.
+                if self.interrupt_pending:
                     self.interrupt_pending = False
                     signal.raise_signal(P.SOFT_TIMEOUT_SIGNAL)
             if not msg.ok:
@@ -173,5 +179,6 @@ def _comparison(op: str) -> Callable[[Proxy, Any], Any]:
     return compare
 
 
-for _op in ("eq", "ne", "lt", "le", "gt", "ge"):      # run in the host, as OPERATORS
+# Run in the host, as OPERATORS.
+for _op in ("eq", "ne", "lt", "le", "gt", "ge"):
     setattr(Proxy, f"__{_op}__", _comparison(_op))

@@ -34,20 +34,23 @@ _ENV = {f"LCP_SANDBOX_REHEARSAL_{i}".encode(): b"x" * 48 for i in range(64)}
 
 
 def rehearse() -> None:
-    if _MODULE in sys.modules:                   # a template's own library of that name
+    # A template's own library of that name.
+    if _MODULE in sys.modules:
         return
     host_end, ours = P.pair()
     host = P.Connection(host_end)
     cwd = os.getcwd()
     try:
-        env = {**os.environb, **_ENV}             # bytes, as a host's INIT has it
+        # Bytes, as a host's INIT has it.
+        env = {**os.environb, **_ENV}
         host.send(P.INIT, P.Init("_rehearsal", [LIBRARY], None, {}, 0, None, env, None, None, [],
                                  {"max_result_mb": 64}))
         host.send(P.CALL, P.Call("tool_rehearse", 0, {"a": 1, "b": "x"}, cwd, None, 0))
         host.send(P.SHUTDOWN)
         loop.session(P.Connection(ours))
         decoder = P.Decoder()
-        for _ in range(2):                       # READY, RESULT: as the host reads them
+        # READY, RESULT: as the host reads them.
+        for _ in range(2):
             kind, payload = host.recv_frame()
             P.parse_from_worker(kind, payload, decoder)
         normalize.normalize({"success": False, "error": "e", "data": 1}, cwd)

@@ -45,7 +45,8 @@ def apply_in_worker(lim: dict) -> None:
     if lim.get("max_file_size_mb"):
         _set(resource.RLIMIT_FSIZE, int(lim["max_file_size_mb"] * 1024 * 1024))
     if lim.get("cpu_s"):
-        _set(resource.RLIMIT_CPU, int(lim["cpu_s"]), slack=1)     # SIGXCPU, then SIGKILL 1 s later
+        # SIGXCPU, then SIGKILL 1 s later.
+        _set(resource.RLIMIT_CPU, int(lim["cpu_s"]), slack=1)
     if lim.get("memory_mb"):
         # RLIMIT_DATA counts private writable memory (heap and anonymous mmaps):
         # an allocation past it fails with MemoryError inside the tool.

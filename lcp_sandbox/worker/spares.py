@@ -40,13 +40,15 @@ def fork_spare(ctl: socket.socket, wake_r: int, wake_w: int, zygote_pid: int,
         if got is not None:
             return got
     mine, its = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    status_r, status_w = os.pipe() if moved else (-1, -1)      # (pidns_init.py)
+    # pidns_init.py
+    status_r, status_w = os.pipe() if moved else (-1, -1)
     pid = -1
     try:
         pid = os.fork()
     finally:
         if moved and pid != 0 and libc.setns(own_pidns, _CLONE_NEWPID) != 0:
-            os._exit(70)      # every later child would share that namespace: never
+            # Every later child would share that namespace: never.
+            os._exit(70)
     if pid == 0:
         try:
             mine.close()
@@ -77,9 +79,12 @@ def _through_a_user_namespace(ctl: socket.socket, wake_r: int, wake_w: int,
         return None
     mine, its = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     status_r, status_w = os.pipe()
-    up_r, up_w = os.pipe()                   # helper -> zygote: "unshared", then the pid
-    go_r, go_w = os.pipe()                   # zygote -> helper: its maps are written
-    reaped_r, reaped_w = os.pipe()           # zygote -> spare: the helper is reaped
+    # Helper -> zygote: "unshared", then the pid.
+    up_r, up_w = os.pipe()
+    # Zygote -> helper: its maps are written.
+    go_r, go_w = os.pipe()
+    # Zygote -> spare: the helper is reaped.
+    reaped_r, reaped_w = os.pipe()
     helper = os.fork()
     if helper == 0:
         try:
@@ -103,8 +108,10 @@ def _through_a_user_namespace(ctl: socket.socket, wake_r: int, wake_w: int,
         data += chunk
     os.close(up_r)
     os.waitpid(helper, 0)
-    if len(data) == 4:        # (the spare is the zygote's child now: it may arm its
-        os.write(reaped_w, b"r")             # parent-death signal)
+    # (the spare is the zygote's child now: it may arm its.
+    if len(data) == 4:
+        # Parent-death signal)
+        os.write(reaped_w, b"r")
     os.close(reaped_w)
     if len(data) != 4:
         mine.close()
@@ -137,9 +144,12 @@ def _helper(ctl: socket.socket, wake_r: int, wake_w: int, inbox: socket.socket,
     if os.read(go_r, 1) != b"g" or libc.unshare(_CLONE_NEWPID) != 0:
         return
     pid = os.fork()
-    if pid == 0:          # pid 1: on once the zygote reaped the helper.  (Not at the
-        try:              # helper's exit: its descriptors close before it is gone, and a
-            os.close(up_w)       # parent-death signal armed then would come at once.)
+    # Pid 1: on once the zygote reaped the helper.  (Not at the.
+    if pid == 0:
+        # Helper's exit: its descriptors close before it is gone, and a.
+        try:
+            # Parent-death signal armed then would come at once.)
+            os.close(up_w)
             os.close(go_r)
             if os.read(reaped_r, 1) != b"r":
                 os._exit(1)
@@ -164,16 +174,20 @@ def _child(ctl: socket.socket, wake_r: int, wake_w: int, inbox: socket.socket,
     os.setsid()
     from .rlimits import die_with_parent
     die_with_parent()
-    if os.getppid() != (0 if status_w >= 0 else zygote_pid):   # (pid 1: its parent is
-        os._exit(1)                                             # outside its namespace)
+    # (pid 1: its parent is.
+    if os.getppid() != (0 if status_w >= 0 else zygote_pid):
+        # Outside its namespace)
+        os._exit(1)
     reset_signals()
     ctl.close()
     close_all_but((inbox.fileno(), status_w) if status_w >= 0 else (inbox.fileno(),))
-    if status_w >= 0:                        # pid 1 of its own namespace: the worker is pid 2
+    # Pid 1 of its own namespace: the worker is pid 2.
+    if status_w >= 0:
         split(status_w)
     from .rehearsal import rehearse
     try:
         rehearse()
     except Exception:
-        pass                                     # only an optimization
+        # Only an optimization.
+        pass
     adopt(inbox)

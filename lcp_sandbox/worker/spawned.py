@@ -38,14 +38,17 @@ from typing import Any, cast
 from .. import protocol as P
 from . import loop
 
-CONTROL = struct.Struct("<I")        # a control record: the number of the call to interrupt
-_wanted = [0]                        # the call the last record named
+# A control record: the number of the call to interrupt.
+CONTROL = struct.Struct("<I")
+# The call the last record named.
+_wanted = [0]
 
 
 def main(arg: str) -> None:
     """Entry point (backends/boot.py's boot line): ``arg`` is the channel's
     descriptor, or "share" (Windows: its share bytes come first on the control pipe)."""
-    control = os.dup(0)                              # (non-inheritable, as os.dup makes it)
+    # Non-inheritable, as os.dup makes it.
+    control = os.dup(0)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
@@ -54,7 +57,8 @@ def main(arg: str) -> None:
             cast(io.TextIOWrapper, stream).reconfigure(line_buffering=True)
         except Exception:
             pass
-    if arg == "share":                               # Windows (untested on these machines)
+    # Windows (untested on these machines)
+    if arg == "share":
         size = CONTROL.unpack(_read(control, CONTROL.size))[0]
         sock = socket.fromshare(_read(control, size))   # type: ignore[attr-defined]
     else:
@@ -62,7 +66,8 @@ def main(arg: str) -> None:
         os.set_inheritable(fd, False)
         sock = socket.socket(fileno=fd)
     signal.signal(signal.SIGINT, on_interrupt)
-    atexit.register(end_tree)            # the first registered runs last, after the tools' own
+    # The first registered runs last, after the tools' own.
+    atexit.register(end_tree)
     # The control thread starts once the worker is confined: capabilities and Landlock
     # are per thread, so a thread started before prepare() would keep what it drops.
     loop.serve(sock, P.PortableConnection, functools.partial(
@@ -91,7 +96,8 @@ def _control(fd: int) -> None:
         if len(record) < CONTROL.size:
             end_tree()
         _wanted[0] = CONTROL.unpack(record)[0]
-        _thread.interrupt_main(signal.SIGINT)        # handled in the main thread, below
+        # Handled in the main thread, below.
+        _thread.interrupt_main(signal.SIGINT)
 
 
 def on_interrupt(signum: int, frame: Any) -> None:
@@ -124,7 +130,8 @@ def end_tree() -> None:
         pass
     if hasattr(os, "killpg"):
         try:
-            os.killpg(0, signal.SIGKILL)             # its process group (it leads it)
+            # Its process group (it leads it)
+            os.killpg(0, signal.SIGKILL)
         except OSError:
             pass
     os._exit(0)

@@ -58,7 +58,8 @@ from .rlimits import die_with_parent
 
 _MAX_FD = 0x7FFFFFFF
 
-Spare = tuple[int, socket.socket]      # (pid, inbox): a worker-to-be waiting for its fds
+# (pid, inbox): a worker-to-be waiting for its fds.
+Spare = tuple[int, socket.socket]
 
 
 def close_all_but(keep: Iterable[int]) -> None:
@@ -82,7 +83,8 @@ def adopt(inbox: socket.socket, new_session: bool = False) -> None:
 
     A template's spare leaves the template's session only now: until the zygote
     registered it, that session is what keeps the zygote from taking it for an orphan."""
-    try:       # now, while waiting: fds 1 and 2 are replaced below, the objects stay
+    # Now, while waiting: fds 1 and 2 are replaced below, the objects stay.
+    try:
         cast(io.TextIOWrapper, sys.stdout).reconfigure(line_buffering=True)
         cast(io.TextIOWrapper, sys.stderr).reconfigure(line_buffering=True)
     except Exception:
@@ -92,13 +94,16 @@ def adopt(inbox: socket.socket, new_session: bool = False) -> None:
     except OSError:
         os._exit(0)
     if not data or len(fds) != 2:
-        os._exit(0)                              # the zygote is gone or closing
+        # The zygote is gone or closing.
+        os._exit(0)
     inbox.close()
-    if len(data) > 2:                            # b"go" + a per-tenant template's key
+    # B"go" + a per-tenant template's key.
+    if len(data) > 2:
         from .confine.handoff import RECEIVED
         RECEIVED[:] = [data[2:]]
     if new_session:
-        os.setsid()                              # out of the template's group: outlives it
+        # Out of the template's group: outlives it.
+        os.setsid()
     sock_fd, log_fd = fds
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
@@ -131,7 +136,8 @@ def main(chan_fd: int, conn_fd: int, zygote_pid: int) -> None:
     if verdict != "ok":
         os._exit(0)
     gc.collect()
-    gc.freeze()                                  # workers share the imported pages
+    # Workers share the imported pages.
+    gc.freeze()
     while True:
         try:
             data = chan.recv(16)
@@ -152,7 +158,8 @@ def _fds() -> set[str]:
 def _import(init: P.Init, chan_fd: int, channel: socket.socket) -> str:
     """Import the library's files as a worker would; "ok" or "refused: why"."""
     from .loop import PERSISTENT_PREFIX, PRELOADED
-    if init.confine is not None:                 # confined: narrowed first (_confined)
+    # Confined: narrowed first (_confined)
+    if init.confine is not None:
         why = _confined(init, chan_fd, channel)
         if why:
             return why
@@ -202,7 +209,8 @@ def _confined(init: P.Init, chan_fd: int, channel: socket.socket) -> str:
     if not report.get("privileges", "").startswith("uid "):
         return f"refused: its privileges were not dropped ({report.get('privileges')})"
     missing = refused(report, init.limits, True)
-    if missing:                                  # fail closed: import nothing
+    # Fail closed: import nothing.
+    if missing:
         return "refused: not in force: " + ", ".join(f"{k} ({v})" for k, v in missing)
     if conf.get("handoff") and not (report.get("handoff") == "on" and send_key(chan_fd)):
         return "refused: its privileges were not dropped (no key for its workers' uids)"
@@ -239,7 +247,8 @@ def _leftovers(before: set[str]) -> str:
 def _spare(chan: socket.socket, zygote_pid: int) -> None:
     r, w = os.pipe()
     pid = os.fork()
-    if pid == 0:                                 # the intermediate
+    # The intermediate.
+    if pid == 0:
         try:
             me = os.getpid()
             if os.fork() == 0:
@@ -259,7 +268,8 @@ def _spare(chan: socket.socket, zygote_pid: int) -> None:
 
 
 def _spare_child(chan: socket.socket, r: int, intermediate: int, zygote_pid: int) -> None:
-    while True:                                  # EOF: the intermediate is exiting
+    # EOF: the intermediate is exiting.
+    while True:
         try:
             if not os.read(r, 1):
                 break
@@ -276,7 +286,8 @@ def _spare_child(chan: socket.socket, r: int, intermediate: int, zygote_pid: int
     try:
         rehearse()
     except Exception:
-        pass                                     # only an optimization
+        # Only an optimization.
+        pass
     inbox, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         socket.send_fds(chan, [b"W"], [theirs.fileno()])
@@ -285,8 +296,10 @@ def _spare_child(chan: socket.socket, r: int, intermediate: int, zygote_pid: int
     theirs.close()
     chan.detach()
     from .confine import ready_layer
-    close_all_but((inbox.fileno(), *ready_layer()))     # (a confined one: its ruleset)
-    null = os.open(os.devnull, os.O_RDONLY)      # stdin: nothing the import left there
+    # A confined one: its ruleset.
+    close_all_but((inbox.fileno(), *ready_layer()))
+    # Stdin: nothing the import left there.
+    null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
     # random reseeds itself at fork (CPython's at-fork hook); numpy's global RandomState does not.
@@ -308,17 +321,22 @@ class TemplateHandle:
 
     def __init__(self, pid: int, chan: socket.socket) -> None:
         self.pid, self.chan = pid, chan
-        self.key = b""                            # a per-tenant template's, for its spares
-        self.spare: Optional[Spare] = None                 # its registered spare
+        # A per-tenant template's, for its spares.
+        self.key = b""
+        # Its registered spare.
+        self.spare: Optional[Spare] = None
         self.queue: collections.deque[tuple[int, list[int]]] = collections.deque()
-        self.asked = False                        # a spare is on its way
-        self.broke = False                        # it sent what it should not: kill it
+        # A spare is on its way.
+        self.asked = False
+        # It sent what it should not: kill it.
+        self.broke = False
 
     @classmethod
     def fork(cls, conn_fd: int, zygote_pid: int) -> "TemplateHandle":
         """(In the zygote) fork a template that reads its INIT from ``conn_fd``."""
         mine, its = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        mine.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)   # a spare's pid: the kernel's
+        # A spare's pid: the kernel's.
+        mine.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         pid = os.fork()
         if pid == 0:
             try:
@@ -346,7 +364,8 @@ class TemplateHandle:
             data, anc = b"", []
         rights = any(kind == socket.SCM_RIGHTS for _, kind, _ in anc)
         if data[:1] == b"K" and len(data) == 17 and not rights and not self.key:
-            self.key = data[1:]                   # (sent before the import: a second breaks)
+            # Sent before the import: a second breaks.
+            self.key = data[1:]
             return True
         fds: list[int] = []
         pid = 0

@@ -68,9 +68,12 @@ from .pidns_init import worker_status
 from .spares import STATUS_PIPES, fork_spare
 from .template import Spare, TemplateHandle
 
-PLAIN_SPARES = 2            # rehearsed spares in reserve (a burst of this many forks none)
-REFILL_DELAY_S = 0.005      # how long after a hand-out replacements are forked
-ZYGOTE_REHEARSALS = 10      # dry runs of a worker's first session in the zygote itself
+# Rehearsed spares in reserve (a burst of this many forks none)
+PLAIN_SPARES = 2
+# How long after a hand-out replacements are forked.
+REFILL_DELAY_S = 0.005
+# Dry runs of a worker's first session in the zygote itself.
+ZYGOTE_REHEARSALS = 10
 
 
 def _kill_tree(pid: int, keep: frozenset = frozenset()) -> int:
@@ -80,7 +83,8 @@ def _kill_tree(pid: int, keep: frozenset = frozenset()) -> int:
     first kill refused (EPERM: no CAP_KILL over their uid), 0 when none was (a process
     already gone is no refusal)."""
     refused = 0
-    kids = process_tree(pid)[1:]             # taken first: killing re-parents them
+    # Taken first: killing re-parents them.
+    kids = process_tree(pid)[1:]
     if not keep:
         # the worker leads its own process group
         refused = _sigkill(os.killpg, pid)
@@ -115,7 +119,8 @@ def _kill_orphans(workers: set) -> None:
     kids = children(os.getpid())
     for pid in kids:
         try:
-            owner = os.getsid(pid)          # a worker leads its own session
+            # A worker leads its own session.
+            owner = os.getsid(pid)
         except OSError:
             owner = None
         if pid not in workers and owner not in workers:
@@ -141,7 +146,8 @@ def main(fd: int) -> None:
     from ..core import normalize, policy  # noqa
     from . import loop, proxies, rehearsal, rlimits, template  # noqa
     from .confine import guard, landlock, mounts, network, privileges, seccomp  # noqa
-    seccomp.prebuild()                       # the confined workers' filters, packed once
+    # The confined workers' filters, packed once.
+    seccomp.prebuild()
     guard.prebuild()
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
@@ -151,7 +157,8 @@ def main(fd: int) -> None:
     # rewrites bytecode in place as it warms up): a spare then writes fewer shared pages.
     for _ in range(ZYGOTE_REHEARSALS):
         rehearsal.rehearse()
-    signal.signal(protocol.SOFT_TIMEOUT_SIGNAL, signal.SIG_DFL)    # (the rehearsal's handler)
+    # The rehearsal's handler.
+    signal.signal(protocol.SOFT_TIMEOUT_SIGNAL, signal.SIG_DFL)
     gc.collect()
     gc.freeze()
     Zygote(ctl, wake_r, wake_w).run()
@@ -172,15 +179,19 @@ class Zygote:
     def __init__(self, ctl: socket.socket, wake_r: int, wake_w: int) -> None:
         self.ctl, self.wake_r, self.wake_w = ctl, wake_r, wake_w
         self.me = os.getpid()
-        self.workers: set[int] = set()                # every child we forked and did not reap
-        self.templates: dict[int, TemplateHandle] = {}      # by the fd of its channel
-        self.spares: collections.deque[Spare] = collections.deque()     # oldest first
+        # Every child we forked and did not reap.
+        self.workers: set[int] = set()
+        # By the fd of its channel.
+        self.templates: dict[int, TemplateHandle] = {}
+        # Oldest first.
+        self.spares: collections.deque[Spare] = collections.deque()
         # Spares that are pid 1 of a PID namespace of their own (confined workers), kept
         # once one was asked for; the zygote's own namespace, to come back to after each.
         self.ns_spares: collections.deque[Spare] = collections.deque()
         self.ns_wanted = False
         self.own_pidns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
-        self.refill_at = 0.0     # when to fork replacements (monotonic; 0: nothing owed)
+        # When to fork replacements (monotonic; 0: nothing owed)
+        self.refill_at = 0.0
         self.poller = select.poll()
 
     # ------------------------------------------------------------ the loop
@@ -209,7 +220,8 @@ class Zygote:
     def start(self) -> None:
         self.spares.append(self.fork_spare())
         self.tell(pack(ZYGOTE_READY, self.me))
-        self.owe()                                   # the rest of the reserve
+        # The rest of the reserve.
+        self.owe()
 
     def control(self) -> None:
         """One record from the host (and the descriptors it came with)."""
@@ -261,8 +273,10 @@ class Zygote:
     def tfork(self, req: int, template_pid: int, fds: list[int]) -> None:
         """TFORK: the fds to that template's spare (waiting for one); a plain spare
         when the template is gone (a fresh worker imports the library itself)."""
-        self.reap()                                  # a template that just died must not
-        tpl = next((t for t in self.templates.values()   # hand out its spare
+        # A template that just died must not.
+        self.reap()
+        # Hand out its spare.
+        tpl = next((t for t in self.templates.values()
                     if t.pid == template_pid and t.pid in self.workers), None)
         if tpl is None:
             self.fork(req, fds)
@@ -271,7 +285,8 @@ class Zygote:
             self.handed(req, fds, got, tpl.key)
         else:
             tpl.queue.append((req, fds))
-            tpl.ask(again=len(tpl.queue) > 1)        # the spare asked for may have died
+            # The spare asked for may have died.
+            tpl.ask(again=len(tpl.queue) > 1)
 
     def template(self, req: int, conn_fd: int) -> None:
         """TEMPLATE: fork a template process on the connection ``conn_fd``."""
@@ -344,7 +359,8 @@ class Zygote:
             socket.send_fds(inbox, [b"go" + key], fds)
             ok = True
         except OSError:
-            ok = False                               # it died meanwhile: a plain spare serves
+            # It died meanwhile: a plain spare serves.
+            ok = False
         inbox.close()
         if ok:
             for f in fds:
@@ -352,16 +368,19 @@ class Zygote:
             self.tell(pack(FORKED, req, pid, 1))
         else:
             self.fork(req, fds)
-        self.owe()                                   # its next spare, asked for when quiet
+        # Its next spare, asked for when quiet.
+        self.owe()
 
     def registered(self, tpl: TemplateHandle) -> None:
         """A template's channel is readable: its spare registered, or it ended."""
         got = tpl.registration()
-        if got is True:                              # its key (confine/handoff.py)
+        # Its key (confine/handoff.py)
+        if got is True:
             return
         if got is None:
             if tpl.broke:
-                _kill_tree(tpl.pid)                  # it broke the zygote's protocol
+                # It broke the zygote's protocol.
+                _kill_tree(tpl.pid)
             self.template_gone(tpl)
             return
         self.workers.add(got[0])
@@ -408,7 +427,8 @@ class Zygote:
                 workers.discard(pid)
                 status_r = STATUS_PIPES.pop(pid, -1)
                 own = worker_status(status_r) if status_r >= 0 else None
-                if own is not None:           # the init of a worker's PID namespace
+                # The init of a worker's PID namespace.
+                if own is not None:
                     status = own
                 code = status_from_wait(status)
                 # its group may outlive it (a template's: its spares handed out are kept)

@@ -43,7 +43,8 @@ class Environments:
         self._lock = threading.Lock()
         self._building: dict[str, Future[Built]] = {}
         self._counts = {"ok": 0, "failed": 0}
-        self._durations: list[float] = []         # seconds of the completed builds (last 1000)
+        # Seconds of the completed builds (last 1000)
+        self._durations: list[float] = []
         self._interpreter = interpreter()
 
     def key(self, requirements: tuple[str, ...]) -> str:
@@ -83,7 +84,8 @@ class Environments:
         start = time.monotonic()
         try:
             with self.store.locked(key):
-                built = self.store.ready(key)        # another process made it meanwhile?
+                # Another process made it meanwhile?
+                built = self.store.ready(key)
                 if built is None:
                     build(self.store, key, requirements, [where])
                     built = self.store.ready(key)

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any, Iterator, NamedTuple, Optional
 
 MARKER, LOCK, META, LAST_USE = ".complete", "lock.txt", "lcp-env.json", ".last-use"
-USERS = ".users"                         # the declaring files that used it, one a line
+# The declaring files that used it, one a line.
+USERS = ".users"
 ENV_VAR = "LCP_SANDBOX_ENVS_DIR"
 
 
@@ -37,8 +38,10 @@ class Built(NamedTuple):
     """A complete environment, as a worker is told of it."""
     key: str
     prefix: str
-    site: tuple[str, ...]            # its site-packages folders (purelib, platlib)
-    versions: dict[str, str]         # name -> exact version, from the lock
+    # Its site-packages folders (purelib, platlib)
+    site: tuple[str, ...]
+    # Name -> exact version, from the lock.
+    versions: dict[str, str]
 
     def for_worker(self, requirements: tuple[str, ...]) -> dict[str, Any]:
         return {"key": self.key, "prefix": self.prefix, "site": list(self.site),
@@ -151,7 +154,8 @@ class Store:
             _lock_file(fd)
             yield
         finally:
-            os.close(fd)                 # (closing releases the lock)
+            # Closing releases the lock.
+            os.close(fd)
 
     def building(self, key: str) -> str:
         """A fresh path for an environment being made (not created)."""
@@ -242,7 +246,8 @@ def _size(path: str) -> int:
 
 
 def _lock_file(fd: int) -> None:
-    if sys.platform == "win32":          # (untested on this project's machines)
+    # Untested on this project's machines.
+    if sys.platform == "win32":
         import msvcrt
         while True:
             try:

@@ -129,7 +129,8 @@ class OutputPump:
                 for _ in range(64):
                     if not self._read(key.fd, key.data):
                         break
-                if key.fd in self._sel.get_map():        # still open: not at EOF yet
+                # Still open: not at EOF yet.
+                if key.fd in self._sel.get_map():
                     self._sel.unregister(key.fd)
                     os.close(key.fd)
                     key.data.close()

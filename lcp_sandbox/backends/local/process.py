@@ -57,16 +57,21 @@ from .spin import SpinPolicy, calls_in_flight
 from .zygote_client import ZygoteClient
 
 _READY_CAPS = {P.READY: P.READY_CAP}
-HOST_WAIT_COUNTS_S = 0.005     # of each REQUEST's answer, this much counts against the deadline
+# Of each REQUEST's answer, this much counts against the deadline.
+HOST_WAIT_COUNTS_S = 0.005
 
 
 @dataclass(frozen=True)
 class KillReason:
     """Why a worker ended on purpose, for the record (its slot's ``last_exit``)."""
-    why: str                       # in words: "killed after its 30 s timeout"...
-    counts: bool = True            # a death the crash policy counts (a violation does)
-    code: Optional[int] = None     # the status its call ends with (507: over its memory limit)
-    cause: str = "killed"          # for the metrics: timeout, memory, violation, load failed...
+    # In words: "killed after its 30 s timeout"...
+    why: str
+    # A death the crash policy counts (a violation does)
+    counts: bool = True
+    # The status its call ends with (507: over its memory limit)
+    code: Optional[int] = None
+    # For the metrics: timeout, memory, violation, load failed...
+    cause: str = "killed"
 
 
 class Parent(Protocol):
@@ -101,23 +106,35 @@ class WorkerProcess:
 
     def __init__(self, forked: Future[int], zygote: Parent, conn: P.Connection,
                  tmpdir: Optional[str] = None, start_kind: str = "fresh") -> None:
-        self.forked = forked                   # the zygote's answer: the pid
-        self.start_kind = start_kind           # how it started, for the metrics: fresh,
+        # The zygote's answer: the pid.
+        self.forked = forked
+        # How it started, for the metrics: fresh,
+        self.start_kind = start_kind
                                                # forked ahead, template
-        self.zygote = zygote                   # its parent: reaps it, kills it, signals it
+        # Its parent: reaps it, kills it, signals it.
+        self.zygote = zygote
         self.conn = conn
         self.started = time.monotonic()
-        self.tmpdir = tmpdir                   # made by the host, removed by the host
+        # Made by the host, removed by the host.
+        self.tmpdir = tmpdir
         self.calls = 0
-        self.exit_status: Optional[int] = None      # set when the zygote reports it
-        self.kill_reason: Optional[KillReason] = None    # set by whoever ended it on purpose
-        self.ready = False                     # its READY arrived (exactly once, first)
-        self.report: dict[str, str] = {}       # READY: protections in force
+        # Set when the zygote reports it.
+        self.exit_status: Optional[int] = None
+        # Set by whoever ended it on purpose.
+        self.kill_reason: Optional[KillReason] = None
+        # Its READY arrived (exactly once, first)
+        self.ready = False
+        # READY: protections in force.
+        self.report: dict[str, str] = {}
         self.on_ready: Callable[["WorkerProcess"], Any] = lambda proc: None
-        self.interrupted = False               # the host cancelled the call in flight
-        self._caps: dict[int, int] = {}        # frame caps during a call, for ...
-        self._caps_mb: Optional[float] = None  # ... this max_result_mb
-        self._pid: Optional[int] = None        # the pid, once the zygote said it
+        # The host cancelled the call in flight.
+        self.interrupted = False
+        # Frame caps during a call, for ...
+        self._caps: dict[int, int] = {}
+        # ... this max_result_mb.
+        self._caps_mb: Optional[float] = None
+        # The pid, once the zygote said it.
+        self._pid: Optional[int] = None
         # the host's guard of its processes (confine/pid_guard.py): True until its first byte came
         self.guard: Union[pid_guard.Watch, pid_guard.Member, str, bool, None] = None
 
@@ -134,9 +151,11 @@ class WorkerProcess:
             host_sock, log_r, forked = reserved
             conn = P.Connection(host_sock)
             try:
-                if conn.readable_now():           # (EOF: it died waiting; a fresh one below)
+                # EOF: it died waiting; a fresh one below.
+                if conn.readable_now():
                     raise OSError("the reserved worker is gone")
-                conn.hold(P.INIT, init)           # sent with the call: the worker wakes once
+                # Sent with the call: the worker wakes once.
+                conn.hold(P.INIT, init)
             except BaseException as exc:
                 conn.close()
                 os.close(log_r)
@@ -225,9 +244,11 @@ class WorkerProcess:
         self.conn.close()
         pid_guard.release(self.guard)
         status = self.exit_status
-        if status is None and self.zygote.alive:     # (a dead zygote's workers died with it)
+        # A dead zygote's workers died with it.
+        if status is None and self.zygote.alive:
             status = self.zygote.wait_exit(self.pid, 5.0)
-            if status is None:                       # still there? make sure.
+            # Still there? make sure.
+            if status is None:
                 self.zygote.kill(self.pid)
                 status = self.zygote.wait_exit(self.pid, 5.0)
             refused = self.zygote.kill_refused(self.pid) if status is None else None
@@ -259,13 +280,17 @@ class WorkerProcess:
         if self._caps_mb != limits.max_result_mb:
             self._set_caps(limits.max_result_mb)
         if not self.ready:
-            spin = None                           # (its first call starts it: nothing to learn)
-            if self.guard is True:                # its first byte: the guard's listener
+            # Its first call starts it: nothing to learn.
+            spin = None
+            # Its first byte: the guard's listener.
+            if self.guard is True:
                 self.guard = pid_guard.receive(conn.sock, deadline, self.pid)
             elif isinstance(self.guard, pid_guard.Member) and not self.guard.pid:
-                self.guard.join(self.pid)         # (its template's guard: a tree of its own)
+                # Its template's guard: a tree of its own.
+                self.guard.join(self.pid)
         objects.conn = conn
-        token = id(self)                          # (one call at a time per worker)
+        # One call at a time per worker.
+        token = id(self)
         calls = calls_in_flight.enter(token)
         try:
             # Send: a CALL carries the worker's spin budget.
@@ -281,14 +306,17 @@ class WorkerProcess:
                 conn.send(kind, msg, None if deadline is None else deadline + grace)
             except TimeoutError:
                 raise P.BadMessage(conn.broken) from None
-            except OSError:                       # the worker is gone: the read tells how
-                undelivered = self.ready          # (one that never started: its start failed)
+            # The worker is gone: the read tells how.
+            except OSError:
+                # One that never started: its start failed.
+                undelivered = self.ready
             # Wait: poll for the answer a short while before sleeping; never past the deadline.
             caught = None
             if window:
                 until = sent + window
                 caught = conn.spin(until if deadline is None or until < deadline else deadline)
-            reply: Any                            # (the message parse_from_worker checked)
+            # The message parse_from_worker checked.
+            reply: Any
             try:
                 kind, payload = conn.recv_frame(deadline, self._caps if self.ready else _READY_CAPS)
                 reply = P.parse_from_worker(kind, payload, conn.decoder)
@@ -297,7 +325,8 @@ class WorkerProcess:
             except (EOFError, OSError):
                 raise (NeverReceived if undelivered else WorkerGone) from None
             soft_sent = False
-            if kind != P.RESULT:                  # READY, a REQUEST, the deadline: serve them
+            # READY, a REQUEST, the deadline: serve them.
+            if kind != P.RESULT:
                 reply, soft_sent = self._serve(kind, reply, objects, deadline, grace, timeout)
             if reply.outcome == TIMED_OUT and not soft_sent and not self.interrupted:
                 raise P.BadMessage("it reported a timeout nobody signalled")
@@ -335,7 +364,8 @@ class WorkerProcess:
         signalled).  Past the deadline: SIGUSR1, and past its grace, the tree killed."""
         soft_sent = False
         while kind != P.RESULT:
-            if not kind:                          # the deadline passed
+            # The deadline passed.
+            if not kind:
                 if soft_sent:
                     self.kill(KillReason(f"killed after its {timeout:g} s timeout", counts=False,
                                          cause="timeout"))
@@ -352,7 +382,8 @@ class WorkerProcess:
 
     def _read_ready(self, ready: P.Ready, soft_sent: bool) -> None:
         self.ready = True
-        if self.interrupted and not soft_sent:   # interrupt() came before READY
+        # interrupt() came before READY.
+        if self.interrupted and not soft_sent:
             self.zygote.signal(self.pid, P.SOFT_TIMEOUT_SIGNAL)
         self.report = pid_guard.vouched(ready.report, self.guard)
         self.on_ready(self)
@@ -365,7 +396,8 @@ class WorkerProcess:
         t0 = time.monotonic()
         objects.deadline = None if deadline is None else deadline + grace
         answer = objects.handle(request, conn.decoder.saw_ref)
-        if conn.broken:                           # during a callback into the tool
+        # During a callback into the tool.
+        if conn.broken:
             raise P.BadMessage(conn.broken)
         try:
             try:

@@ -69,12 +69,14 @@ class FifoLock:
                 self._waiters.remove(gate)
                 return False
             except ValueError:
-                return True            # handed over just as we gave up: we own it
+                # Handed over just as we gave up: we own it.
+                return True
 
     def release(self) -> None:
         with self._mutex:
             if self._waiters:
-                self._waiters.popleft().release()   # ownership passes directly
+                # Ownership passes directly.
+                self._waiters.popleft().release()
             else:
                 self._held.release()
 
@@ -88,10 +90,14 @@ class FifoLock:
 
 @dataclass
 class CrashPolicy:
-    fresh_deaths: int = 5          # K fresh workers dying in a row before serving a call
-    deaths: int = 50               # or N deaths ...
-    window_s: float = 60.0         # ... within T seconds
-    backoff_s: float = 5.0         # first quarantine; doubles up to backoff_max_s
+    # K fresh workers dying in a row before serving a call.
+    fresh_deaths: int = 5
+    # Or N deaths ...
+    deaths: int = 50
+    # ... within T seconds.
+    window_s: float = 60.0
+    # First quarantine; doubles up to backoff_max_s.
+    backoff_s: float = 5.0
     backoff_max_s: float = 300.0
 
 
@@ -100,20 +106,26 @@ class Slot:
     tenant: str
     library: Library
     limits: Limits
-    root: str = ""                         # confinement root ("" when not confined)
+    # Confinement root ("" when not confined)
+    root: str = ""
     lock: FifoLock = field(default_factory=FifoLock)
     proc: Optional["WorkerProcess"] = None
     busy: bool = False
-    caller: Optional[int] = None           # the host thread whose call runs (interrupt())
-    interrupted: bool = False              # interrupt() signalled the call in flight
+    # The host thread whose call runs (interrupt())
+    caller: Optional[int] = None
+    # interrupt() signalled the call in flight.
+    interrupted: bool = False
     calls: int = 0
     starts: int = 0
     last_exit: Optional[str] = None
     peak_rss: int = 0
     peak_uss: int = 0
-    start: str = ""                        # how its worker started: "template" | "fresh (why)"
-    template: Any = None                   # the template it came from (templates.py's)
-    environment: Optional[dict[str, Any]] = None   # its library's own (backends/envs/)
+    # How its worker started: "template" | "fresh (why)".
+    start: str = ""
+    # The template it came from (templates.py's)
+    template: Any = None
+    # Its library's own (backends/envs/)
+    environment: Optional[dict[str, Any]] = None
     # crash-loop bookkeeping
     fresh_deaths: int = 0
     deaths: collections.deque[float] = field(default_factory=collections.deque)
@@ -121,14 +133,20 @@ class Slot:
     backoff_s: float = 0.0
     last_used: float = 0.0
     # memory: the last sample of its worker's tree (backends/local/watchdog.py takes them)
-    mem_pid: int = 0                       # the worker it was taken of
+    # The worker it was taken of.
+    mem_pid: int = 0
     mem_rss: int = 0
     mem_uss: int = 0
-    mem_at: float = 0.0                    # when (time.monotonic())
-    sample_due: bool = False               # the watchdog will sample it (a call ended)
-    cgroup: Optional[str] = None           # its last worker's pids cgroup (max_processes)
-    idle_due: bool = False                 # the watchdog has its idle deadline
-    spin: SpinPolicy = field(default_factory=SpinPolicy)     # its warm calls' spin windows
+    # When (time.monotonic())
+    mem_at: float = 0.0
+    # The watchdog will sample it (a call ended)
+    sample_due: bool = False
+    # Its last worker's pids cgroup (max_processes)
+    cgroup: Optional[str] = None
+    # The watchdog has its idle deadline.
+    idle_due: bool = False
+    # Its warm calls' spin windows.
+    spin: SpinPolicy = field(default_factory=SpinPolicy)
 
     @property
     def restarts(self) -> int:

@@ -55,13 +55,18 @@ from .platforms import refusal
 from .process import WorkerProcess
 from .slot import Slot
 
-SPARES = 1                  # workers spawned ahead, per kind (unconfined, confined)
-SPARES_MAX = 8              # the most a burst of new libraries grows a kind's reserve to
-SHRINK_AFTER_S = 60.0       # without a hand-out for this long, a grown reserve is SPARES again
-RESERVE_DELAY_S = 0.005     # after a hand-out: its replacement does not compete with the new worker
+# Workers spawned ahead, per kind (unconfined, confined)
+SPARES = 1
+# The most a burst of new libraries grows a kind's reserve to.
+SPARES_MAX = 8
+# Without a hand-out for this long, a grown reserve is SPARES again.
+SHRINK_AFTER_S = 60.0
+# After a hand-out: its replacement does not compete with the new worker.
+RESERVE_DELAY_S = 0.005
 _ENTRY = "from lcp_sandbox.worker.spawned import main; main(sys.argv[1])"
 _POSIX = os.name == "posix"
-CONTROL_SIZE = 4            # worker/spawned.py's CONTROL record: the call's number, little-endian
+# worker/spawned.py's CONTROL record: the call's number, little-endian.
+CONTROL_SIZE = 4
 
 
 def kill_tree(pid: int) -> Optional[str]:
@@ -74,7 +79,8 @@ def kill_tree(pid: int) -> Optional[str]:
     refused: Optional[str] = None
     if _POSIX:
         try:
-            os.killpg(pid, signal.SIGKILL)         # it leads its own group
+            # It leads its own group.
+            os.killpg(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
         except OSError as exc:
@@ -102,11 +108,15 @@ class Child:
         host_sock, its_sock = P.portable_pair()
         self.confined = confined
         self.alive = True
-        self.refused: Optional[str] = None       # kill(): why the last one was refused
-        self.proc: Optional[WorkerProcess] = None     # the worker it became
-        self.stream = Stream("spare", 64 * 1024)     # its output until it is handed out
+        # kill(): why the last one was refused.
+        self.refused: Optional[str] = None
+        # The worker it became.
+        self.proc: Optional[WorkerProcess] = None
+        # Its output until it is handed out.
+        self.stream = Stream("spare", 64 * 1024)
         self.status: Optional[int] = None
-        self.job: Any = None                           # Windows: its Job Object (winjob.py)
+        # Windows: its Job Object (winjob.py)
+        self.job: Any = None
         self._ended = threading.Event()
         self._lock = threading.Lock()
         self._on_exit = on_exit
@@ -117,7 +127,8 @@ class Child:
                 if confined else dict(os.environ), stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=_POSIX,
                 creationflags=getattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0))
-            if not _POSIX:                             # (untested on these machines)
+            # Untested on these machines.
+            if not _POSIX:
                 from .winjob import share_socket
                 self.job = share_socket(self.popen, its_sock)
         except BaseException:
@@ -141,7 +152,8 @@ class Child:
         proc = self.proc
         if proc is None or self.status is not None:
             return
-        seq = (proc.calls + 1) & 0xFFFFFFFF          # the worker's number of that call
+        # The worker's number of that call.
+        seq = (proc.calls + 1) & 0xFFFFFFFF
         try:
             os.write(self._control, seq.to_bytes(CONTROL_SIZE, "little"))
         except OSError:
@@ -184,18 +196,21 @@ class Child:
         self.popen.stdout.close()
 
     def _wait(self) -> None:
-        if hasattr(os, "waitid"):        # ended, not reaped yet: its group's pid is still its own
+        # Ended, not reaped yet: its group's pid is still its own.
+        if hasattr(os, "waitid"):
             try:
                 os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT)
             except OSError:
                 pass
             with self._lock:
                 try:
-                    os.killpg(self.pid, signal.SIGKILL)     # what its tools left behind
+                    # What its tools left behind.
+                    os.killpg(self.pid, signal.SIGKILL)
                 except OSError:
                     pass
         status = self.popen.wait()
-        self._output.join(1.0)           # what it printed last is logged before its end is told
+        # What it printed last is logged before its end is told.
+        self._output.join(1.0)
         with self._lock:
             self.status = status
         self._close_control()
@@ -226,13 +241,19 @@ class Spawner:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._spares: dict[bool, list[Child]] = {False: [], True: []}
-        self._kinds = {False}            # the kinds kept in reserve (confined: once asked for)
-        self._reserve = {False: SPARES, True: SPARES}     # spares wanted, per kind
-        self._handed = time.monotonic()  # the last hand-out (a grown reserve shrinks after)
-        self.misses = 0                  # starts that found no spare of their kind
+        # The kinds kept in reserve (confined: once asked for)
+        self._kinds = {False}
+        # Spares wanted, per kind.
+        self._reserve = {False: SPARES, True: SPARES}
+        # The last hand-out (a grown reserve shrinks after)
+        self._handed = time.monotonic()
+        # Starts that found no spare of their kind.
+        self.misses = 0
         self._children: dict[int, Child] = {}
-        self._due = time.monotonic()     # when the thread spawns what is missing (0: not owed)
-        self.owed = False                # a spare was handed out: settle() owes its replacement
+        # When the thread spawns what is missing (0: not owed)
+        self._due = time.monotonic()
+        # A spare was handed out: settle() owes its replacement.
+        self.owed = False
         self.alive = True
         self._thread = threading.Thread(target=self._run, name="lcp-sandbox-spawner", daemon=True)
         self._thread.start()
@@ -249,7 +270,8 @@ class Spawner:
         conn = child.conn
         try:
             try:
-                conn.hold(P.INIT, init)          # sent with the call: the worker wakes once
+                # Sent with the call: the worker wakes once.
+                conn.hold(P.INIT, init)
             except P.PayloadError:
                 conn.send(P.INIT, init, deadline)
         except BaseException:

@@ -31,9 +31,12 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-SPIN_CAP_S = 200e-6            # the longest either side ever polls for one message
-_SLACK_S = 10e-6               # added to a window: a typical wait is not a bound
-_WEIGHT = 0.25                 # of a new sample in the running averages
+# The longest either side ever polls for one message.
+SPIN_CAP_S = 200e-6
+# Added to a window: a typical wait is not a bound.
+_SLACK_S = 10e-6
+# Of a new sample in the running averages.
+_WEIGHT = 0.25
 
 
 def usable_cpus(cgroup: str = "/sys/fs/cgroup") -> int:
@@ -86,7 +89,8 @@ calls_in_flight = InFlight()
 
 # (Conditional expressions, not min(): these run on every warm call, and min() costs
 # several times as much.)
-_LONG_S = 2 * SPIN_CAP_S       # a sample counts as at most this much
+# A sample counts as at most this much.
+_LONG_S = 2 * SPIN_CAP_S
 
 
 def _window(typical: float) -> float:
@@ -132,14 +136,19 @@ class SpinPolicy:
                  "worker_backoff")
 
     def __init__(self) -> None:
-        self.service = SPIN_CAP_S        # running averages (s): optimistic until measured
+        # Running averages (s): optimistic until measured.
+        self.service = SPIN_CAP_S
         self.gap = SPIN_CAP_S
-        self.last_answer = 0.0           # time.monotonic() of the last RESULT (0: none yet)
-        self.host_window = 0.0           # of the call in flight, s
-        self.worker_budget = 0.0         # given to the worker with the call in flight, s
+        # time.monotonic() of the last RESULT (0: none yet)
+        self.last_answer = 0.0
+        # Of the call in flight, s.
+        self.host_window = 0.0
+        # Given to the worker with the call in flight, s.
+        self.worker_budget = 0.0
         self.host_hits = self.host_misses = 0
         self.worker_hits = self.worker_misses = 0
-        self.off_busy = 0                # calls sent with spinning off: too many calls in flight
+        # Calls sent with spinning off: too many calls in flight.
+        self.off_busy = 0
         self.host_backoff = _Backoff()
         self.worker_backoff = _Backoff()
 
@@ -149,16 +158,19 @@ class SpinPolicy:
         budget for the next call in us)."""
         if self.last_answer:
             gap = now - self.last_answer
-            if self.worker_budget:               # did the worker's poll catch this call?
+            # Did the worker's poll catch this call?
+            if self.worker_budget:
                 hit = gap <= self.worker_budget
-                if not hit or self.worker_backoff.streak:     # (a hit after a hit changes nothing)
+                # A hit after a hit changes nothing.
+                if not hit or self.worker_backoff.streak:
                     self.worker_backoff.record(hit)
                 if hit:
                     self.worker_hits += 1
                 else:
                     self.worker_misses += 1
             self.gap += ((gap if gap < _LONG_S else _LONG_S) - self.gap) * _WEIGHT
-            self.last_answer = 0.0               # (a call that never answers teaches nothing)
+            # A call that never answers teaches nothing.
+            self.last_answer = 0.0
         if in_flight >= USABLE_CPUS:
             self.off_busy += 1
             self.host_window = self.worker_budget = 0.0

@@ -64,10 +64,14 @@ class _Template:
         self.workers = 0
         self.idle_since = time.monotonic()
         self.ready = threading.Event()
-        self.begun = False                       # _make() runs (or ran)
-        self.init = init                         # what it is made with (nothing of a tenant)
-        self.tmp_parent: Optional[str] = None    # confined: its workers' temp dirs are in it
-        self.live = True                         # still listed (else: gone, workers may live)
+        # _make() runs (or ran)
+        self.begun = False
+        # What it is made with (nothing of a tenant)
+        self.init = init
+        # Confined: its workers' temp dirs are in it.
+        self.tmp_parent: Optional[str] = None
+        # Still listed (else: gone, workers may live)
+        self.live = True
         # the host's guard of its processes and its workers' (confine/pid_guard.py), if it holds one
         self.guard: Union[pid_guard.Watch, str, None] = None
 
@@ -79,9 +83,12 @@ class Templates:
         self.tenants_root = os.path.realpath(tenants_root) if tenants_root else None
         self._lock = threading.Lock()
         self._by_key: dict[TemplateKey, _Template] = {}
-        self._seen: set[TemplateKey] = set()    # keys whose first worker has started
-        self._gone: set[_Template] = set()      # confined, no longer listed, workers live
-        self.on_idle: Callable[[float], None] = lambda at: None   # tick(at) may retire one
+        # Keys whose first worker has started.
+        self._seen: set[TemplateKey] = set()
+        # Confined, no longer listed, workers live.
+        self._gone: set[_Template] = set()
+        # tick(at) may retire one.
+        self.on_idle: Callable[[float], None] = lambda at: None
 
     def _idle_from(self, tpl: _Template, since: float) -> None:
         tpl.idle_since = since
@@ -194,9 +201,11 @@ class Templates:
             zygote.after(lambda: self._begin(zygote, tpl))
             return None
         if not library and not tpl.begun:
-            zygote.after(lambda: self._begin(zygote, tpl))     # (its zygote was replaced)
+            # Its zygote was replaced.
+            zygote.after(lambda: self._begin(zygote, tpl))
         if library and not tpl.ready.is_set():
-            self._begin(zygote, tpl)                 # not made yet: now, and waited for
+            # Not made yet: now, and waited for.
+            self._begin(zygote, tpl)
             tpl.ready.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
         return tpl if tpl.ready.is_set() else None
 
@@ -240,7 +249,8 @@ class Templates:
         for other in list(self._by_key.values()):
             if other.library == library and other.key[1] != key[1] and \
                     [f[0] for f in other.key[1]] == [f[0] for f in key[1]]:
-                stale.append(self._by_key.pop(other.key))       # the file changed
+                # The file changed.
+                stale.append(self._by_key.pop(other.key))
         return stale
 
     def _template(self, zygote: ZygoteClient, init: P.Init,
@@ -262,7 +272,8 @@ class Templates:
                 tpl = self._by_key[key] = _Template(key, init.library, init._replace(
                     configs={}, handlers=0, confine=None, tmpdir=None))
         self._kill_templates(zygote, stale)
-        self._begin(zygote, tpl)     # made by a thread: a caller whose deadline passes goes fresh
+        # Made by a thread: a caller whose deadline passes goes fresh.
+        self._begin(zygote, tpl)
         tpl.ready.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
         return tpl
 
@@ -281,7 +292,8 @@ class Templates:
         conn = P.Connection(host_sock)
         try:
             init = tpl.init
-            if init.confine is not None:         # its import's temp dir, its workers' parent
+            # Its import's temp dir, its workers' parent.
+            if init.confine is not None:
                 tpl.tmp_parent = confined.tmp_parent(tuple(init.confine["run_as"]),
                                                      bool(init.confine.get("handoff")))
                 init = init._replace(tmpdir=tpl.tmp_parent, confine={**init.confine,
@@ -290,24 +302,28 @@ class Templates:
             fut = zygote.template(its_sock.fileno())
             its_sock.close()
             tpl.pid = fut.result(30.0)
-            if init.confine is not None:         # its first byte: the guard's listener
+            # Its first byte: the guard's listener.
+            if init.confine is not None:
                 tpl.guard = pid_guard.receive(conn.sock, deadline, tpl.pid)
             kind, payload = conn.recv_frame(deadline, {P.READY: P.READY_CAP})
             ready = cast(P.Ready, P.parse_from_worker(kind, payload, conn.decoder))
-            verdict = ready.report.get("template", "")      # (str: the codec checked it)
+            # Str: the codec checked it.
+            verdict = ready.report.get("template", "")
             if verdict != "ok" and not verdict.startswith("refused: "):
                 verdict = "refused: it answered out of protocol"
             tpl.state = verdict
         except TimeoutError:
             tpl.state = "refused: its import took over 120 s"
-        except Exception as exc:                     # EOF, a protocol violation, the zygote gone
+        # EOF, a protocol violation, the zygote gone.
+        except Exception as exc:
             tpl.state = f"refused: it ended before it was ready ({type(exc).__name__})"
         finally:
             its_sock.close()
             conn.close()
             tpl.ready.set()
         if tpl.state == "ok":
-            self._idle_from(tpl, tpl.idle_since)     # (its first worker may have gone fresh)
+            # Its first worker may have gone fresh.
+            self._idle_from(tpl, tpl.idle_since)
             return
         if tpl.pid:
             zygote.kill(tpl.pid)
@@ -315,9 +331,11 @@ class Templates:
         if not any(w in tpl.state for w in ("the import", "thread", "descriptor", "process",
                                             "mapping", "pass through", "privileges",
                                             "not in force")):
-            self._forget(tpl)                        # not the library's doing: try again next time
+            # Not the library's doing: try again next time.
+            self._forget(tpl)
         else:
-            self._drop_parent(tpl)                   # (kept as the record: no worker uses it)
+            # Kept as the record: no worker uses it.
+            self._drop_parent(tpl)
     def _forget(self, tpl: _Template) -> None:
         with self._lock:
             if self._by_key.get(tpl.key) is tpl:

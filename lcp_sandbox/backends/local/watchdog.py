@@ -57,20 +57,28 @@ class Watchdog:
     def __init__(self, retire: Callable[[Slot, WorkerProcess, str, str], None],
                  idle_timeout_s: Optional[float], interval: float,
                  on_tick: Optional[Callable[[float], Optional[float]]] = None) -> None:
-        self._retire = retire               # retire(slot, proc, event kind, why)
-        self._on_tick = on_tick             # on_tick(now) -> when it is next due (None: not)
+        # retire(slot, proc, event kind, why)
+        self._retire = retire
+        # on_tick(now) -> when it is next due (None: not)
+        self._on_tick = on_tick
         self.idle_timeout_s = idle_timeout_s
         self._interval = interval
         self._cond = threading.Condition(threading.Lock())
-        self._heap: list[tuple[float, int, int, Any]] = []   # (due at, seq, what, slot | proc)
+        # Due at, seq, what, slot | proc.
+        self._heap: list[tuple[float, int, int, Any]] = []
         self._seq = itertools.count()
-        self._limited: dict[int, Slot] = {}  # id -> slot busy with a memory-limited call
-        self._busy_due = math.inf            # next sample of the memory-limited calls
-        self._tick_due = math.inf            # next on_tick already in the heap
-        self._wakes_at = -math.inf           # when the thread wakes next (-inf: it is awake)
+        # Id -> slot busy with a memory-limited call.
+        self._limited: dict[int, Slot] = {}
+        # Next sample of the memory-limited calls.
+        self._busy_due = math.inf
+        # Next on_tick already in the heap.
+        self._tick_due = math.inf
+        # When the thread wakes next (-inf: it is awake)
+        self._wakes_at = -math.inf
         self._stopped = False
         self._thread: Optional[threading.Thread] = None
-        self.wakeups = 0                     # times the thread woke (tests read it)
+        # Times the thread woke (tests read it)
+        self.wakeups = 0
 
     def start(self) -> None:
         if self._thread is None:
@@ -160,16 +168,19 @@ class Watchdog:
     def _guarded(self, fn: Callable[..., Any], *args: Any) -> None:
         try:
             fn(*args)
-        except Exception:                    # the watchdog outlives any one worker's trouble
+        # The watchdog outlives any one worker's trouble.
+        except Exception:
             log.exception("watchdog: %s failed", fn.__name__)
 
     def _handle(self, what: int, obj: Any, now: float) -> None:
         if what == _GRACE:
-            if not obj.zygote.reaped(obj.pid):      # (most have exited long before)
+            # Most have exited long before.
+            if not obj.zygote.reaped(obj.pid):
                 obj.zygote.kill(obj.pid)
         elif what == _SAMPLE:
             obj.sample_taken()
-            if self._measure(obj) > 1 and obj.limits.memory_mb:     # its tool left processes
+            # Its tool left processes.
+            if self._measure(obj) > 1 and obj.limits.memory_mb:
                 with self._cond:
                     if obj.owe_sample():
                         self._due(now + SAMPLE_DELAY_S, _SAMPLE, obj)
@@ -204,14 +215,16 @@ class Watchdog:
         idle_s = self.idle_timeout_s
         if idle_s is None:
             return
-        if not slot.lock.acquire(timeout=0):          # a call runs: look again later
+        # A call runs: look again later.
+        if not slot.lock.acquire(timeout=0):
             with self._cond:
                 self._due(now + idle_s, _IDLE, slot)
             return
         try:
             proc = slot.proc
             if proc is None or proc.exit_status is not None:
-                slot.idle_checked()                   # the next call's end keeps it again
+                # The next call's end keeps it again.
+                slot.idle_checked()
             elif time.monotonic() - slot.last_used <= idle_s:
                 with self._cond:
                     self._due(slot.last_used + idle_s, _IDLE, slot)

@@ -18,7 +18,8 @@ import subprocess
 from ctypes import wintypes
 from typing import Any, Optional
 
-_last_error: Any = getattr(ctypes, "get_last_error", lambda: 0)   # (Windows only)
+# Windows only.
+_last_error: Any = getattr(ctypes, "get_last_error", lambda: 0)
 _KILL_ON_JOB_CLOSE = 0x2000
 _PROCESS_MEMORY = 0x100
 _EXTENDED_LIMIT_INFORMATION = 9

@@ -44,12 +44,15 @@ from ...protocol.framing import Connection, pair
 from ...protocol.messages import PRIME, Prime
 from ..boot import boot_argv, boot_environment
 
-RESERVED = 1                # workers forked ahead, waiting for their INIT
-RESERVE_DELAY_S = 0.005     # after a take(): its replacement does not compete with the new worker
+# Workers forked ahead, waiting for their INIT.
+RESERVED = 1
+# After a take(): its replacement does not compete with the new worker.
+RESERVE_DELAY_S = 0.005
 
 log = logging.getLogger("lcp_sandbox")
 
-_ENTRY = "from lcp_sandbox.worker.zygote import main; main(int(sys.argv[1]))"   # (boot.py)
+# boot.py
+_ENTRY = "from lcp_sandbox.worker.zygote import main; main(int(sys.argv[1]))"
 
 
 class ZygoteGone(Exception):
@@ -61,7 +64,8 @@ class Forked(Future[int]):
 
     def __init__(self) -> None:
         super().__init__()
-        self.templated = False     # TFORK: its template's spare served it (not a plain one)
+        # TFORK: its template's spare served it (not a plain one)
+        self.templated = False
 
 
 #: A worker forked ahead: (its host socket, its log pipe's read end, its pid to come).
@@ -92,9 +96,12 @@ class ZygoteClient:
         self._on_exit = on_exit
         self.alive = True
         self._reserved: list[Reserved] = []
-        self._due = 0.0                        # when the reader forks one ahead (0: not owed)
-        self.owed = False                      # a take() whose replacement settle() asks for
-        self._after: list[Callable[[], None]] = []     # after(): run with the replacement
+        # When the reader forks one ahead (0: not owed)
+        self._due = 0.0
+        # A take() whose replacement settle() asks for.
+        self.owed = False
+        # after(): run with the replacement.
+        self._after: list[Callable[[], None]] = []
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         self._started = threading.Event()
@@ -153,7 +160,8 @@ class ZygoteClient:
             self.alive = False
             self._cond.notify_all()
         self._started.set()
-        self._drop_reserved()                    # they died with the zygote
+        # They died with the zygote.
+        self._drop_reserved()
         for fut in list(self._pending.values()):
             fut.set_exception(ZygoteGone("the zygote process is gone"))
         self._pending.clear()
@@ -161,12 +169,14 @@ class ZygoteClient:
     def _record(self, kind: int, a: int, b: int, c: int) -> None:
         if kind == ZYGOTE_READY:
             self._started.set()
-        elif kind == FORKED:                     # (request, pid, from its template)
+        # Request, pid, from its template.
+        elif kind == FORKED:
             fut = self._pending.pop(a, None)
             if fut:
                 fut.templated = bool(c)
                 fut.set_result(b)
-        elif kind == EXITED:                     # (pid, status)
+        # Pid, status.
+        elif kind == EXITED:
             with self._cond:
                 self._exits[a] = b
                 self._refused.pop(a, None)
@@ -175,7 +185,8 @@ class ZygoteClient:
                 self._cond.notify_all()
             if self._on_exit:
                 self._on_exit(a, b)
-        elif kind == KILL_FAILED:                # (pid, errno, after it ended)
+        # Pid, errno, after it ended.
+        elif kind == KILL_FAILED:
             why = os.strerror(b) if 0 < b < 4096 else f"errno {b}"
             if c:
                 log.warning("worker %d ended; the processes it left could not be killed (%s) "
@@ -236,7 +247,8 @@ class ZygoteClient:
             sock, log_r, fut = got
             if not fut.done() or (fut.exception() is None and fut.result() not in self._exits):
                 return got
-            sock.close()                          # it died waiting (or the zygote did)
+            # It died waiting (or the zygote did)
+            sock.close()
             os.close(log_r)
         return None
 

@@ -54,7 +54,8 @@ class NodeAgent:
                               max_workers_per_tenant=options.get("max_workers_per_tenant"),
                               idle_timeout_s=options.get("idle_timeout_s"),
                               confine=options.get("confine", False), on_event=self._on_event)
-        self.sup.start()                  # the zygote, before the first call needs it
+        # The zygote, before the first call needs it.
+        self.sup.start()
 
     def _emit(self, item: tuple) -> None:
         self._outbox.put(item)
@@ -86,7 +87,8 @@ class NodeAgent:
             tag, value = VALUE, self.sup.run(spec, msg, relay, tool=tool, timeout_s=timeout_s)
         except SandboxEvent as ev:
             tag, value = SANDBOX_EVENT, ev.result
-        except Exception as exc:          # a module function raised (ModCall), or a relay failure
+        # A module function raised (ModCall), or a relay failure.
+        except Exception as exc:
             tag, value = RAISED, error_value(exc)
         finally:
             with self._lock:
@@ -145,7 +147,8 @@ class NodeAgent:
                 return
             self._closed = True
             relays = list(self._relays.values())
-        for relay in relays:                  # calls waiting for the driver give up
+        # Calls waiting for the driver give up.
+        for relay in relays:
             relay.inbox.put(("abort", "the sandbox supervisor was closed"))
         self.sup.close()
         self._outbox.put(None)

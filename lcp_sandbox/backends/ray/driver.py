@@ -167,7 +167,8 @@ class RaySupervisor(Closing):
                     self._owns_ray = True
                 self._ray = ray
                 _live.add(self)
-                _register_atexit()                # after ray.init's own hook: runs before it
+                # After ray.init's own hook: runs before it.
+                _register_atexit()
                 options = {"max_workers": self.max_workers_per_node,
                            "max_workers_per_tenant": self.max_workers_per_tenant,
                            "idle_timeout_s": self.idle_timeout_s, "confine": self.confine}
@@ -208,7 +209,8 @@ class RaySupervisor(Closing):
                         call.reply((ABORT, f"{type(exc).__name__}: {exc}"))
         finally:
             node.calls.pop(call.cid, None)
-            if call.done is None:         # this thread stopped waiting (an exception here):
+            # This thread stopped waiting (an exception here):
+            if call.done is None:
                                           # free the node's call
                 try:
                     call.reply((ABORT, "the host stopped waiting for the call"))

@@ -24,8 +24,10 @@ from .relay import EVENT
 
 log = logging.getLogger("lcp_sandbox")
 
-_REFRESH_S = 10.0             # new nodes are looked for at most this often (when a slot is placed)
-_AGENT_START_S = 120.0        # an agent not up by then: its node is not used
+# New nodes are looked for at most this often (when a slot is placed)
+_REFRESH_S = 10.0
+# An agent not up by then: its node is not used.
+_AGENT_START_S = 120.0
 
 
 class Node:
@@ -35,8 +37,10 @@ class Node:
         self.id = node_id
         self.agent = agent
         self.alive = True
-        self.slots = 0                       # slots placed here
-        self.calls: dict = {}                # call id -> the driver's end of a call in flight here
+        # Slots placed here.
+        self.slots = 0
+        # Call id -> the driver's end of a call in flight here.
+        self.calls: dict = {}
         self.dispatcher: Optional[threading.Thread] = None
 
 
@@ -47,11 +51,14 @@ class Placed:
     library: str
     root: str
     node: Optional[Node]
-    calls: int = 0                       # last known, on its current node
+    # Last known, on its current node.
+    calls: int = 0
     starts: int = 0
-    carried_calls: int = 0               # on nodes that were lost
+    # On nodes that were lost.
+    carried_calls: int = 0
     carried_starts: int = 0
-    lost: Optional[str] = None           # how its last node was lost
+    # How its last node was lost.
+    lost: Optional[str] = None
 
 
 class Nodes:
@@ -66,8 +73,10 @@ class Nodes:
         self.placed: dict[tuple, Placed] = {}
         self._nodes: dict[str, Node] = {}
         self._lost: set[str] = set()
-        self._lock = threading.Lock()            # placements and the node table
-        self._agents_lock = threading.Lock()     # finding nodes, starting agents
+        # Placements and the node table.
+        self._lock = threading.Lock()
+        # Finding nodes, starting agents.
+        self._agents_lock = threading.Lock()
         self._refreshed = 0.0
         self.closed = False
 
@@ -219,7 +228,8 @@ class Nodes:
                 pass
         for node in nodes:
             if node.dispatcher is not None:
-                node.dispatcher.join(10)     # the stream ends after the agent's last events
+                # The stream ends after the agent's last events.
+                node.dispatcher.join(10)
             ray.kill(node.agent, no_restart=True)
         for node in nodes:
             for _ in range(10):

@@ -129,12 +129,14 @@ class Relay:
 
     def _write(self, sends: list) -> bool:
         conn = self.conn
-        if conn is None:                      # the call is over: no worker to write to
+        # The call is over: no worker to write to.
+        if conn is None:
             return not sends
         try:
             for kind, body in sends:
                 conn.send_frame(kind, body, self.deadline)
-        except TimeoutError:                  # the worker stopped reading: the connection is broken
+        # The worker stopped reading: the connection is broken.
+        except TimeoutError:
             return False
         except OSError:
             return False
@@ -170,14 +172,16 @@ class RemoteConn:
     __slots__ = ("_call", "_sends", "decoder", "broken")
 
     def __init__(self, call: Any) -> None:
-        self._call = call              # the driver's call: reply(message), wait(timeout) -> item
+        # The driver's call: reply(message), wait(timeout) -> item.
+        self._call = call
         self._sends: list = []
         self.decoder = P.Decoder()
         self.broken: Optional[str] = None
 
     def send(self, kind: int, msg: tuple = (), deadline: Optional[float] = None) -> int:
         # Shipped with the next read; the agent writes it by the call's deadline.
-        body = P.dumps(msg) if msg else b""         # PayloadError, as Connection.send
+        # PayloadError, as Connection.send.
+        body = P.dumps(msg) if msg else b""
         self._sends.append((kind, body))
         return len(body)
 

@@ -148,17 +148,20 @@ def prepare(init: P.Init, shared: bool = False) -> dict:
     lim = init.limits
     conf = init.confine
     extra = lim.get("env")
-    if init.env is not None:       # a confined worker's was filtered by the host (allowlist)
+    # A confined worker's was filtered by the host (allowlist)
+    if init.env is not None:
         set_environment(environment_of(init))
     report: dict = {"env": "host environment" if conf is None else
                     "clean (allowlist" + (" + library env)" if extra else ")")}
-    disabled = set(init.disabled or ())        # lcp_sandbox.testing.protections_off()
+    # lcp_sandbox.testing.protections_off()
+    disabled = set(init.disabled or ())
     # (not a spare's rehearsal, unconfined: a template's cap holds for its spares)
     if conf is not None:
         ABI_CAP[:] = [int(d.split("=")[1]) for d in disabled
                       if d.startswith(LANDLOCK_ABI_SWITCH)]
     if conf is not None and SHARED:
-        _stack(init, report, disabled)         # forked from a confined template
+        # Forked from a confined template.
+        _stack(init, report, disabled)
         apply_in_worker(lim)
         return report
     network = lim.get("network", True)
@@ -194,7 +197,8 @@ def _confine(init: P.Init, report: dict, disabled: set, shared: bool) -> None:
     tmp = init.tmpdir
     assert tmp is not None, "the host makes a confined worker's temp dir before it starts"
     os.environ["TMPDIR"] = tempfile.tempdir = tmp
-    if lim.get("max_processes"):             # first: its tree's processes, all counted
+    # First: its tree's processes, all counted.
+    if lim.get("max_processes"):
         report["max_processes"] = join_pids_cgroup(conf.get("pids_cgroup"),
                                                    lim["max_processes"], conf.get("pids_why"))
     if lim.get("disk_mb"):
@@ -210,7 +214,8 @@ def _confine(init: P.Init, report: dict, disabled: set, shared: bool) -> None:
                 else apply_landlock([conf["root"], tmp], ro, DEVICES))
     if BY_PORT:
         report["network"] = hold_tcp(report["network"])
-    handing = shared and bool(conf.get("handoff"))       # its workers: each tenant's uid
+    # Its workers: each tenant's uid.
+    handing = shared and bool(conf.get("handoff"))
     report["privileges"] = drop_privileges(conf.get("run_as"), KEEP if handing else 0)
     _cap_tenant(conf, report)
     _restrict(init, report, disabled, scoped=_scoped(landlock))
@@ -332,7 +337,8 @@ def _stack(init: P.Init, report: dict, disabled: set) -> None:
     abstract sockets) is its own, not its siblings'."""
     conf = init.confine or {}
     report.update({k: v for k, v in SHARED.items() if k not in ("env", "confine", "handoff")})
-    if SHARED.get("handoff"):                  # first: a tenant's uid, taken with the key
+    # First: a tenant's uid, taken with the key.
+    if SHARED.get("handoff"):
         report["privileges"] = take(*conf["run_as"])
         _cap_tenant(conf, report)
     tmp = init.tmpdir
@@ -344,7 +350,8 @@ def _stack(init: P.Init, report: dict, disabled: set) -> None:
     try:
         if "landlock" in disabled:
             pass
-        elif ready and ready[0][1] == ro:       # its ruleset, read rules added while it waited
+        # Its ruleset, read rules added while it waited.
+        elif ready and ready[0][1] == ro:
             fd, abi = ready[0][0]
             add_rules(fd, abi, [conf["root"], tmp], (), ())
             layer = enforce(fd, abi)

@@ -53,7 +53,8 @@ from ...protocol.dialer import A_SOCKET, ASK_PORT, ASK_SOCKET, NO_SOCKET
 from .landlock import NET_ABI, landlock_abi, restrict_tcp
 
 _PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
-_READY: list[tuple[socket.socket, socket.socket]] = []      # (listener, dialer) to relay
+# (listener, dialer) to relay.
+_READY: list[tuple[socket.socket, socket.socket]] = []
 #: (by port) the dialer the worker's new TCP sockets come through, until start_relay()
 _SUPPLY: list[socket.socket] = []
 _SUPPLY_LOCK = threading.Lock()

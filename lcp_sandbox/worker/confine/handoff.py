@@ -41,7 +41,8 @@ KEEP = (1 << CAP_SETUID) | (1 << CAP_SETGID)
 KEY_BYTES = 16
 GATED = ("capset", "setresuid", "setresgid", "setgroups")
 NEVER = ("setuid", "setgid", "setreuid", "setregid", "setfsuid", "setfsgid")
-_KEY_ARGS = (4, 5)                      # argument registers none of GATED reads
+# Argument registers none of GATED reads.
+_KEY_ARGS = (4, 5)
 
 #: In a template, between lock() and send_key(): its key (then zeroed).
 _KEY = (ctypes.c_uint32 * 4)()
@@ -82,7 +83,8 @@ def _gated(name: str, key: bytes, *args: int) -> Optional[int]:
     """Call ``name`` with ``args`` and the key; None, or the errno it failed with."""
     machine = os.uname().machine
     lo, hi = int.from_bytes(key[:8], "little"), int.from_bytes(key[8:], "little")
-    padded = [*args, 0, 0, 0, 0][:_KEY_ARGS[0]]            # (registers before the key's)
+    # Registers before the key's.
+    padded = [*args, 0, 0, 0, 0][:_KEY_ARGS[0]]
     rc = _libc.syscall(ctypes.c_long(seccomp.number_of(name, machine)),
                        *(ctypes.c_ulong(a) for a in padded), ctypes.c_ulong(lo),
                        ctypes.c_ulong(hi))
@@ -110,7 +112,8 @@ def take(uid: int, gid: int) -> str:
             errors.append(f"{what}: {os.strerror(err)}")
             break
     _prctl(PR_SET_DUMPABLE, 0)
-    if armed.value:                      # a change of uid clears the parent-death signal
+    # A change of uid clears the parent-death signal.
+    if armed.value:
         _prctl(PR_SET_PDEATHSIG, armed.value)
         if os.getppid() != ppid:
             os._exit(1)

@@ -25,7 +25,8 @@ from typing import Iterable
 from ..libc import PR_SET_NO_NEW_PRIVS, prctl
 from ..libc import libc as _libc
 
-_SYS_create_ruleset, _SYS_add_rule, _SYS_restrict_self = 444, 445, 446   # same on all Linux arches
+# Same on all Linux arches.
+_SYS_create_ruleset, _SYS_add_rule, _SYS_restrict_self = 444, 445, 446
 _RULE_PATH_BENEATH = 1
 
 FS_EXECUTE, FS_WRITE_FILE, FS_READ_FILE, FS_READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
@@ -58,7 +59,8 @@ def landlock_abi() -> int:
 
 
 def _handled_fs(abi: int) -> int:
-    rights = (1 << 13) - 1                      # ABI 1: EXECUTE .. MAKE_SYM
+    # ABI 1: EXECUTE .. MAKE_SYM.
+    rights = (1 << 13) - 1
     if abi >= 2:
         rights |= FS_REFER
     if abi >= 3:
@@ -127,11 +129,13 @@ def _add_path(ruleset_fd: int, path: str, rights: int) -> None:
     try:
         pfd = os.open(path, os.O_PATH | os.O_CLOEXEC)
     except OSError:
-        return                                   # a missing path grants nothing
+        # A missing path grants nothing.
+        return
     try:
         if not os.path.isdir(path):
             rights &= _FILE_ONLY
-        attr = struct.pack("=Qi", rights, pfd)   # packed struct landlock_path_beneath_attr
+        # Packed struct landlock_path_beneath_attr.
+        attr = struct.pack("=Qi", rights, pfd)
         buf = ctypes.create_string_buffer(attr, len(attr))
         _libc.syscall(_SYS_add_rule, ctypes.c_int(ruleset_fd), ctypes.c_int(_RULE_PATH_BENEATH),
                       buf, ctypes.c_uint32(0))

@@ -79,7 +79,8 @@ def _private_ancestors(paths: Iterable[str], uid: int, gid: int) -> dict[str, li
                 if (above not in (*SYSTEM_READ_PATHS, "/dev", "/proc", "/sys")
                         and os.path.exists(path)):
                     listed = covers.setdefault(above, [])
-                    if not any(_within(path, p) for p in listed):   # else it comes along
+                    # Else it comes along.
+                    if not any(_within(path, p) for p in listed):
                         listed.append(path)
                 break
     return covers
@@ -90,7 +91,8 @@ def _cover(above: str, below: list[str], failed: list[str]) -> None:
     ``below``, each bound there as it is; what failed goes to ``failed``."""
     fds = []
     try:
-        for path in below:                # opened in this namespace, before the cover hides them
+        # Opened in this namespace, before the cover hides them.
+        for path in below:
             fds.append((path, os.open(path, os.O_PATH | os.O_CLOEXEC)))
         if _libc.mount(b"tmpfs", above.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
                        b"mode=0755,size=64k,nr_inodes=256") != 0:
@@ -133,11 +135,13 @@ def own_root(read_write: Sequence[str], read_only: Sequence[str],
         return f"own PID namespace, but the host's /proc ({_errno()})", ""
     if not build:
         return _mount_proc(b"/proc"), SWITCHED_OFF
-    new = os.path.join(read_write[-1], ".root")           # in its private temp dir
+    # In its private temp dir.
+    new = os.path.join(read_write[-1], ".root")
     try:
         tmp = _build_root(new, read_write, read_only, devices)
         _pivot(new)
-    except OSError as exc:                     # (a half-built root is never entered)
+    # A half-built root is never entered.
+    except OSError as exc:
         proc = _mount_proc(b"/proc")
         return proc, f"no own root ({exc})"
     shown = len(read_write) + len(read_only)
@@ -176,17 +180,21 @@ def _build_root(new: str, read_write: Sequence[str], read_only: Sequence[str],
     wanted = {os.path.realpath(p): False for p in read_only if not p.startswith("/proc")}
     wanted.update({os.path.realpath(p): True for p in read_write})
     bound: list[str] = []
-    for path in sorted(wanted, key=lambda p: (p.count(os.sep), p)):   # ancestors first
+    # Ancestors first.
+    for path in sorted(wanted, key=lambda p: (p.count(os.sep), p)):
         if not os.path.exists(path):
-            continue                                 # a missing path grants nothing
+            # A missing path grants nothing.
+            continue
         above = next((b for b in bound if _within(path, b)), None)
         if above is not None and not wanted[path] >= wanted[above]:
-            continue                                 # comes along with its bound ancestor
+            # Comes along with its bound ancestor.
+            continue
         # (the temp dir holds the new root's tmpfs: bound without it)
         _bind(path, new + path, writable=wanted[path], inside=above is not None,
               recursive=path != tmp)
         bound.append(path)
-    for link in ("/bin", "/sbin", "/lib", "/lib32", "/lib64"):        # merged-/usr links
+    # Merged-/usr links.
+    for link in ("/bin", "/sbin", "/lib", "/lib32", "/lib64"):
         if os.path.islink(link) and not os.path.lexists(new + link):
             os.symlink(os.readlink(link), new + link)
     os.makedirs(new + "/dev", 0o755, exist_ok=True)
@@ -194,7 +202,8 @@ def _build_root(new: str, read_write: Sequence[str], read_only: Sequence[str],
         if os.path.exists(dev):
             _bind(dev, new + dev, writable=True, inside=False, flags=0)
     shown = ", /tmp holds only the way to allowed paths"
-    if not os.path.lexists(new + "/tmp"):         # its temp dir is its /tmp too
+    # Its temp dir is its /tmp too.
+    if not os.path.lexists(new + "/tmp"):
         _bind(read_write[-1], new + "/tmp", writable=True, inside=False, recursive=False)
         shown = ", its temp dir as /tmp"
     os.makedirs(new + "/proc", 0o555, exist_ok=True)
@@ -239,7 +248,8 @@ def _pivot(new: str) -> None:
     if number is None:
         raise OSError(0, f"no pivot_root number for {os.uname().machine}")
     os.chdir(new)
-    if _libc.syscall(number, b".", b".") != 0:           # the old root stacked on the new
+    # The old root stacked on the new.
+    if _libc.syscall(number, b".", b".") != 0:
         raise OSError(ctypes.get_errno(), f"pivot_root: {_errno()}")
     if _libc.umount2(b".", _MNT_DETACH) != 0:
         raise OSError(ctypes.get_errno(), f"umount of the old root: {_errno()}")

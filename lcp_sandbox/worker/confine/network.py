@@ -27,7 +27,8 @@ def isolate_network() -> str:
                 f.write(f"{gid} {gid} 1")
         except OSError as exc:
             return f"partial (own network namespace, uid map failed: {exc})"
-    try:                                         # bring lo up: SIOCGIFFLAGS / SIOCSIFFLAGS
+    # Bring lo up: SIOCGIFFLAGS / SIOCSIFFLAGS.
+    try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             ifr = struct.pack("16sH", b"lo", 0)
             flags = struct.unpack("16sH", fcntl.ioctl(s, 0x8913, ifr + b"\0" * 14)[:18])[1]

@@ -32,7 +32,8 @@ _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 # SECBIT_NOROOT (+ locked): uid 0 gains no capabilities by execve; KEEP_CAPS locked off,
 # NO_SETUID_FIXUP locked off (setuid keeps clearing capabilities); no ambient raise (+ locked).
 _SECUREBITS = (1 << 0) | (1 << 1) | (1 << 3) | (1 << 5) | (1 << 6) | (1 << 7)
-_SECBIT_KEEP_CAPS = 1 << 4       # (a per-tenant template: its permitted set survives setuid)
+# A per-tenant template: its permitted set survives setuid.
+_SECBIT_KEEP_CAPS = 1 << 4
 CAP_SETGID, CAP_SETUID = 6, 7
 
 
@@ -53,7 +54,8 @@ def _last_cap() -> int:
     return cap
 
 
-_LAST_CAP = _last_cap()          # once, in the zygote: its workers inherit it
+# Once, in the zygote: its workers inherit it.
+_LAST_CAP = _last_cap()
 
 
 def capabilities() -> dict:
@@ -89,7 +91,8 @@ def set_capabilities(effective: int = 0, permitted: int = 0,
 
 
 _CAPSET_NR = (number("capset", os.uname().machine) if os.uname().machine in ARCHES
-              else None) or -1      # (elsewhere libc's capset() is what there is)
+              # (elsewhere libc's capset() is what there is)
+              else None) or -1
 
 
 def _capset(effective: int = 0, permitted: int = 0) -> None:
@@ -138,30 +141,38 @@ def _drop(ids: Optional[tuple[int, int]], errors: list[str], keep: int = 0) -> b
         threads = len(os.listdir("/proc/self/task"))
     except OSError:
         threads = 1
-    if threads > 1:      # capabilities are per thread: the others would keep theirs
+    # Capabilities are per thread: the others would keep theirs.
+    if threads > 1:
         errors.append(f"{threads} threads (only this one drops its capabilities)")
-    _prctl(PR_SET_SECUREBITS, _SECUREBITS | (_SECBIT_KEEP_CAPS if keep else 0))   # (CAP_SETPCAP)
+    # CAP_SETPCAP
+    _prctl(PR_SET_SECUREBITS, _SECUREBITS | (_SECBIT_KEEP_CAPS if keep else 0))
     no_setpcap = False
-    for cap in range(_LAST_CAP + 1):                 # while CAP_SETPCAP is still held
+    # While CAP_SETPCAP is still held.
+    for cap in range(_LAST_CAP + 1):
         if _prctl(PR_CAPBSET_DROP, cap) < 0:
             no_setpcap = True
             break
-    _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)  # EINVAL before Linux 4.3: none to clear
+    # EINVAL before Linux 4.3: none to clear.
+    _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
     if ids is not None:
         uid, gid = ids
         try:
             os.setgroups([])
             os.setresgid(gid, gid, gid)
-            os.setresuid(uid, uid, uid)              # clears effective and permitted
+            # Clears effective and permitted.
+            os.setresuid(uid, uid, uid)
         except OSError as exc:
             errors.append(f"setuid {uid}:{gid}: {exc.strerror}")
     try:
-        _capset(0, keep)                             # inheritable too
+        # Inheritable too.
+        _capset(0, keep)
     except OSError as exc:
         errors.append(str(exc))
-    if _prctl(PR_SET_NO_NEW_PRIVS, 1) < 0:          # no setuid binary or file capability helps
+    # No setuid binary or file capability helps.
+    if _prctl(PR_SET_NO_NEW_PRIVS, 1) < 0:
         errors.append("no_new_privs refused")
-    _prctl(PR_SET_DUMPABLE, 0)                      # no ptrace or /proc/<pid>/mem by same-uid peers
+    # No ptrace or /proc/<pid>/mem by same-uid peers.
+    _prctl(PR_SET_DUMPABLE, 0)
     return no_setpcap
 
 

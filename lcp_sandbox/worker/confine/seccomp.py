@@ -81,10 +81,12 @@ _X32_BIT = 0x40000000
 _RET_ALLOW, _RET_ERRNO = 0x7FFF0000, 0x00050000
 _SECCOMP_SET_MODE_FILTER, _SECCOMP_FILTER_FLAG_TSYNC, _SECCOMP_MODE_FILTER = 1, 1, 2
 _LD, _JA, _JEQ, _JGE, _JSET, _AND, _RET = 0x20, 0x05, 0x15, 0x35, 0x45, 0x54, 0x06
-_OFF_NR, _OFF_ARCH = 0, 4                                  # struct seccomp_data (little endian)
+# Struct seccomp_data (little endian)
+_OFF_NR, _OFF_ARCH = 0, 4
 _SCHED_SETTERS = ("sched_setaffinity", "sched_setscheduler", "sched_setparam", "sched_setattr")
 _IOPRIO_WHO_PROCESS = 1
-_NS_FLAGS = 0x7E020000       # CLONE_NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET
+# CLONE_NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET
+_NS_FLAGS = 0x7E020000
 #: With the network on.  With it off, only AF_NETLINK's NETLINK_ROUTE: network-off workers
 #: of one confined template share its network namespace, where loopback (TCP, UDP) and
 #: NETLINK_USERSOCK (any process may send to any port) would connect tenants; so no
@@ -135,7 +137,8 @@ def _arg(i: int) -> int:
 def _args_are(*values: int) -> list[Row]:
     """ALLOW if argument i is ``values[i]`` for each i, else EPERM."""
     rows: list[Row] = []
-    for i, value in enumerate(values):          # a mismatch jumps past the rest to EPERM
+    # A mismatch jumps past the rest to EPERM.
+    for i, value in enumerate(values):
         rows += [(_LD, 0, 0, _arg(i)), (_JEQ, 0, 2 * (len(values) - 1 - i) + 1, value)]
     return rows + [(_RET, 0, 0, ALLOW), (_RET, 0, 0, EPERM)]
 
@@ -154,11 +157,13 @@ def _blocks(network: Network, lifted: frozenset) -> dict[str, list[Row]]:
         sock = _one_of(0, _SOCKET_FAMILIES_ON, ALLOW, _EACCES)
     elif network == ON_WITHOUT_UNIX:
         sock = _one_of(0, _SOCKET_FAMILIES_ON_WITHOUT_UNIX, ALLOW, _EACCES)
-    elif network == POLICY:   # TCP/UDP in its own namespace (to the relay), NETLINK_ROUTE
+    # TCP/UDP in its own namespace (to the relay), NETLINK_ROUTE.
+    elif network == POLICY:
         sock = [(_LD, 0, 0, _arg(0)), (_JEQ, 4, 0, socket.AF_INET), (_JEQ, 3, 0, socket.AF_INET6),
                 (_JEQ, 0, 3, socket.AF_NETLINK), (_LD, 0, 0, _arg(2)), (_JEQ, 0, 1, 0),
                 (_RET, 0, 0, ALLOW), (_RET, 0, 0, _EACCES)]
-    else:       # False, POLICY_BY_PORT: NETLINK_ROUTE (0) only, see _SOCKET_FAMILIES_ON
+    # False, POLICY_BY_PORT: NETLINK_ROUTE (0) only, see _SOCKET_FAMILIES_ON.
+    else:
         sock = [(_LD, 0, 0, _arg(0)), (_JEQ, 0, 3, socket.AF_NETLINK), (_LD, 0, 0, _arg(2)),
                 (_JEQ, 0, 1, 0), (_RET, 0, 0, ALLOW), (_RET, 0, 0, _EACCES)]
     out = {
@@ -169,12 +174,14 @@ def _blocks(network: Network, lifted: frozenset) -> dict[str, list[Row]]:
         "personality": _one_of(0, S.PERSONALITIES, ALLOW, EPERM),
         "ioctl": _one_of(1, tuple(S.IOCTL_REQUESTS.values()), ALLOW, EPERM),
         "prlimit64": _args_are(0),
-        "setpriority": _args_are(0, 0),                  # PRIO_PROCESS, who: the caller
+        # PRIO_PROCESS, who: the caller.
+        "setpriority": _args_are(0, 0),
         "ioprio_set": _args_are(_IOPRIO_WHO_PROCESS, 0),
         **{name: _args_are(0) for name in _SCHED_SETTERS},
     }
     if network is not True:
-        out["socketpair"] = [(_LD, 0, 0, _arg(1)), (_AND, 0, 0, 0xF),      # SOCK_TYPE_MASK
+        # SOCK_TYPE_MASK
+        out["socketpair"] = [(_LD, 0, 0, _arg(1)), (_AND, 0, 0, 0xF),
                              (_JEQ, 1, 0, socket.SOCK_STREAM), (_JEQ, 0, 1, socket.SOCK_SEQPACKET),
                              (_RET, 0, 0, ALLOW), (_RET, 0, 0, _EACCES)]
     return {k: v for k, v in out.items() if k not in lifted}
@@ -194,7 +201,8 @@ def _answers(machine: str, network: Network, allowlist: bool, allow: tuple,
             answers[number(name, machine)] = name if name in blocks else ALLOW
         if "clone3" not in allow:
             answers[number("clone3", machine)] = _ENOSYS
-    else:                                  # the network-off denylist: sockets and io_uring
+    # The network-off denylist: sockets and io_uring.
+    else:
         for name in ("io_uring_setup", "io_uring_enter", "io_uring_register"):
             answers[number(name, machine)] = EPERM
         for name in ("socket", "socketpair"):
@@ -235,7 +243,8 @@ def filter_program(machine: str, network: Network, allowlist: bool = True, allow
     of JEQ first, then their argument block) and the refused ones (the search)."""
     answers, default, blocks = _answers(machine, network, allowlist, allow, dangerous)
     filtered = [n for n in _CHAIN if n in blocks]
-    skip = {number(n, machine) for n in filtered}     # never reach the search
+    # Never reach the search.
+    skip = {number(n, machine) for n in filtered}
     runs: list[tuple[int, int]] = [(0, answers.get(0, default))]
     for nr in range(1, max(answers) + 2):
         a = runs[-1][1] if nr in skip else answers.get(nr, default)
@@ -246,8 +255,10 @@ def filter_program(machine: str, network: Network, allowlist: bool = True, allow
     if machine == "x86_64":
         prog += [(_JGE, 0, 1, _X32_BIT), (_RET, 0, 0, EPERM)]
     sizes = [len(blocks[n]) for n in filtered]
-    for i, name in enumerate(filtered):    # JEQ nr -> its block, placed after the chain
-        to_block = len(filtered) - i + sum(sizes[:i])    # past the rest of the chain and the JA
+    # JEQ nr -> its block, placed after the chain.
+    for i, name in enumerate(filtered):
+        # Past the rest of the chain and the JA.
+        to_block = len(filtered) - i + sum(sizes[:i])
         prog.append((_JEQ, to_block, 0, number(name, machine)))
     if filtered:
         prog.append((_JA, 0, 0, sum(sizes)))
@@ -293,8 +304,10 @@ def key_gate(machine: str, gated: list[int], never: list[int],
     head: list[Row] = [(_LD, 0, 0, _OFF_ARCH), (_JEQ, 1, 0, _AUDIT_ARCH[machine]),
                        (_RET, 0, 0, EPERM), (_LD, 0, 0, _OFF_NR)]
     first = len(head)
-    check = first + len(never) + len(gated) + 1          # past the JEQs and RET ALLOW
-    refuse = check + 9                                   # 4 x (LD, JEQ), RET ALLOW
+    # Past the JEQs and RET ALLOW.
+    check = first + len(never) + len(gated) + 1
+    # 4 x (LD, JEQ), RET ALLOW.
+    refuse = check + 9
     rows = list(head)
     for nr in never:
         rows.append((_JEQ, refuse - len(rows) - 1, 0, nr))
@@ -309,7 +322,8 @@ def key_gate(machine: str, gated: list[int], never: list[int],
     return (_SockFilter * len(rows))(*(_SockFilter(*r) for r in rows))
 
 
-KEY_ROWS = (-9, -7, -5, -3)        # (from the end of key_gate's rows) the JEQs of the key
+# (from the end of key_gate's rows) the JEQs of the key.
+KEY_ROWS = (-9, -7, -5, -3)
 
 
 def install_rows(prog_rows: "ctypes.Array[_SockFilter]", machine: str,
@@ -327,7 +341,8 @@ def install_rows(prog_rows: "ctypes.Array[_SockFilter]", machine: str,
     rc = _libc.syscall(ctypes.c_long(number_of("seccomp", machine)),
                        ctypes.c_long(_SECCOMP_SET_MODE_FILTER),
                        ctypes.c_long(_SECCOMP_FILTER_FLAG_TSYNC), ctypes.byref(prog))
-    if rc < 0 and ctypes.get_errno() == errno.ENOSYS:       # kernel < 3.17: this thread only
+    # Kernel < 3.17: this thread only.
+    if rc < 0 and ctypes.get_errno() == errno.ENOSYS:
         rc = _prctl(PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.addressof(prog))
     if rc < 0:
         return f"unavailable (seccomp: {os.strerror(ctypes.get_errno())})"
@@ -370,11 +385,13 @@ def restrict_syscalls(network: Network, allow: tuple = (), dangerous: bool = Fal
     if failed:
         return failed, unix if on else failed
     state = SWITCHED_OFF
-    if allowlist:                           # trust, but check: unshare(0) is a no-op otherwise
+    # Trust, but check: unshare(0) is a no-op otherwise.
+    if allowlist:
         if not _refused("unshare", machine, 0):
             state = "failed (the filter is installed but unshare(0) still works)"
         else:
-            n = len(S.allowed_on(machine, allow))          # (cached: the zygote's prebuild())
+            # (cached: the zygote's prebuild())
+            n = len(S.allowed_on(machine, allow))
             extra = sorted(set(allow) - S.ALLOWED)
             lifted = sorted(set(allow) & set(S.FILTERED))
             state = (f"allowlist ({n} calls, {machine}"

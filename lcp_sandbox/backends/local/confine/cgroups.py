@@ -120,7 +120,8 @@ class WorkerCgroups:
         parent = _parent()[0]
         if self.paths and parent is not None:
             try:
-                os.rmdir(parent)                # (another supervisor's workers keep it)
+                # Another supervisor's workers keep it.
+                os.rmdir(parent)
                 _parent.cache_clear()
             except OSError:
                 pass

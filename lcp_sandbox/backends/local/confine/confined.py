@@ -32,7 +32,8 @@ from .... import protocol as P
 from ....core.limits import Limits
 from ....core.policy import BEST_EFFORT, DEFAULT_RUN_AS, PER_TENANT, path_within
 
-BASE = "(base)"          # the library name of a template without a library
+# The library name of a template without a library.
+BASE = "(base)"
 
 
 def why_fresh(tenants_root: Optional[str], limits: Limits, init: P.Init) -> str:

@@ -178,7 +178,8 @@ def _upstream_head(event: h11.Request, host: str, port: int, path: str) -> bytes
 def connect(addresses: list[Address], port: int) -> socket.socket:
     """A connection to the first of ``addresses`` (each checked) that answers."""
     last: Optional[OSError] = None
-    for address in addresses:                  # (by address: nothing is resolved again)
+    # By address: nothing is resolved again.
+    for address in addresses:
         family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:

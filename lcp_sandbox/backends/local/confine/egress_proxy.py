@@ -93,7 +93,8 @@ class EgressProxy:
         self.max_connections = MAX_CONNECTIONS
         self.head_timeout_s = HEAD_TIMEOUT_S
         self._ids: dict[str, Identity] = {}
-        self._tokens: dict[int, str] = {}         # id(slot): its token, while it lives
+        # id(slot): its token, while it lives.
+        self._tokens: dict[int, str] = {}
         self._lock = threading.Lock()
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._thread: Optional[threading.Thread] = None
@@ -103,7 +104,8 @@ class EgressProxy:
         # Connections at once by tenant (a tenant with none has no entry)
         self.tenants: dict[str, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        self._open: set[_Connection] = set()          # connections being served
+        # Connections being served.
+        self._open: set[_Connection] = set()
         self._pool = _Threads()
         # Workers in the host's network (no namespace of their own): egress_port.py
         self.by_port: ByPort[Identity, _Connection] = ByPort(self._take,
@@ -132,7 +134,8 @@ class EgressProxy:
         self._ids.pop(token, None)
 
     def _start(self) -> None:
-        self._folder = tempfile.mkdtemp(prefix="lcp-sandbox-egress-")     # mode 0700
+        # Mode 0700.
+        self._folder = tempfile.mkdtemp(prefix="lcp-sandbox-egress-")
         self.path = os.path.join(self._folder, "proxy.sock")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(self.path)
@@ -165,7 +168,8 @@ class EgressProxy:
     def close(self) -> None:
         with self._lock:
             loop, thread, self._loop = self._loop, self._thread, None
-            for conn in self._open:                # their threads' reads end
+            # Their threads' reads end.
+            for conn in self._open:
                 conn.end()
         if loop is not None and thread is not None:
             loop.call_soon_threadsafe(loop.stop)
@@ -188,7 +192,8 @@ class EgressProxy:
         itself)."""
         with dialer:
             loop = asyncio.get_running_loop()
-            try:           # exactly the token's line: what follows may carry descriptors
+            # Exactly the token's line: what follows may carry descriptors.
+            try:
                 line = await asyncio.wait_for(_exactly(loop, dialer, TOKEN_BYTES + 1),
                                               self.head_timeout_s)
             except (asyncio.TimeoutError, OSError):
@@ -221,7 +226,8 @@ class EgressProxy:
             except OSError:
                 return
             if not data and not fds:
-                return                                      # the worker ended
+                # The worker ended.
+                return
             if ASK_PORT in data and fds:
                 self.by_port.prove(handed, fds)
             else:
@@ -397,7 +403,8 @@ class _Threads:
         with self._lock:
             start = self._idle == 0
             if not start:
-                self._idle -= 1                   # (that idle thread takes it)
+                # That idle thread takes it.
+                self._idle -= 1
         if start:
             threading.Thread(target=self._serve, name="lcp-sandbox-egress-conn",
                              daemon=True).start()

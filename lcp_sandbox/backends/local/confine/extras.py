@@ -33,7 +33,8 @@ class WorkerExtras:
         then reports its disk cap not in force)."""
         mb = slot.limits.disk_mb
         root = os.path.realpath((init.confine or {})["root"])
-        if not mb or not may_hand_over(root):          # (hand_over_root() refuses that one)
+        # (hand_over_root() refuses that one)
+        if not mb or not may_hand_over(root):
             return
         try:
             self.disks.ensure(root, mb)

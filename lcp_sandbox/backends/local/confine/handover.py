@@ -111,9 +111,11 @@ def hand_over_root(init: P.Init, run_as: tuple[int, int], library: str, tool: st
                               f"own.")
     hand_over(root, *run_as)
     per_tenant: dict = {}
-    if private:                       # its uid's alone: another tenant's uid cannot pass
+    # Its uid's alone: another tenant's uid cannot pass.
+    if private:
         os.chmod(root, 0o700)
-        per_tenant = {"per_tenant": True, "nproc": nproc}                   # (confined.py)
+        # confined.py
+        per_tenant = {"per_tenant": True, "nproc": nproc}
         if files_rest_on_uids(init.disabled or ()):
             per_tenant["open_siblings"] = open_siblings(root)
     # The temp dir is the host's to make (local/templates.py, when it knows where) and to
@@ -212,11 +214,13 @@ def private_tmpdir(run_as: Optional[tuple[int, int]] = None, parent: Optional[st
         try:
             os.chown(tmp, *run_as_ids(DEFAULT_RUN_AS if run_as is None else run_as))
         except (OSError, ValueError):
-            pass                                     # drop_privileges() reports a bad run_as
+            # drop_privileges() reports a bad run_as.
+            pass
     return tmp
 
 
-_MAX_DEPTH = 64                  # directory levels handed over below a root
+# Directory levels handed over below a root.
+_MAX_DEPTH = 64
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -252,8 +256,10 @@ def hand_over(path: str, uid: int, gid: int) -> None:
     try:
         top = _open_dir_path(path)
     except OSError:
-        return                       # gone, or a symlink appeared on the way: nothing handed over
-    mounts = _mount_points_below(path)   # bind mounts of the same file system too
+        # Gone, or a symlink appeared on the way: nothing handed over.
+        return
+    # Bind mounts of the same file system too.
+    mounts = _mount_points_below(path)
     # Depth first, holding one descriptor per level.
     stack = [_Level(top, path)]
     try:
@@ -275,7 +281,8 @@ def hand_over(path: str, uid: int, gid: int) -> None:
                 st = os.fstat(sub)
             except OSError:
                 continue
-            if st.st_ino == ino and st.st_dev == dev:      # else replaced since it was listed
+            # Else replaced since it was listed.
+            if st.st_ino == ino and st.st_dev == dev:
                 below.pending = _hand_over_dir(sub, below.where, dev, mounts, uid, gid,
                                                len(stack) - 1)
     finally:
@@ -309,7 +316,8 @@ class _MountTable:
         try:
             if self._fd < 0:
                 self._fd = os.open("/proc/self/mountinfo", os.O_RDONLY | os.O_CLOEXEC)
-                self._changed()                  # (poll once: from now on it tells changes)
+                # Poll once: from now on it tells changes.
+                self._changed()
             os.lseek(self._fd, 0, os.SEEK_SET)
             chunks = []
             while chunk := os.read(self._fd, 1 << 16):
@@ -322,7 +330,8 @@ class _MountTable:
         except (OSError, IndexError):
             if self._fd >= 0:
                 os.close(self._fd)
-            self._fd = -1                        # read again next time
+            # Read again next time.
+            self._fd = -1
             return []
 
 
@@ -356,7 +365,8 @@ def _hand_over_dir(fd: int, where: str, dev: int, mounts: set[str], uid: int, gi
             if depth < _MAX_DEPTH:
                 subdirs.append((name, st.st_ino))
         elif stat.S_ISREG(st.st_mode) and (st.st_uid, st.st_gid) != (uid, gid) and st.st_nlink == 1:
-            try:     # O_NONBLOCK: if a fifo took its place, opening does not wait for a writer
+            # O_NONBLOCK: if a fifo took its place, opening does not wait for a writer.
+            try:
                 f = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
                             | os.O_CLOEXEC, dir_fd=fd)
             except OSError:

@@ -70,11 +70,16 @@ class Watch:
     """One listener, as the guard holds it: a fresh worker's, or a template's (whose
     workers, forked from it and adopted one by one, each have their own tree)."""
     fd: int
-    pid: int                       # the process that installed it, from the zygote
-    start: int                     # its start time (clock ticks since boot)
-    verified: bool = False         # the handshake came from that pid
-    answered: int = 0              # notifications answered
-    refused: int = 0               # of which EPERM
+    # The process that installed it, from the zygote.
+    pid: int
+    # Its start time (clock ticks since boot)
+    start: int
+    # The handshake came from that pid.
+    verified: bool = False
+    # Notifications answered.
+    answered: int = 0
+    # Of which EPERM.
+    refused: int = 0
     closed: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
     #: the roots of the trees it answers for: {pid: start time}; a caller's root is the
@@ -250,7 +255,8 @@ class Guard:
                 if events & select.EPOLLIN:
                     try:
                         self._answer(watch)
-                    except Exception:         # (never the thread's end: log, go on)
+                    # Never the thread's end: log, go on.
+                    except Exception:
                         log.exception("the host's guard of processes failed to answer")
                 elif events & (select.EPOLLHUP | select.EPOLLERR):
                     self.release(watch)
@@ -265,7 +271,8 @@ class Guard:
             try:
                 fcntl.ioctl(watch.fd, _RECV, buf, True)
             except OSError:
-                return              # (ENOENT: the caller was interrupted; it asks again)
+                # ENOENT: the caller was interrupted; it asks again.
+                return
             nid, caller, _, nr, _, _, *args = _NOTIF.unpack(buf)
             name = self._names.get(nr, "")
             handshake = (not watch.verified and name == HANDSHAKE and caller == watch.pid
@@ -274,7 +281,8 @@ class Guard:
                 root = _root_of(caller, watch.roots)
                 allow = handshake or root is not None and decide(name, args, caller, *root)
             except (OSError, ValueError, IndexError):
-                allow = False       # (a process gone, or unreadable, mid-decision)
+                # A process gone, or unreadable, mid-decision.
+                allow = False
             if not _still_pending(watch.fd, nid):
                 return
             # (verified before the answer: the worker's READY may be read the moment after)
@@ -396,7 +404,8 @@ def _root_of(caller: int, roots: dict[int, int]) -> Optional[tuple[int, int]]:
     for _ in range(_MAX_DEPTH):
         ppid, _, start = _stat(pid)
         if below is not None and start > below:
-            return None                  # (a parent started after its child: a reused pid)
+            # A parent started after its child: a reused pid.
+            return None
         if roots.get(pid) == start:
             return pid, start
         if ppid <= 1:
