@@ -128,7 +128,7 @@ def run(ctx: Any) -> None:
         burst = res.get("spawn_burst") or {}
         add("spawn_path_burst_vs_spawn", f"spawn path: {burst.get('n', 15)} new libraries' first calls back to "
             "back, p50 / bare multiprocessing spawn p50", burst.get("x_spawn_p50"), T["spawn_path_burst_vs_spawn"],
-            "<=", note="" if burst.get("x_spawn_p50") is None else
+            "<=", note="" if burst.get("p50") is None or burst.get("spawn_p50") is None else
             f"{burst['p50']:.1f} ms vs {burst['spawn_p50']:.1f} ms")
         sp = warm.get("sandbox_spawn", {})
         add("spawn_path_warm_vs_zygote", f"spawn path: warm call p50 / zygote path warm call p50 ({pl})",

@@ -61,6 +61,8 @@ INSPECTOR = "@modelcontextprotocol/inspector"
 # The fenced blocks that are not code: (page, section) -> words each must hold.
 DIAGRAMS = {("internals.md", "How it is built"): ("host thread", "worker process"),
             ("network.md", "How it runs"): ("worker (its own network namespace", "SCM_RIGHTS"),
+            ("network.md", "Without a network namespace: by port"): (
+                "worker (the host's network)", "listener at 0.0.0.0:P"),
             ("environments.md", "Building"): ("first call of a library with a declaration",
                                               "complete in the store")}
 
