@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -37,8 +38,15 @@ def summary(result: dict) -> dict:
                     and not (k == "rounds" and isinstance(w, list)) and not _is_path(w)}
         if isinstance(v, list):
             return [strip(w) for w in v if not _is_path(w)]
+        if isinstance(v, str):
+            # A text that names a file of this machine (a section's error) keeps its name only.
+            return _FOLDERS.sub("", v)
         return v
     return strip(result)
+
+
+#: The folders of an absolute path inside a text.
+_FOLDERS = re.compile(r"(?<![\w.])/(?:[\w.-]+/)+")
 
 
 def _is_path(v: Any) -> bool:

@@ -443,10 +443,13 @@ def test_the_pages_agree_on_how_long_a_full_benchmark_run_takes():
 def test_the_kept_run_holds_no_path_of_the_machine_it_ran_on():
     from benchmarks import readme_table
     run = {"meta": {"engine_source": {"path": "/somewhere/lcp_sandbox", "commit": "abc"}, "json_path": "/x/b.json"},
-           "warm": {"split": {"sandbox": {"p50": 1.0, "samples_us": [1.0]}}}}
+           "warm": {"split": {"sandbox": {"p50": 1.0, "samples_us": [1.0]}}},
+           "skipped": {"confined": 'RuntimeError: File "/home/me/lcp/benchmarks/confined.py", line 3'}}
     kept = readme_table.summary(run)
     assert kept["meta"]["engine_source"] == {"commit": "abc"} and "json_path" not in kept["meta"]
     assert kept["warm"]["split"]["sandbox"] == {"p50": 1.0}
+    assert kept["skipped"]["confined"] == 'RuntimeError: File "confined.py", line 3'
+    assert not re.search(r"(?<![\w.])/(?:[\w.-]+/)+", readme_table.RUN_FILE.read_text())
 
 
 def test_the_changelog_has_this_version():
