@@ -238,6 +238,16 @@ DOCKER_DEFAULT = [os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(_
 WARM_CALLS = 20                          # per new tenant, after its first call
 
 
+def _warm_p50(binding: Any) -> float:
+    """The median of WARM_CALLS warm calls of ``tool_plain`` (s), one after another."""
+    times = []
+    for _ in range(WARM_CALLS):
+        t0 = time.perf_counter()
+        binding.execute_tool("tool_plain", {})
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
 def probe(rounds: int) -> dict:
     """(A host process of its own) ``rounds`` new tenants of a plain library on a root
     host with a tenants_root: each one's first call, then WARM_CALLS warm calls; seconds."""
@@ -266,16 +276,12 @@ def probe(rounds: int) -> dict:
             elapsed = time.perf_counter() - t0
             assert got["status_code"] == 200, got
             start = b.stats()[0]["start"]
-            times = []
-            for _ in range(WARM_CALLS):
-                t0 = time.perf_counter()
-                b.execute_tool("tool_plain", {})
-                times.append(time.perf_counter() - t0)
+            warm_p50 = _warm_p50(b)
             b.close()
             _settled([sup])
             if start == "template" and r > 2:
                 first.append(elapsed)
-                warm.append(sorted(times)[len(times) // 2])
+                warm.append(warm_p50)
     finally:
         sup.close()
         shutil.rmtree(tmp, ignore_errors=True)
@@ -353,14 +359,9 @@ def guard_probe(rounds: int) -> dict:
                 guarded = b.stats()[0]["protections"]["processes"].startswith(
                     "on (the host's guard")
                 assert guarded == (kind == "guard"), b.stats()
-                times = []
-                for _ in range(WARM_CALLS):
-                    t0 = time.perf_counter()
-                    b.execute_tool("tool_plain", {})
-                    times.append(time.perf_counter() - t0)
+                got[kind]["warm"][r] = _warm_p50(b)
                 b.close()
                 got[kind]["first"][r] = elapsed
-                got[kind]["warm"][r] = sorted(times)[len(times) // 2]
     finally:
         sup.close()
         shutil.rmtree(tmp, ignore_errors=True)
