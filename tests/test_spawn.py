@@ -357,11 +357,30 @@ def test_a_dead_spare_is_never_handed_out(sup, libs, tmp_path):
         binding.close()
 
 
+# A parent and one child, both blocked on stdin until the test ends: a tree
+# whose size nothing else changes (the test process's own tree does, as other
+# tests' helpers come and go).
+_STILL_TREE = """
+import os, sys
+if os.fork() == 0:
+    sys.stdin.read(); os._exit(0)
+print("ready", flush=True)
+sys.stdin.read()
+os.wait()
+"""
+
+
 def test_memory_is_read_with_psutil_where_there_is_no_proc(monkeypatch):
     from lcp_sandbox.system import proc
-    with_proc = proc.tree_usage(os.getpid())
-    monkeypatch.setattr(proc, "_HAS_PROC", False)
-    monkeypatch.setattr(proc, "_HAS_CHILDREN_FILES", False)
-    rss, uss, processes = proc.tree_usage(os.getpid())
-    assert processes == with_proc[2] and 0 < uss <= rss
+    tree = subprocess.Popen([sys.executable, "-c", _STILL_TREE], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert tree.stdout is not None and tree.stdout.readline() == "ready\n"
+        with_proc = proc.tree_usage(tree.pid)
+        monkeypatch.setattr(proc, "_HAS_PROC", False)
+        monkeypatch.setattr(proc, "_HAS_CHILDREN_FILES", False)
+        rss, uss, processes = proc.tree_usage(tree.pid)
+    finally:
+        tree.communicate("")
+    assert with_proc[2] == 2 and processes == 2 and 0 < uss <= rss
     assert abs(rss - with_proc[0]) < 0.5 * with_proc[0]
