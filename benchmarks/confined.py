@@ -12,7 +12,7 @@ tenants_root=...), shared confined templates) against the same unconfined, same 
     density: ``tenants`` confined tenants x (numpy library + plain library), every call
     answered, USS of the workers, nothing left after close() (processes, descriptors,
     temp dirs)
-    container: a root host in a default container (tests/without_landlock.py
+    container: a root host in a default container (tests/support/without_landlock.py
     --docker-default: Docker's seccomp profile and 14 capabilities, Landlock kept) against
     this root host, each a host process of its own (probe()) run in turns, same run: a
     new tenant's first call (a uid of its own, from the shared template) and warm calls
@@ -233,7 +233,8 @@ def density(tenants: int = 200) -> dict:
 
 #: The emulation of a default container the host-kind tests use.
 DOCKER_DEFAULT = [os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                               "tests", "without_landlock.py"), "--docker-default",
+                               "tests", "support", "without_landlock.py"),
+                  "--docker-default",
                   "--keep-landlock"]
 WARM_CALLS = 20                          # per new tenant, after its first call
 

@@ -8,7 +8,7 @@ by hand.  (The module keeps its name from when the table was in the README.)
                                                              # with the run's summary in RUN_FILE
 
 ``RUN_FILE`` keeps the numbers of the run the page shows (samples and this machine's
-paths dropped); tests/test_readme.py checks the page's table is ``render()`` of it, so
+paths dropped); tests/project/test_readme.py checks the page's table is ``render()`` of it, so
 the table cannot drift from a run.
 """
 from __future__ import annotations

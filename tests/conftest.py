@@ -7,8 +7,13 @@ from pathlib import Path
 import psutil
 import pytest
 
+# tests/ holds conftest.py, the test files grouped by area (core, engine, confinement,
+# network, settings, fronts, project), the libraries and corpora they run (fixtures/) and
+# the helpers they share (support/, imported as the package ``support``).
 HERE = Path(__file__).resolve().parent
-LIBS = HERE / "libs"
+FIXTURES = HERE / "fixtures"
+SUPPORT = HERE / "support"
+LIBS = FIXTURES / "libs"
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
@@ -141,7 +146,7 @@ def open_tmp():
 
 @pytest.fixture
 def libs(tmp_path) -> Path:
-    """A private copy of tests/libs (tests may write markers next to modules)."""
+    """A private copy of tests/fixtures/libs (tests may write markers next to modules)."""
     dst = tmp_path / "libs"
     shutil.copytree(LIBS, dst, ignore=shutil.ignore_patterns("__pycache__", "*.imported"))
     return dst

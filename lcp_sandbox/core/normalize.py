@@ -1,7 +1,7 @@
 """LCP result shapes: the normalizer of tool results and the failure builders.
 
 Pure code.  ``normalize`` gives a tool's return value the shape lollms_client's
-``LCPBinding.execute_tool`` gives it (tests/test_normalize.py replays every case
+``LCPBinding.execute_tool`` gives it (tests/core/test_normalize.py replays every case
 through it); the other builders make
 the failure results of sandbox events (a dead worker, a timeout...), which
 share the LCP failure shape and carry their own ``status_code``.

@@ -9,7 +9,7 @@
 What lollms' forms need beyond the settings table is here: the form type of each keyword,
 closed choices, the settings lollms passes that reach the binding through ``**kwargs``, and
 what each parameter of the binding's commands is.  The file is written by
-``python -m lcp_sandbox.fronts.settings_table --write``; tests/test_lollms_surface.py fails
+``python -m lcp_sandbox.fronts.settings_table --write``; tests/fronts/test_lollms_surface.py fails
 when it is not that output.
 """
 from __future__ import annotations

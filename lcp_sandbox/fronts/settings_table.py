@@ -9,12 +9,12 @@ What the settings are and their defaults come from the code: the signatures of
 ``SandboxedBinding``, ``Supervisor`` and ``RaySupervisor``, the fields of ``Limits`` (the
 ``"sandbox"`` keys, their kinds from ``core.limits._KINDS``) and the ``serve-mcp`` parser.
 What each one does comes from ``DESCRIPTIONS`` below (keywords and ``"sandbox"`` keys) and
-from each flag's own ``help``.  tests/test_settings_table.py fails when a setting has no
+from each flag's own ``help``.  tests/settings/test_settings_table.py fails when a setting has no
 description, when a description names a setting that is gone, or when the page's table is
 not this module's output: a new setting is documented by adding its line here and running
 the ``--write`` command above.  The same keywords, defaults and descriptions make lollms'
 ``lcp_sandbox/lollms_bindings/sandboxed/description.yaml`` (with what lollms' forms need
-besides: fronts/lollms_description.py); tests/test_lollms_surface.py fails when that file
+besides: fronts/lollms_description.py); tests/fronts/test_lollms_surface.py fails when that file
 is not this output.
 """
 from __future__ import annotations

@@ -1,0 +1,168 @@
+"""What only the Ray backend has: placement over nodes, per-node stats, a workspace
+missing on its node, and a node lost (on a third node added to the session's cluster
+for the purpose, so the shared head and node stay up)."""
+import importlib.util
+import re
+import subprocess
+import sys
+import threading
+
+import psutil
+import pytest
+from conftest import _RAY_ROOTS, FIXTURES
+
+from lcp_sandbox import SandboxedBinding, Supervisor
+
+pytestmark = [pytest.mark.ray,
+              pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="the ray extra is not installed")]
+
+
+def live_nodes() -> set:
+    import ray
+    return {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+
+
+@pytest.fixture
+def ray_sup(ray_cluster):
+    """A RaySupervisor of the test's own (its slot counts start at zero)."""
+    from lcp_sandbox import RaySupervisor
+    sup = RaySupervisor()
+    sup.start()
+    yield sup
+    sup.close()
+
+
+def bindings(sup, libs, tmp_path, n: int, prefix: str) -> list:
+    return [SandboxedBinding(tools_folders=[libs], workspace=str(tmp_path), supervisor=sup, tenant=f"{prefix}{i}")
+            for i in range(n)]
+
+
+def test_importing_lcp_sandbox_does_not_import_ray():
+    code = ("import sys, lcp_sandbox; lcp_sandbox.SandboxedBinding, lcp_sandbox.Supervisor, lcp_sandbox.RaySupervisor; "
+            "assert 'ray' not in sys.modules, 'ray imported'")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+
+
+def test_ray_supervisor_is_a_backend(ray_sup):
+    from lcp_sandbox.backends.base import Backend
+    assert isinstance(ray_sup, Backend)
+
+
+def test_eight_tenants_are_placed_over_both_nodes_and_stay(ray_sup, libs, tmp_path):
+    bs = bindings(ray_sup, libs, tmp_path, 8, "spread")
+    assert [b.execute_tool("tool_increment", {})["output"] for b in bs] == [1] * 8
+    rows = {b.tenant: b.stats()[0] for b in bs}
+    nodes = live_nodes()
+    assert len(nodes) == 2 and {r["node"] for r in rows.values()} == nodes
+    assert sorted(sum(r["node"] == n for r in rows.values()) for n in nodes) == [4, 4]   # least loaded first
+    pool = ray_sup.pool_stats()
+    assert set(pool["nodes"]) == nodes and all(v["slots"] == 4 for v in pool["nodes"].values())
+    assert pool["live_workers"] == 8 and pool["tenants"]["spread0"] == {"live_workers": 1, "waiting": 0, "calls": 1}
+    # a slot stays on its node, with its worker and its state
+    assert [b.execute_tool("tool_increment", {})["output"] for b in bs] == [2] * 8
+    again = {b.tenant: b.stats()[0] for b in bs}
+    assert all((again[t]["node"], again[t]["pid"]) == (r["node"], r["pid"]) for t, r in rows.items())
+    for b in bs:
+        b.close()
+    assert ray_sup.pool_stats()["live_workers"] == 0
+
+
+def test_a_workspace_missing_on_its_node_is_refused(ray_sup, libs, tmp_path):
+    ws = tmp_path / "shared"
+    (b,) = bindings(ray_sup, libs, tmp_path, 1, "ws")
+    assert b.execute_tool("tool_whoami", {}, workspace=str(ws))["output"]["cwd"] == str(ws)   # made by the binding
+    node = b.stats()[0]["node"]
+    ws.rmdir()                      # gone from the node's view (the binding, having seen it, does not look again)
+    r = b.execute_tool("tool_whoami", {}, workspace=str(ws))
+    assert r["status_code"] == 500 and r["success"] is False
+    assert f"[stateful] tool 'tool_whoami' not run: its workspace {str(ws)!r} does not exist on node {node}" in r["error"]
+    assert "shares" in r["error"] and not ws.exists()
+    assert b.stats()[0]["calls"] == 1
+    b.close()
+
+
+def test_sandbox_events_reach_the_caller_as_the_node_built_them(ray_sup, libs, tmp_path):
+    """The same faults (a crash loop into quarantine, an exit, a timeout) give the same
+    result dicts through a local Supervisor and through Ray."""
+    local = Supervisor()
+    out = {}
+    try:
+        for kind, sup in (("local", local), ("ray", ray_sup)):
+            b = SandboxedBinding(tools_folders=[FIXTURES / "crashlibs", libs], workspace=str(tmp_path), supervisor=sup,
+                                 tenant="events", timeout_s=5)
+            out[kind] = [b.execute_tool("tool_never", {}) for _ in range(6)]
+            out[kind] += [b.execute_tool("tool_os_exit", {"code": 3}),
+                          b.execute_tool("tool_busy", {"seconds": 30}, timeout_s=0.3)]
+            b.close()
+    finally:
+        local.close()
+
+    def same(r):                                    # the quarantine's remaining seconds may differ
+        return {k: re.sub(r"retried in \d+ s", "retried in N s", v) if isinstance(v, str) else v for k, v in r.items()}
+    assert [r["status_code"] for r in out["ray"]] == [500] * 5 + [503, 500, 504]
+    assert [same(r) for r in out["ray"]] == [same(r) for r in out["local"]]
+    assert "quarantined" in out["ray"][5]["error"] and "exited with code 3" in out["ray"][6]["error"]
+
+
+def _busy(b) -> bool:
+    return any(r["state"] == "busy" for r in b.stats())
+
+
+def wait_until(cond, what: str, tries: int = 2000) -> None:
+    """Poll ``cond`` (each try is a Ray round trip); no timing is asserted."""
+    for _ in range(tries):
+        if cond():
+            return
+        threading.Event().wait(0.01)
+    raise AssertionError(f"never happened: {what}")
+
+
+def test_node_lost_503_then_replaced_others_undisturbed(ray_cluster, libs, tmp_path):
+    """A third node joins; six tenants spread two per node; the third node dies while a
+    call runs on each of its slots: those calls get 503 naming the node, the next call
+    of each starts a fresh worker on a live node (init again, restarts counted), and the
+    calls and state of the other nodes' slots are untouched."""
+    from lcp_sandbox import RaySupervisor
+    before = {p.pid for p in psutil.Process().children()}
+    node3 = ray_cluster.add_node(num_cpus=1)
+    ray_cluster.wait_for_nodes()
+    _RAY_ROOTS.update({p.pid for p in psutil.Process().children()} - before)
+    sup = RaySupervisor()
+    try:
+        sup.start()
+        bs = bindings(sup, libs, tmp_path, 6, "loss")
+        assert [b.execute_tool("tool_increment", {})["output"] for b in bs] == [1] * 6
+        where = {b.tenant: b.stats()[0]["node"] for b in bs}
+        lost_id = node3.node_id
+        doomed = [b for b in bs if where[b.tenant] == lost_id]
+        kept = [b for b in bs if where[b.tenant] != lost_id]
+        assert len(doomed) == 2 and len(kept) == 4
+
+        flag = tmp_path / "flag"
+        results: dict = {}
+
+        def wait_call(b):
+            results[b.tenant] = b.execute_tool("tool_wait_for", {"path": str(flag), "seconds": 60})
+        threads = [threading.Thread(target=wait_call, args=(b,)) for b in doomed + kept[:1]]
+        [t.start() for t in threads]
+        for b in doomed + kept[:1]:
+            wait_until(lambda b=b: _busy(b), f"{b.tenant}'s call running")
+        ray_cluster.remove_node(node3)
+        for b in doomed:
+            threads[doomed.index(b)].join(90)
+            r = results[b.tenant]
+            assert r["status_code"] == 503, r
+            assert f"Ray node {lost_id}" in r["error"] and "was lost" in r["error"] and "tool_wait_for" in r["error"]
+        flag.write_text("x")                   # the call on a live node was not disturbed
+        threads[-1].join(90)
+        assert results[kept[0].tenant] == {"output": str(tmp_path), "status_code": 200, "success": True}
+        assert [b.execute_tool("tool_increment", {})["output"] for b in kept] == [2] * 4
+        for b in doomed:                       # placed again, on a live node, a fresh worker
+            who = b.execute_tool("tool_whoami", {})
+            assert who["success"] and who["output"]["init_calls"] == 1, who
+            assert b.execute_tool("tool_increment", {})["output"] == 1
+            row = b.stats()[0]
+            assert row["node"] in live_nodes() and row["node"] != lost_id and row["restarts"] == 1
+    finally:
+        sup.close()
