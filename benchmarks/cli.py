@@ -85,7 +85,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def main(argv: Optional[list] = None) -> int:
     """``python -m benchmarks`` (also ``python -m benchmarks.run``)."""
     import logging
-    parser = argparse.ArgumentParser(prog="lcp-sandbox bench", description=DESCRIPTION)
+    parser = argparse.ArgumentParser(prog="lcp-sandbox bench", description=DESCRIPTION,
+                                     allow_abbrev=False)
     add_arguments(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")

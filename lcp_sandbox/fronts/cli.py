@@ -273,13 +273,23 @@ def _command(sub: Any, verbose: argparse.ArgumentParser, name: str, summary: str
     return sub.add_parser(name, help=summary, description=description, parents=[verbose])
 
 
+class _Parser(argparse.ArgumentParser):
+    """A parser that takes each flag by its whole name: argparse's prefixes would read a slip
+    (``--max-workers-``) as the longer flag it begins (``--max-workers-per-tenant``).
+    Its commands' parsers are of this class too (add_subparsers makes its own class)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``lcp-sandbox`` argument parser."""
-    verbose = argparse.ArgumentParser(add_help=False)
+    verbose = _Parser(add_help=False)
     verbose.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
                          help="log the engine and the tools' output on stderr")
-    parser = argparse.ArgumentParser(prog="lcp-sandbox", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(prog="lcp-sandbox", description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="store_true", default=False,
                         help="log the engine and the tools' output on stderr")
     sub = parser.add_subparsers(dest="cmd", required=True,

@@ -195,3 +195,18 @@ def test_disks_list_and_prune_name_their_root_and_find_nothing_in_an_empty_one(t
         assert (p.returncode, p.stdout) == (0, ""), p.stderr
     assert json.loads(cli("disks", "list", str(tmp_path), "--json").stdout) == []
 
+
+@pytest.mark.parametrize("argv", [
+    # argparse alone would read each as the longer flag it begins
+    ["serve-mcp", "F", "--max-workers-", "3"],
+    ["serve-mcp", "F", "--max-workers-per", "3"],
+    ["serve-mcp", "F", "--network-al", "example.com"],
+    ["envs", "list", "--sto", "S"],
+    ["disks", "prune", "--verb", "R"],
+])
+def test_a_flag_is_taken_by_its_whole_name_only(argv, capsys):
+    from lcp_sandbox.fronts.cli import build_parser
+    with pytest.raises(SystemExit) as raised:
+        build_parser().parse_args(argv)
+    assert raised.value.code == 2
+    assert f"unrecognized arguments: {argv[-2]}" in capsys.readouterr().err
