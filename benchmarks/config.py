@@ -33,6 +33,7 @@ class BenchConfig:
     density_window_s: float = 1.0         # density: each batch's calls spread over this long
     confined_tenants: int = 200           # confined: tenants x (numpy + plain library) at once
     egress_gets: int = 200                # egress: GETs per kind and round
+    egress_bulk_mb: int = 200             # egress: the body read whole, direct and through the proxy
     ray_calls: int = 300                  # ray: warm calls per path and round
     ray_rounds: int = 8                   # ray: warm rounds (the paths interleaved)
     ray_cold_reps: int = 10               # ray: first calls of a new library on the other node
@@ -74,7 +75,7 @@ TARGETS = {
     "confined_np_p50_ms": 5.0, "confined_np_ratio": 1.5, "uss_confined_np_mb": 4.0,
     "confined_plain_ratio": 1.5, "confined_density_uss_mb": 1536.0,
     "confined_namespaces_ratio": 1.5,
-    "egress_ratio": 1.2,
+    "egress_ratio": 1.2, "egress_added_ms": 0.2, "egress_bulk": 0.9,
     # the spawn start path (Supervisor(start_method="spawn"), what macOS and Windows run)
     "spawn_path_cold_vs_spawn": 0.25, "spawn_path_warm_vs_zygote": 1.2, "spawn_path_burst_vs_spawn": 0.25,
     # a library with its own environment (benchmarks/envs.py) vs the same without one

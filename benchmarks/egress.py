@@ -7,6 +7,8 @@
         policy   a confined worker with {"allow": ["127.0.0.1:<port>"]}: its own network
                  namespace, its relay, the host's egress proxy (resolve, check, connect)
     connections a second: the same GETs, one after another, per kind
+    bulk: a body of bulk_mb (200 MB), the two kinds in a fresh random order in each of
+    BULK_ROUNDS rounds, read into one buffer in the tool; the proxy's throughput / direct's
     memory: 1,000 policies given and 1,000 dialers connected to the proxy (both ends in this
     process, no worker: what the proxy holds per worker), tracemalloc's peak and current
 
@@ -48,12 +50,35 @@ def tool_gets(url: str, n: int) -> dict:
             r.read()
         took.append(time.perf_counter_ns() - t0)
     return {"success": True, "output": took}
+
+
+def tool_bulk(url: str) -> dict:
+    """One GET of url whose body is read into one buffer: its bytes and duration in ns.
+
+    Args:
+        url (str): the URL
+    """
+    view = memoryview(bytearray(1 << 20))
+    got = 0
+    t0 = time.perf_counter_ns()
+    with urllib.request.urlopen(url, timeout=60) as r:
+        while n := r.readinto(view):
+            got += n
+    return {"success": True, "output": {"bytes": got, "ns": time.perf_counter_ns() - t0}}
 '''
 SERVER = '''
 import http.server, sys
 class H(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.0"
     def do_GET(self):
+        if "/bulk/" in self.path:
+            mb = int(self.path.rsplit("/", 1)[1])
+            chunk = bytes(1 << 20)
+            self.send_response(200); self.send_header("Content-Length", str(mb << 20))
+            self.end_headers()
+            for _ in range(mb):
+                self.wfile.write(chunk)
+            return
         self.send_response(200); self.send_header("Content-Length", "12"); self.end_headers()
         self.wfile.write(b"hello world!")
     def log_message(self, *a): pass
@@ -62,6 +87,7 @@ print(s.server_address[1], flush=True)
 s.serve_forever()
 '''
 KINDS = ("direct", "policy")
+BULK_ROUNDS = 5
 
 
 class _Slot:
@@ -101,7 +127,20 @@ def _memory(sup: Supervisor, port: int, n: int = 1000) -> dict:
             "mb": (current - base) / 2**20, "peak_mb": (peak - base) / 2**20}
 
 
-def measure(rounds: int = 10, gets: int = 200, seed: int = 1) -> dict:
+def _bulk(made: dict, url: str, mb: int, rng: random.Random) -> dict:
+    """GB/s of an ``mb`` body per kind (median of the rounds), and policy / direct."""
+    rates: dict = {k: [] for k in KINDS}
+    for _ in range(BULK_ROUNDS):
+        for kind in rng.sample(KINDS, len(KINDS)):
+            got = made[kind].execute_tool("tool_bulk", {"url": url})
+            assert got["success"] and got["output"]["bytes"] == mb << 20, got
+            rates[kind].append(got["output"]["bytes"] / got["output"]["ns"])
+    gbps = {k: sorted(v)[len(v) // 2] for k, v in rates.items()}
+    return {"mb": mb, "rounds": BULK_ROUNDS, "gb_per_s": gbps,
+            "ratio": gbps["policy"] / gbps["direct"]}
+
+
+def measure(rounds: int = 10, gets: int = 200, seed: int = 1, bulk_mb: int = 200) -> dict:
     tmp = tempfile.mkdtemp(prefix="lcp-bench-egress-")
     os.chmod(tmp, 0o711)
     server = subprocess.Popen([sys.executable, "-c", SERVER], stdout=subprocess.PIPE, text=True)
@@ -138,6 +177,7 @@ def measure(rounds: int = 10, gets: int = 200, seed: int = 1) -> dict:
                     took[kind] += xs
                     p50[kind][r] = percentile(xs, 50)
                     rate[kind].append(len(xs) / (sum(xs) / 1e9))
+            bulk = _bulk(made, f"{url}bulk/{bulk_mb}", bulk_mb, rng)
             network = made["policy"].stats()[0]["protections"]["network"]
             memory = _memory(sup, port)
         rows = {k: summarize(v, 1e3) for k, v in took.items()}
@@ -146,7 +186,7 @@ def measure(rounds: int = 10, gets: int = 200, seed: int = 1) -> dict:
                 "ratio": ratio(rows["policy"]["p50"], rows["direct"]["p50"]),
                 "added_us": rows["policy"]["p50"] - rows["direct"]["p50"],
                 "ratio_paired": paired_ratio(p50["policy"], p50["direct"]),
-                "connections_per_s": per_s, "memory": memory}
+                "connections_per_s": per_s, "memory": memory, "bulk": bulk}
     finally:
         server.kill()
         server.wait()
@@ -171,13 +211,16 @@ def render(res: dict) -> str:
             f"through the proxy {cps['policy']:.0f}",
             f"  the proxy's memory for {mem['workers']} workers with policies and dialers: "
             f"{mem['mb']:.1f} MB ({mem['kb_per_worker']:.1f} KB each; peak {mem['peak_mb']:.1f} MB)",
+            f"  a {res['bulk']['mb']} MB body, GB/s: direct {res['bulk']['gb_per_s']['direct']:.2f}, "
+            f"through the proxy {res['bulk']['gb_per_s']['policy']:.2f} "
+            f"({res['bulk']['ratio']:.2f}x; median of {res['bulk']['rounds']} rounds)",
             f"  in force: {res['network']}"]
     return "\n".join(out)
 
 
 def run(ctx: Any, prog: Any) -> None:
     ctx.result["egress"] = measure(max(4, ctx.cfg.cold_reps // 2), ctx.cfg.egress_gets,
-                                   ctx.cfg.seed)
+                                   ctx.cfg.seed, ctx.cfg.egress_bulk_mb)
     prog.step("egress", "done", 0)
 
 

@@ -157,6 +157,14 @@ def run(ctx: Any) -> None:
         "proxy / direct, p50", eg.get("ratio_paired") or eg.get("ratio"), T["egress_ratio"], "<=",
         note="" if eg.get("ratio") is None else
         f"pooled {x(eg['ratio'])}; {eg['added_us']:.0f} us added a connection")
+    add("egress_added_ms", "a small GET through a network policy's proxy: time added to a new "
+        "connection, p50", None if eg.get("added_us") is None else eg["added_us"] / 1e3,
+        T["egress_added_ms"], "<=", "ms")
+    bulk = eg.get("bulk") or {}
+    add("egress_bulk", f"a {bulk.get('mb', 200)} MB body through a network policy's proxy / "
+        "direct, GB/s (median of interleaved rounds)", bulk.get("ratio"), T["egress_bulk"], ">=",
+        note="" if not bulk else "GB/s: direct {direct:.2f}, proxy {policy:.2f}".format(
+            **bulk["gb_per_s"]))
     environments(res.get("envs") or {}, add)
     mcp = (res.get("mcp") or {}).get("warm_ms", {})
     for client, label in (("sdk", "the SDK's client"), ("plain", "a kept-alive plain HTTP client")):

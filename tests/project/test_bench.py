@@ -17,7 +17,7 @@ TINY = dict(calls=40, rounds=2, subprocess_calls=2, cold_reps=2, zygote_reps=1, 
             throughput_rounds=1, mem_calls=200, discovery_files=30, discovery_reps=1,
             routing_workers=8, routing_calls=40, routing_rounds=2, routing_window_s=0.05,
             density_tenants=3, density_idle_tenants=1, density_idle_s=0.1, density_calls=40, density_rounds=1,
-            density_window_s=0.05, confined_tenants=3, egress_gets=10, mcp_calls=10, mcp_rounds=1, mcp_sessions=3,
+            density_window_s=0.05, confined_tenants=3, egress_gets=10, egress_bulk_mb=4, mcp_calls=10, mcp_rounds=1, mcp_sessions=3,
             skip=("ray",))
 
 TARGET_NAMES = {"warm_p50", "warm_p99", "warm_p50_inprocess", "cold_vs_spawn", "parallel", "uss_first", "uss_after",
@@ -25,7 +25,7 @@ TARGET_NAMES = {"warm_p50", "warm_p99", "warm_p50_inprocess", "cold_vs_spawn", "
                 "density_pool_idle_runs", "density_stats_ms", "cold_p50", "cold_p99", "uss_plain", "template_p50",
                 "fresh_over_template", "uss_template", "syscalls_warm_p50", "confined_np_p50",
                 "confined_np_ratio", "uss_confined_np", "confined_plain_ratio", "confined_density_uss",
-                "confined_namespaces_ratio", "egress_ratio", "mcp_warm_sdk", "mcp_warm_plain", "metrics_share", "density_metrics_ms",
+                "confined_namespaces_ratio", "egress_ratio", "egress_added_ms", "egress_bulk", "mcp_warm_sdk", "mcp_warm_plain", "metrics_share", "density_metrics_ms",
                 "spawn_path_cold_vs_spawn", "spawn_path_warm_vs_zygote", "spawn_path_burst_vs_spawn",
                 "envs_first_call", "envs_fresh_host",
                 "envs_warm", "envs_build_5"}
