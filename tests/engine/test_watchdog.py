@@ -29,7 +29,7 @@ def sampled(sup):
     """Every slot's after-call memory sample was taken and kept (nothing of it is still due,
     and the sample is newer than the last call: the watchdog marks a sample taken before it
     measures, so the mark alone comes a moment before the sample)."""
-    return not any(s.sample_due or (s.proc is not None and s.mem_at < s.last_used)
+    return not any(sup._watchdog.sample_owed(s) or (s.proc is not None and s.mem_at < s.last_used)
                    for s in sup._slots.values())
 
 

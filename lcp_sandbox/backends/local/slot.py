@@ -18,8 +18,7 @@ and the watchdog read them and call these:
     attach(proc, start, template)  started_fresh(why)     a worker started (templates)
     uses_environment(environment)                         its library's own (starts)
     detach(proc)  ended(how)                              a worker gone (supervisor)
-    measured(...)  owe_sample() / sample_taken()          memory samples (watchdog)
-    owe_idle() / idle_checked()                           the idle deadline (watchdog)
+    measured(...)                                         a memory sample (watchdog)
 """
 from __future__ import annotations
 
@@ -139,12 +138,8 @@ class Slot:
     mem_uss: int = 0
     # When (time.monotonic())
     mem_at: float = 0.0
-    # The watchdog will sample it (a call ended)
-    sample_due: bool = False
     # Its last worker's pids cgroup (max_processes)
     cgroup: Optional[str] = None
-    # The watchdog has its idle deadline.
-    idle_due: bool = False
     # Its warm calls' spin windows.
     spin: SpinPolicy = field(default_factory=SpinPolicy)
 
@@ -194,24 +189,6 @@ class Slot:
     def ended(self, how: str) -> None:
         """How its last worker ended, in words."""
         self.last_exit = how
-
-    # ------------------------------------------------------------ the watchdog's marks
-    def owe_sample(self) -> bool:
-        """A memory sample becomes due; False when one already was."""
-        owed, self.sample_due = not self.sample_due, True
-        return owed
-
-    def sample_taken(self) -> None:
-        self.sample_due = False
-
-    def owe_idle(self) -> bool:
-        """The watchdog keeps its idle deadline; False when it already did."""
-        owed, self.idle_due = not self.idle_due, True
-        return owed
-
-    def idle_checked(self) -> None:
-        """The idle deadline is no longer kept (the next call's end keeps it again)."""
-        self.idle_due = False
 
     def interrupt(self) -> bool:
         """Signal the call in flight as its soft timeout would (the host cancelled it).

@@ -69,6 +69,10 @@ class Watchdog:
         self._seq = itertools.count()
         # Id -> slot busy with a memory-limited call.
         self._limited: dict[int, Slot] = {}
+        # Ids of the slots whose memory sample is in the heap (a call ended since the last).
+        self._sample_owed: set[int] = set()
+        # Ids of the slots whose idle deadline is in the heap.
+        self._idle_kept: set[int] = set()
         # Next sample of the memory-limited calls.
         self._busy_due = math.inf
         # Next on_tick already in the heap.
@@ -125,14 +129,21 @@ class Watchdog:
     def call_ended(self, slot: Slot) -> None:
         """``slot``'s call ended (``last_used`` is set): its memory sample and its idle
         deadline become due, unless they already are (the common case: nothing to do)."""
-        if id(slot) in self._limited or not slot.sample_due or (
-                not slot.idle_due and self.idle_timeout_s is not None):
+        key = id(slot)
+        if key in self._limited or key not in self._sample_owed or (
+                key not in self._idle_kept and self.idle_timeout_s is not None):
             with self._cond:
-                self._limited.pop(id(slot), None)
-                if slot.owe_sample():
+                self._limited.pop(key, None)
+                if key not in self._sample_owed:
+                    self._sample_owed.add(key)
                     self._due(slot.last_used + SAMPLE_DELAY_S, _SAMPLE, slot)
-                if self.idle_timeout_s is not None and slot.owe_idle():
+                if self.idle_timeout_s is not None and key not in self._idle_kept:
+                    self._idle_kept.add(key)
                     self._due(slot.last_used + self.idle_timeout_s, _IDLE, slot)
+
+    def sample_owed(self, slot: Slot) -> bool:
+        """A memory sample of ``slot`` is due (a call ended since the last was taken)."""
+        return id(slot) in self._sample_owed
 
     # ------------------------------------------------------------ the thread
     def _run(self) -> None:
@@ -178,11 +189,12 @@ class Watchdog:
             if not obj.zygote.reaped(obj.pid):
                 obj.zygote.kill(obj.pid)
         elif what == _SAMPLE:
-            obj.sample_taken()
+            self._sample_owed.discard(id(obj))
             # Its tool left processes.
             if self._measure(obj) > 1 and obj.limits.memory_mb:
                 with self._cond:
-                    if obj.owe_sample():
+                    if id(obj) not in self._sample_owed:
+                        self._sample_owed.add(id(obj))
                         self._due(now + SAMPLE_DELAY_S, _SAMPLE, obj)
         elif what == _IDLE:
             self._idle(obj, now)
@@ -211,7 +223,8 @@ class Watchdog:
         """The idle deadline of ``slot`` came: retire its worker if it is still idle.
 
         Decided holding the slot's lock: no call is then between its start and its
-        call_ended, so ``idle_due`` cannot be dropped while a call would count on it."""
+        call_ended, so its mark in ``_idle_kept`` cannot be dropped while a call would
+        count on it."""
         idle_s = self.idle_timeout_s
         if idle_s is None:
             return
@@ -224,12 +237,12 @@ class Watchdog:
             proc = slot.proc
             if proc is None or proc.exit_status is not None:
                 # The next call's end keeps it again.
-                slot.idle_checked()
+                self._idle_kept.discard(id(slot))
             elif time.monotonic() - slot.last_used <= idle_s:
                 with self._cond:
                     self._due(slot.last_used + idle_s, _IDLE, slot)
             else:
-                slot.idle_checked()
+                self._idle_kept.discard(id(slot))
                 self._retire(slot, proc, "idle", f"stopped after {idle_s:g} s idle")
         finally:
             slot.lock.release()
