@@ -5,9 +5,10 @@ import json
 import math
 import os
 import shutil
+from pathlib import Path
 
 import pytest
-from conftest import FIXTURES
+from conftest import FIXTURES, REPO
 
 from benchmarks import harness as bench
 from benchmarks import run_bench
@@ -257,3 +258,23 @@ def test_bench_ray_section(ray_cluster, tmp_path):
     targets = {t["name"]: t for t in result["targets"]}
     assert targets["ray_warm_vs_actor"]["met"] in (True, False) and targets["ray_cold_ms"]["met"] in (True, False)
     assert "RAY" in out.getvalue() and "bare Ray actor method" in out.getvalue()
+
+
+def test_trees_measures_each_checkouts_engine_and_pairs_the_rounds(tmp_path, capsys):
+    """benchmarks/trees.py: each checkout's own lcp_sandbox runs (a copy that answers
+    differently is seen), and a ratio is the median of the rounds' ratios."""
+    from benchmarks import trees
+    here = trees.measure(REPO, 20)
+    assert set(here) == {"start", "first", "warm", "uss"} and all(v > 0 for v in here.values())
+    # A checkout whose engine fails is not measured with this one's.
+    broken = tmp_path / "broken"
+    (broken / "lcp_sandbox").mkdir(parents=True)
+    (broken / "lcp_sandbox" / "__init__.py").write_text("raise ImportError('the broken tree')\n")
+    with pytest.raises(Exception, match="returned non-zero"):
+        trees.measure(broken, 20)
+    a, b = Path("a"), Path("b")
+    runs = {a: [dict.fromkeys(trees._UNITS, 1.0), dict.fromkeys(trees._UNITS, 4.0)],
+            b: [dict.fromkeys(trees._UNITS, 2.0), dict.fromkeys(trees._UNITS, 2.0)]}
+    rows = trees.table([a, b], runs).splitlines()
+    # b's rounds: 2/1 and 2/4, median 1.25; its own median 2 (the warm column in us).
+    assert rows[3].startswith("| b |") and "(1.25x)" in rows[3] and "(1.00x)" in rows[2]
