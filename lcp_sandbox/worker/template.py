@@ -282,9 +282,14 @@ def _spare_child(chan: socket.socket, r: int, intermediate: int, zygote_pid: int
     die_with_parent()
     if os.getppid() != zygote_pid:
         os._exit(1)
+    from .confine import SHARED
+    from .confine.handoff import rehearse_take
     from .rehearsal import rehearse
     try:
         rehearse()
+        # A spare of a per-tenant template takes its tenant's uid first.
+        if SHARED.get("handoff"):
+            rehearse_take()
     except Exception:
         # Only an optimization.
         pass

@@ -58,14 +58,22 @@ def _last_cap() -> int:
 _LAST_CAP = _last_cap()
 
 
-def capabilities() -> dict:
-    """This thread's capability sets as integers (as /proc/self/status shows them)."""
+def capability_sets() -> dict[str, int]:
+    """This thread's effective, permitted and inheritable sets as integers (one capget;
+    ambient capabilities cannot outlast an empty permitted set)."""
     hdr = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
     data = (_CapData * 2)()
     if _libc.capget(ctypes.byref(hdr), data) != 0:
         raise OSError(ctypes.get_errno(), f"capget: {os.strerror(ctypes.get_errno())}")
-    out = {k: getattr(data[0], k) | (getattr(data[1], k) << 32)
-           for k in ("effective", "permitted", "inheritable")}
+    return {k: getattr(data[0], k) | (getattr(data[1], k) << 32)
+            for k in ("effective", "permitted", "inheritable")}
+
+
+def capabilities() -> dict[str, int]:
+    """This thread's capability sets as integers (as /proc/self/status shows them): the
+    three of capability_sets(), the bounding set and the ambient set (a prctl a
+    capability each, about 80 calls)."""
+    out = capability_sets()
     out["bounding"] = sum(1 << c for c in range(_LAST_CAP + 1) if _prctl(PR_CAPBSET_READ, c) > 0)
     out["ambient"] = sum(1 << c for c in range(_LAST_CAP + 1)
                          if _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_IS_SET, c) > 0)
