@@ -92,6 +92,22 @@ def _mounted_at(root) -> list[str]:
         return [line for line in f if line.split()[4] == str(root)]
 
 
+def _holders(root) -> list[str]:
+    """Who holds the disk at ``root``: each process's pid, command line and mount namespace
+    (what a failing assertion shows, so a holder from outside the test can be named)."""
+    import psutil
+    loops = [d["loops"] for d in disks.on_disk(str(root.parent)) if d["root"] == str(root)]
+    held = []
+    for pid in disks.users(loops[0] if loops else []):
+        try:
+            proc = psutil.Process(pid)
+            held.append(f"{pid} {' '.join(proc.cmdline())[:120]} "
+                        f"mnt:{os.readlink(f'/proc/{pid}/ns/mnt')}")
+        except (psutil.Error, OSError):
+            held.append(f"{pid} (gone)")
+    return held
+
+
 def _loops(image) -> str:
     """What losetup says of the loop devices backed by ``image`` ("" when none is)."""
     import subprocess
@@ -170,7 +186,8 @@ def test_disks_list_and_prune_free_only_what_no_process_uses(open_tmp):
         assert "would be unmounted" in dry.stdout and _mounted_at(open_tmp / "idle")
         pruned = cli("prune", str(open_tmp))
         assert pruned.returncode == 0, pruned.stderr
-        assert f"{open_tmp / 'idle'}: unmounted" in pruned.stdout
+        assert f"{open_tmp / 'idle'}: unmounted" in pruned.stdout, (
+            pruned.stdout, _holders(open_tmp / "idle"))
         assert f"{open_tmp / 'live'}: kept: in use by" in pruned.stdout
         assert f"{open_tmp / 'gone'}: image deleted (its root is gone)" in pruned.stdout
         assert not _mounted_at(open_tmp / "idle") and _mounted_at(open_tmp / "live")
