@@ -72,8 +72,8 @@ TARGETS = {
     "template_p50_ms": 5.0, "fresh_over_template": 30.0, "uss_template_mb": 4.0,
     "syscalls_warm_p50": 1.03,
     "mcp_warm_sdk": 1.2, "mcp_warm_plain": 1.2, "metrics_share": 0.02, "density_metrics_ms": 5.0,
-    "confined_np_p50_ms": 5.0, "confined_np_ratio": 1.5, "uss_confined_np_mb": 4.0,
-    "confined_plain_ratio": 1.5, "confined_density_uss_mb": 1536.0,
+    "confined_np_p50_ms": 5.0, "confined_np_ratio": 1.2, "uss_confined_np_mb": 4.0,
+    "confined_plain_ratio": 1.2, "confined_density_uss_mb": 1536.0,
     "confined_namespaces_ratio": 1.5,
     "egress_ratio": 1.2, "egress_added_ms": 0.2, "egress_bulk": 0.9,
     # the spawn start path (Supervisor(start_method="spawn"), what macOS and Windows run)
