@@ -395,3 +395,33 @@ def test_filter_programs_assemble():
             assert rows[0] == (0x20, 0, 0, 4)                      # load the architecture first
             assert rows[1][3] == seccomp._AUDIT_ARCH[machine]
             assert len(rows) < (64 if not allowlist else 512)
+
+
+_REHEARSE = """
+import json, os, resource
+from lcp_sandbox.worker.confine import handoff, privileges
+from lcp_sandbox.worker.libc import prctl
+PR_GET_DUMPABLE = 3
+
+def state():
+    return [privileges.capabilities(), os.getresuid(), os.getresgid(), os.getgroups(),
+            resource.getrlimit(resource.RLIMIT_NPROC), prctl(PR_GET_DUMPABLE)]
+
+before = state()
+handoff.rehearse_take()
+print(json.dumps([before, state(), privileges.capability_sets()]))
+"""
+
+
+def test_a_spares_rehearsal_of_its_uid_handoff_changes_nothing():
+    """rehearse_take() runs in a spare before its INIT, with the template's capabilities
+    still held: its ids, every capability set, groups, process limit and dumpable flag are
+    what they were (here, a root process: anything it dropped or set would show).  The
+    capget-only read agrees with the full one."""
+    out = subprocess.run([sys.executable, "-c", _REHEARSE], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    import json
+    before, after, sets = json.loads(out.stdout)
+    assert before == after
+    assert sets == {k: before[0][k] for k in ("effective", "permitted", "inheritable")}
