@@ -8,11 +8,8 @@ share the LCP failure shape and carry their own ``status_code``.
 """
 from __future__ import annotations
 
-import logging
-from pathlib import Path
+import os
 from typing import Any, Optional
-
-log = logging.getLogger("lcp_sandbox")
 
 PASSTHROUGH_KEYS = ("image_filename", "image_b64", "images", "image_media_types",
                     "prompt_injection")
@@ -32,8 +29,13 @@ TIMED_OUT = 504
 OUT_OF_MEMORY = 507
 
 
-def resolve_context_files(value: Any, cwd: Path) -> list[str]:
-    """Absolute paths of the existing files named by a tool's ``context_files``."""
+def resolve_context_files(value: Any, cwd: Optional[os.PathLike[str] | str] = None) -> list[str]:
+    """Absolute paths of the existing files named by a tool's ``context_files``, relative
+    ones against ``cwd`` (default: the process's)."""
+    # Here, not at the top: a worker whose tools name no context files never imports
+    # pathlib (with what it imports, about 10 ms of a spawned worker's start).
+    from pathlib import Path
+    base = Path(cwd) if cwd else Path.cwd()
     if isinstance(value, (str, Path)):
         entries = [value]
     elif isinstance(value, (list, tuple)):
@@ -44,7 +46,7 @@ def resolve_context_files(value: Any, cwd: Path) -> list[str]:
     for entry in entries:
         try:
             p = Path(str(entry))
-            p = (p if p.is_absolute() else cwd / p).resolve()
+            p = (p if p.is_absolute() else base / p).resolve()
             if p.is_file():
                 out.append(str(p))
         except Exception:
@@ -105,8 +107,7 @@ def normalize(result: Any, cwd: Optional[str] = None) -> dict[str, Any]:  # noqa
         if result.get(key) is not None:
             final[key] = result[key]
     if result.get("context_files") is not None:
-        final["context_files"] = resolve_context_files(result["context_files"],
-                                                       Path(cwd) if cwd else Path.cwd())
+        final["context_files"] = resolve_context_files(result["context_files"], cwd)
     return final
 
 

@@ -22,7 +22,6 @@ cannot carry reaches the host as a plain equivalent or its repr.
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import enum
 import importlib.util
 import os
@@ -32,7 +31,6 @@ import sys
 import time
 import traceback
 import types
-from pathlib import Path
 from typing import Any, Callable, Optional, cast
 
 from .. import protocol as P
@@ -85,7 +83,11 @@ def describe(value: Any) -> Any:
     try:
         if hasattr(value, "tolist") and callable(value.tolist):
             return value.tolist()
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        # A dataclass instance exists only once dataclasses is imported (a spawned worker
+        # starts without it).
+        dataclasses = sys.modules.get("dataclasses")
+        if (dataclasses is not None and dataclasses.is_dataclass(value)
+                and not isinstance(value, type)):
             return dataclasses.asdict(value)
         if isinstance(value, enum.Enum):
             return value.value
@@ -129,7 +131,9 @@ class Worker:
 
     # ------------------------------------------------------------ loading
     def _stem(self, index: int) -> str:
-        return Path(self.files[index]).stem if self.files else self.library
+        if not self.files:
+            return self.library
+        return os.path.splitext(os.path.basename(self.files[index]))[0]
 
     def _relay(self, bit: int) -> Optional[Proxy]:
         return self.relays[bit] if self.handlers & bit else None

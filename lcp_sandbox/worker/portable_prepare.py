@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
+from typing import Any
 
 from .. import protocol as P
 
@@ -45,6 +45,16 @@ def set_environment(env: dict) -> None:
             current[key] = value
 
 
+def use_temp_dir(path: str) -> None:
+    """Make ``path`` the worker's temp dir: TMPDIR, and tempfile's cached choice where
+    tempfile is imported already (a template's library may have used it).  A spawned
+    worker starts without tempfile (about 5 ms of its start): its first use reads TMPDIR."""
+    os.environ["TMPDIR"] = path
+    tempfile: Any = sys.modules.get("tempfile")
+    if tempfile is not None:
+        tempfile.tempdir = path
+
+
 def environment_of(init: P.Init) -> dict:
     """The environment INIT gives the worker: the host's (filtered when confined) and
     the library's own ``env`` over it."""
@@ -69,7 +79,7 @@ def prepare(init: P.Init) -> dict:
               "unix_sockets": "not blocked (not confined)" if conf is None else missing,
               "syscalls": "not confined" if conf is None else missing}
     if conf is not None and init.tmpdir:
-        os.environ["TMPDIR"] = tempfile.tempdir = init.tmpdir
+        use_temp_dir(init.tmpdir)
     try:
         from .rlimits import apply_in_worker
     # Windows: no resource module.

@@ -7,11 +7,13 @@ critical path twice: init_tools_library and the tool), else from inspect.
 """
 from __future__ import annotations
 
-import inspect
 import types
 from typing import Any, Optional
 
-_VARARGS, _VARKEYWORDS = inspect.CO_VARARGS, inspect.CO_VARKEYWORDS
+# inspect.CO_VARARGS and CO_VARKEYWORDS (CPython's code flags): inspect itself, about 5 ms
+# of a spawned worker's start with what it imports, is imported only for what is no plain
+# function.
+_VARARGS, _VARKEYWORDS = 0x04, 0x08
 
 
 def _code(fn: Any) -> Optional[types.CodeType]:
@@ -27,6 +29,7 @@ def accepts(fn: Any) -> tuple[frozenset, bool]:
     """(the parameter names ``fn`` takes by keyword, whether it takes **kwargs)."""
     code = _code(fn)
     if code is None:
+        import inspect
         params = inspect.signature(fn).parameters.values()
         by_keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
         return (frozenset(p.name for p in params if p.kind in by_keyword),
@@ -39,6 +42,7 @@ def positional(fn: Any) -> bool:
     """Whether ``fn`` takes an argument by position."""
     code = _code(fn)
     if code is None:
+        import inspect
         return any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
                    for p in inspect.signature(fn).parameters.values())
     return code.co_argcount > 0 or bool(code.co_flags & _VARARGS)

@@ -1,7 +1,8 @@
 """A spawned worker: the spawn start path's fresh interpreter, with only what every OS has.
 
     host (backends/local/spawn.py)                      this process
-      Popen(python -I -c BOOT ...)  ─────────────────►  main(): engine imported, then waits
+      Popen(python -I -c BOOT ...)  ─────────────────►  main(): engine imported; while no
+                                                           call waits, ahead.py's modules
         stdin   the control pipe (the host's end only)     fd 0 moved aside, /dev/null in its
                                                            place (a tool's children never hold it)
         stdout + stderr   the log pipe (host threads)     line-buffered
@@ -28,6 +29,7 @@ import atexit
 import functools
 import io
 import os
+import select
 import signal
 import socket
 import struct
@@ -37,6 +39,7 @@ from typing import Any, cast
 
 from .. import protocol as P
 from . import loop
+from .ahead import import_ahead
 
 # A control record: the number of the call to interrupt.
 CONTROL = struct.Struct("<I")
@@ -44,9 +47,11 @@ CONTROL = struct.Struct("<I")
 _wanted = [0]
 
 
-def main(arg: str) -> None:
+def main(arg: str, ahead: str = "lean") -> None:
     """Entry point (backends/boot.py's boot line): ``arg`` is the channel's
-    descriptor, or "share" (Windows: its share bytes come first on the control pipe)."""
+    descriptor, or "share" (Windows: its share bytes come first on the control pipe);
+    ``ahead``: "ahead" to import ahead.AHEAD while no call waits (backends/local/spawn.py
+    says which spares do)."""
     # Non-inheritable, as os.dup makes it.
     control = os.dup(0)
     null = os.open(os.devnull, os.O_RDONLY)
@@ -68,6 +73,10 @@ def main(arg: str) -> None:
     signal.signal(signal.SIGINT, on_interrupt)
     # The first registered runs last, after the tools' own.
     atexit.register(end_tree)
+    # A spare that is up before its call: the modules tools commonly import.  A call
+    # already waiting is served first.
+    if ahead == "ahead":
+        import_ahead(lambda: bool(select.select([sock], [], [], 0)[0]))
     # The control thread starts once the worker is confined: capabilities and Landlock
     # are per thread, so a thread started before prepare() would keep what it drops.
     loop.serve(sock, P.PortableConnection, functools.partial(

@@ -139,12 +139,11 @@ def main(fd: int) -> None:
     become_subreaper()
     ctl = socket.socket(fileno=fd)
     # What every worker needs, imported once here and shared copy-on-write.
-    import ctypes, importlib.util, inspect, json, pathlib, re, sqlite3, threading, traceback  # noqa
-    import fcntl, tempfile, typing  # noqa
     import msgpack  # noqa
     from .. import protocol  # noqa
     from ..core import normalize, policy  # noqa
-    from . import loop, proxies, rehearsal, rlimits, template  # noqa
+    from . import ahead, loop, proxies, rehearsal, rlimits, template  # noqa
+    ahead.import_ahead()
     from .confine import guard, landlock, mounts, network, privileges, seccomp  # noqa
     # The confined workers' filters, packed once.
     seccomp.prebuild()

@@ -402,12 +402,12 @@ def test_the_zygote_runs_the_hosts_own_copy_of_the_engine(tmp_path):
     libs = tmp_path / "libs"
     libs.mkdir()
     (libs / "where.py").write_text("import sys\ndef tool_where() -> dict:\n"
-                                   "    return {'success': True, 'output': sys.modules['lcp_sandbox'].__file__}\n")
+                                   "    return {'success': True, 'output': sys.modules['lcp_sandbox'].__path__[0]}\n")
     script = ("import sys; sys.path.insert(0, sys.argv[1])\n"
               "import lcp_sandbox\n"
               "from lcp_sandbox import SandboxedBinding\n"
               "with SandboxedBinding(tools_folders=[sys.argv[2]], workspace=sys.argv[2]) as b:\n"
-              "    print(lcp_sandbox.__file__)\n"
+              "    print(lcp_sandbox.__path__[0])\n"
               "    print(b.execute_tool('tool_where', {})['output'])\n")
     out = subprocess.run([sys.executable, "-c", script, str(copy), str(libs)], capture_output=True, text=True,
                          timeout=120)

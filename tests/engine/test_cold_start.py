@@ -18,6 +18,8 @@ import gc, os, sys
 
 _FROZEN = gc.get_freeze_count()
 _TRACKED = {id(o) for o in gc.get_objects()}
+# what this library's import found not imported yet, of the modules imported ahead
+_NOT_AHEAD = [m for m in sys.modules["lcp_sandbox.worker.ahead"].AHEAD if m not in sys.modules]
 
 
 def tool_probe() -> dict:
@@ -34,6 +36,7 @@ def tool_probe() -> dict:
                            if id(sys.modules[m].__dict__) in _TRACKED],
         "specialized": (code._co_code_adaptive != code.co_code) if hasattr(code, "_co_code_adaptive") else None,
         "rehearsal_module_left": any(n.endswith("lcp_sandbox_rehearsal") for n in sys.modules),
+        "not_ahead": _NOT_AHEAD,
     }}
 '''
 
@@ -63,6 +66,7 @@ def test_a_plain_worker_was_rehearsed_and_starts_from_frozen_specialized_memory(
     assert not out["rehearsal_module_left"]                              # and left nothing of it
     assert out["frozen"] > 0                                             # the zygote's gc.freeze()
     assert out["thawed_modules"] == []                                   # imported before the fork
+    assert out["not_ahead"] == []                   # the modules libraries commonly import, too
     if out["specialized"] is None:
         pytest.skip("this Python does not expose specialized bytecode")
     assert out["specialized"] is True                                    # the zygote's own rehearsals
@@ -73,6 +77,7 @@ def test_a_template_worker_was_rehearsed_too(probe):
     out = probe("t2", template=True)                # the second one's start makes the template
     assert out["rehearsed"] == ["session", "lcp_sandbox_rehearsal.py"]
     assert not out["rehearsal_module_left"]
+    assert out["not_ahead"] == []
 
 
 def test_spares_and_a_worker_forked_ahead_are_waiting(probe):

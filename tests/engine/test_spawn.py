@@ -324,6 +324,10 @@ def test_a_start_that_finds_no_spare_grows_the_reserve_which_shrinks_when_unused
         assert spawner.stats()["reserve"]["unconfined"] == 2 * spawn.SPARES
         spawner.settle()                       # the call answered: the reserve is spawned
         _until(lambda: spawner.stats()["spares"] == 2 * spawn.SPARES, "the grown reserve")
+        # The kind's first SPARES import ahead; the extras a burst grew do not (read from the
+        # command lines the host gave them).
+        modes = [psutil.Process(c.pid).cmdline()[4].split()[-1] for c in spawner._spares[False]]
+        assert modes == ["ahead"] * spawn.SPARES + ["lean"] * spawn.SPARES
         # Unused for SHRINK_AFTER_S: back to SPARES, the extra spares gone.
         extra = [c.pid for c in spawner._spares[False]][spawn.SPARES:]
         monkeypatch.setattr(spawn, "SHRINK_AFTER_S", 0.2)
@@ -384,3 +388,46 @@ def test_memory_is_read_with_psutil_where_there_is_no_proc(monkeypatch):
         tree.communicate("")
     assert with_proc[2] == 2 and processes == 2 and 0 < uss <= rss
     assert abs(rss - with_proc[0]) < 0.5 * with_proc[0]
+
+
+# ------------------------------------------------------------------ its start
+def _booted(code: str) -> str:
+    """What ``code`` prints in a fresh interpreter started as a spawned worker is."""
+    from lcp_sandbox.backends.boot import boot_argv, boot_environment
+    done = subprocess.run(boot_argv(code, ""), env=boot_environment(), capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+# What the engine no longer imports before it serves; each was part of a spawned worker's start.
+NOT_AT_START = ("logging", "pathlib", "dataclasses", "inspect", "tempfile", "json", "sqlite3",
+                "decimal", "uuid")
+
+
+def test_a_spawned_worker_starts_with_only_what_serving_needs():
+    """Everything a spawned worker imports before its first call is on the path of a call that
+    found no spare: the engine's start leaves the rest to import_ahead (or to the library)."""
+    # (less what the interpreter's own start imported: an editable install's finder imports pathlib)
+    loaded = _booted("import sys\nbefore = set(sys.modules)\nimport lcp_sandbox.worker.spawned\n"
+                     f"print(' '.join(m for m in {NOT_AT_START!r} if m in sys.modules and m not in before))")
+    assert loaded == ""
+
+
+def test_import_ahead_yields_to_a_call_that_is_waiting():
+    """With a call waiting, a spare serves it before any module it may not need; with time,
+    it imports them all."""
+    out = _booted("import select, socket, sys\n"
+                  "from lcp_sandbox.worker import ahead\n"
+                  "BEFORE = set(sys.modules)\n"
+                  "host, spare = socket.socketpair()\n"
+                  "waiting = lambda: bool(select.select([spare], [], [], 0)[0])\n"
+                  "host.send(b'x')\n"
+                  "ahead.import_ahead(waiting)\n"
+                  "print(' '.join(m for m in ahead.AHEAD if m in sys.modules and m not in BEFORE))\n"
+                  "spare.recv(1)\n"
+                  "ahead.import_ahead(waiting)\n"
+                  "print(' '.join(m for m in ahead.AHEAD if m not in sys.modules))\n")
+    imported_while_waiting, missing_after = (out.split("\n") + [""])[:2]
+    assert imported_while_waiting == ""
+    assert missing_after == ""

@@ -63,7 +63,11 @@ SPARES_MAX = 8
 SHRINK_AFTER_S = 60.0
 # After a hand-out: its replacement does not compete with the new worker.
 RESERVE_DELAY_S = 0.005
-_ENTRY = "from lcp_sandbox.worker.spawned import main; main(sys.argv[1])"
+# Its second argument: "ahead" (a spare of the kind's first SPARES, which imports the
+# modules tools commonly import while no call waits) or "lean" (a start a call waits for,
+# or a spare of a burst's grown reserve: a burst is short of CPU, and a library imports
+# what it needs anyway).
+_ENTRY = "from lcp_sandbox.worker.spawned import main; main(*sys.argv[1].split())"
 _POSIX = os.name == "posix"
 # worker/spawned.py's CONTROL record: the call's number, little-endian.
 CONTROL_SIZE = 4
@@ -104,7 +108,7 @@ def kill_tree(pid: int) -> Optional[str]:
 class Child:
     """One spawned process: its channel, its control pipe, its output and its end."""
 
-    def __init__(self, confined: bool, on_exit: Callable[[int, int], None]) -> None:
+    def __init__(self, confined: bool, on_exit: Callable[[int, int], None], ahead: bool) -> None:
         host_sock, its_sock = P.portable_pair()
         self.confined = confined
         self.alive = True
@@ -122,7 +126,8 @@ class Child:
         self._on_exit = on_exit
         try:
             self.popen = subprocess.Popen(
-                boot_argv(_ENTRY, str(its_sock.fileno()) if _POSIX else "share"),
+                boot_argv(_ENTRY, (str(its_sock.fileno()) if _POSIX else "share")
+                          + (" ahead" if ahead else " lean")),
                 pass_fds=(its_sock.fileno(),) if _POSIX else (), env=boot_environment()
                 if confined else dict(os.environ), stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=_POSIX,
@@ -266,7 +271,7 @@ class Spawner:
         why = refusal(confined, slot.limits.network, slot.limits.confine)
         if why:
             raise Unavailable.not_run(slot.library.name, tool, why, "no_start")
-        child = self._take(confined) or self._spawn(confined)
+        child = self._take(confined) or self._spawn(confined, ahead=False)
         conn = child.conn
         try:
             try:
@@ -285,8 +290,8 @@ class Spawner:
         slot.attach(proc, "spawn")
         return proc
 
-    def _spawn(self, confined: bool) -> Child:
-        child = Child(confined, self._ended)
+    def _spawn(self, confined: bool, ahead: bool) -> Child:
+        child = Child(confined, self._ended, ahead)
         with self._lock:
             if not self.alive:
                 child.kill()
@@ -336,11 +341,11 @@ class Spawner:
                 if not self.alive:
                     return
                 self._due = 0.0
-                missing = [k for k in self._kinds
-                           for _ in range(self._reserve[k] - len(self._spares[k]))]
-            for confined in missing:
+                missing = [(k, n < SPARES) for k in self._kinds
+                           for n in range(len(self._spares[k]), self._reserve[k])]
+            for confined, ahead in missing:
                 try:
-                    child = self._spawn(confined)
+                    child = self._spawn(confined, ahead)
                 except OSError:
                     continue
                 with self._lock:

@@ -63,7 +63,6 @@ starts, and private_tmpdir() makes its temp dir.
 from __future__ import annotations
 
 import os
-import tempfile
 from typing import Any
 
 from ... import protocol as P
@@ -74,7 +73,7 @@ from ...core.policy import (
     SYSTEM_READ_PATHS,
     python_paths,
 )
-from ..portable_prepare import environment_of, set_environment  # noqa: F401  (also for loop, template)
+from ..portable_prepare import environment_of, set_environment, use_temp_dir  # noqa: F401  (also for loop, template)
 from ..rlimits import apply_in_worker
 from .apart import (
     files_by_uid,
@@ -196,7 +195,7 @@ def _confine(init: P.Init, report: dict, disabled: set, shared: bool) -> None:
     # them, seccomp last.  The temp dir was made by the host.
     tmp = init.tmpdir
     assert tmp is not None, "the host makes a confined worker's temp dir before it starts"
-    os.environ["TMPDIR"] = tempfile.tempdir = tmp
+    use_temp_dir(tmp)
     # First: its tree's processes, all counted.
     if lim.get("max_processes"):
         report["max_processes"] = join_pids_cgroup(conf.get("pids_cgroup"),
@@ -343,7 +342,7 @@ def _stack(init: P.Init, report: dict, disabled: set) -> None:
         _cap_tenant(conf, report)
     tmp = init.tmpdir
     assert tmp is not None, "the host makes a confined worker's temp dir before it starts"
-    os.environ["TMPDIR"] = tempfile.tempdir = tmp
+    use_temp_dir(tmp)
     ready, _LAYER[:] = _LAYER[:], []
     ro = _read_only(conf)
     layer = SWITCHED_OFF
