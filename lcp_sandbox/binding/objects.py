@@ -31,7 +31,6 @@ from __future__ import annotations
 import operator
 import os
 import types
-from pathlib import Path
 from typing import Any, Callable, Optional, Protocol, cast
 
 from .. import protocol as P
@@ -257,7 +256,7 @@ class NamedRefs:
     def __init__(self, owner: _Owner, library: Library) -> None:
         self._owner = owner
         self._library = library.name
-        self._stems = frozenset(Path(f).stem for f in library.files) or frozenset({library.name})
+        self._stems = library.stems
 
     def __call__(self, ref: Any) -> Any:
         owner = self._owner

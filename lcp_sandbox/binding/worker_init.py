@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 from typing import Iterable, Optional
 
 from .. import protocol as P
@@ -37,9 +36,8 @@ def _allowed(env: dict) -> dict:
 def build_init(library: Library, limits: Limits, root: str, host_tool_configs: dict,
                handlers: int) -> P.Init:
     """The INIT of a worker of ``library`` (``root``: its confinement root, "" if none)."""
-    stems = [Path(f).stem for f in library.files] or [library.name]
     configs = {}
-    for stem in stems:
+    for stem in library.stems:
         cfg = host_tool_configs.get(stem)
         if isinstance(cfg, dict):
             configs[stem] = {k: v if sendable(v) else Ref(["cfg", stem, k]) for k, v in cfg.items()}

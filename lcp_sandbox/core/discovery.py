@@ -18,6 +18,7 @@ folder, or one loose ``.py`` file, or the code given to
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -127,6 +128,13 @@ class Library:
     @property
     def dynamic(self) -> bool:
         return self.source is not None
+
+    @functools.cached_property
+    def stems(self) -> tuple[str, ...]:
+        """The names its ``host_tool_configs`` entries go by: its files' stems, in load
+        order (a dynamic library: its name).  Computed once per Library: a new tenant's
+        first call reads it twice."""
+        return tuple(f.stem for f in self.files) or (self.name,)
 
 
 def _entries(folder: str) -> list[os.DirEntry[str]]:
