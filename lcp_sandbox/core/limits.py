@@ -6,7 +6,8 @@ process limits and worker/confine/ the confinement.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import copy
+from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 from .egress_rules import policy_of
@@ -95,18 +96,8 @@ class Limits:
                                             # (core/syscalls.py; checked here)
 
     def __post_init__(self) -> None:
-        for name, kind in _KINDS.items():
-            setattr(self, name, check_kind(name, getattr(self, name), kind))
-        self.read_paths = tuple(self.read_paths)
-        if self.requirements is not None:
-            self.requirements = tuple(self.requirements)
-        if self.confine is not None:
-            self.confine = confine_setting(self.confine)
-        if self.run_as is not None:
-            self.run_as = run_as_setting(self.run_as)
-        if self.syscalls is not None:
-            self.syscalls = check_setting(_allow_listed(self.syscalls))
-        network_setting(self.network)
+        for name in _ORDER:
+            setattr(self, name, _checked(name, getattr(self, name)))
 
     @classmethod
     def merged(cls, base: "Limits", override: Optional[dict[str, Any]]) -> "Limits":
@@ -124,8 +115,30 @@ class Limits:
             raise ValueError("; ".join(_unknown(k) for k in unknown))
         # "confine": None is the binding's confine, never None (which would read as off).
         given = {k: v for k, v in override.items() if not (k == "confine" and v is None)}
-        # (not asdict: it deep-copies every field, slowly)
-        return replace(base, **given)
+        # The base was checked when it was made: only what is given is checked again (in
+        # __post_init__'s order, so the first wrong setting is the one named).
+        merged = copy.copy(base)
+        for name in _ORDER:
+            if name in given:
+                setattr(merged, name, _checked(name, given[name]))
+        return merged
+
+
+def _checked(name: str, value: Any) -> Any:
+    """The setting ``name`` checked (TypeError/ValueError naming it), as Limits keeps it."""
+    kind = _KINDS.get(name)
+    if kind is not None:
+        value = check_kind(name, value, kind)
+        return tuple(value) if name in _TUPLES and value is not None else value
+    if name == "network":
+        return network_setting(value)
+    if value is None:
+        return None
+    if name == "confine":
+        return confine_setting(value)
+    if name == "run_as":
+        return run_as_setting(value)
+    return check_setting(_allow_listed(value))
 
 
 def _allow_listed(syscalls: Any) -> Any:
@@ -151,6 +164,11 @@ _KINDS = {"timeout_s": "number|None", "grace_s": "number", "memory_mb": "number|
           "env": "env|None", "read_paths": "paths", "template": "bool",
           "trusted_import": "bool", "max_processes": "int|None", "disk_mb": "int|None",
           "requirements": "strings|None"}
+#: The plain settings kept as tuples.
+_TUPLES = frozenset({"read_paths", "requirements"})
+#: Every setting, in the order they are checked: the plain ones, then those with checks of
+#: their own (confine, run_as, syscalls, network).
+_ORDER = (*_KINDS, "confine", "run_as", "syscalls", "network")
 
 
 def count_setting(name: str, value: Any) -> Optional[int]:

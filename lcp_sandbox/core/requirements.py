@@ -29,6 +29,7 @@ built, which never happens.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -62,7 +63,7 @@ def declared(files: Sequence[str], root: Optional[str]) -> Optional[Declared]:
     if found is not None or not root:
         return found
     folder = str(root)
-    if Path(primary).parent != Path(folder) or Path(folder).name != Path(primary).stem:
+    if not _folder_library(primary, folder):
         # A loose file: only its own block counts.
         return None
     for name, reader in (("requirements.txt", _requirements_txt), ("pyproject.toml", _pyproject)):
@@ -72,6 +73,13 @@ def declared(files: Sequence[str], root: Optional[str]) -> Optional[Declared]:
             if found is not None:
                 return found
     return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _folder_library(primary: str, folder: str) -> bool:
+    """Whether ``primary`` is ``folder/folder.py``, a folder library's primary module (a
+    question of the two strings alone: kept, as a new worker's INIT asks it on every start)."""
+    return Path(primary).parent == Path(folder) and Path(folder).name == Path(primary).stem
 
 
 def declared_in(path: str) -> Optional[Declared]:
