@@ -77,8 +77,9 @@ def declared(files: Sequence[str], root: Optional[str]) -> Optional[Declared]:
 
 @functools.lru_cache(maxsize=4096)
 def _folder_library(primary: str, folder: str) -> bool:
-    """Whether ``primary`` is ``folder/folder.py``, a folder library's primary module (a
-    question of the two strings alone: kept, as a new worker's INIT asks it on every start)."""
+    """Whether ``primary`` is the module named after ``folder`` inside it: a folder
+    library's primary module (a question of the two strings alone: kept, as a new worker's
+    INIT asks it on every start)."""
     return Path(primary).parent == Path(folder) and Path(folder).name == Path(primary).stem
 
 
