@@ -221,7 +221,12 @@ class Encoder:
             return msgpack.ExtType(_X_BYTEARRAY, bytes(o))
         if t is complex:
             return msgpack.ExtType(_X_COMPLEX, struct.pack("!dd", o.real, o.imag))
-        if t.__module__ in _STDLIB_EXT:
+        try:
+            module = t.__module__
+        # (a class of the tool's may make its __module__ anything, even raise)
+        except Exception:
+            module = None
+        if type(module) is str and module in _STDLIB_EXT:
             return _stdlib_ext(o, t)
         # A path exists only once pathlib is imported: a worker that made none never imports it.
         pathlib = sys.modules.get("pathlib")
