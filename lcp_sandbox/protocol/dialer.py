@@ -1,7 +1,8 @@
 """What a worker's dialer to the host's egress proxy carries, beyond its token's line.
 
-    worker ──"c" with a socket (SCM_RIGHTS) ─────────► proxy   a connection to serve (a relay
-                                                               in its own network namespace)
+    worker ──LISTENER with a socket (SCM_RIGHTS) ────► proxy   (in its own network namespace)
+                                                               its listener, once: the proxy
+                                                               accepts and serves on it
     worker ──ASK_PORT with a socket of its network ──► proxy   (no namespace of its own) the
     worker ◄─the port, in ASCII digits, "\\n" ───────── proxy   by-port listener's port; "0":
                                                                the socket was not of the
@@ -10,8 +11,9 @@
     worker ◄─A_SOCKET with it (SCM_RIGHTS), or NO_SOCKET ─ proxy
 
 The worker is hostile: the proxy answers what it understands and passes over the rest
-(backends/local/confine/egress_proxy.py, egress_port.py); worker/confine/egress_relay.py asks.
+(backends/local/confine/egress_proxy.py, egress_port.py); worker/confine/egress_dial.py asks.
 """
+LISTENER = b"l"
 ASK_PORT = b"p"
 ASK_SOCKET = b"s"
 A_SOCKET = b"s"

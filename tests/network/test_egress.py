@@ -222,6 +222,44 @@ def test_a_worker_that_sends_garbage_leaves_the_proxy_serving(sup, servers, open
                url=f"http://127.0.0.1:{ports['allowed']}/after")["status"] == 200
 
 
+def test_a_worker_s_second_listener_is_closed_unserved(sup, servers, open_tmp_module):
+    """The proxy accepts on the one listener a worker handed over at its start, and on no
+    other it sends later (the proxy would serve its tenant's policy to whatever connects)."""
+    ports, _ = servers
+    t = binding(sup, open_tmp_module, "listeners", {"allow": [f"127.0.0.1:{ports['allowed']}"]})
+    got = out(t, "tool_second_listener")
+    by_port = "no network namespace" in sup.stats(tenant="listeners")[0]["protections"]["network"]
+    assert got == ("cannot listen" if by_port else "refused")
+    assert out(t, "tool_urllib", url=f"http://127.0.0.1:{ports['allowed']}/after")["status"] == 200
+
+
+def test_only_a_listening_tcp_socket_of_another_network_namespace_is_taken():
+    """What a hostile worker could hand over as its listener: none of the host's network (a
+    stranger on the host could reach it), no socket that does not listen, no other kind."""
+    host_listener = socket.create_server(("127.0.0.1", 0))
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    unix_listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    unix_listener.bind("")
+    unix_listener.listen()
+    plain = socket.socket()
+    r, w = os.pipe()
+
+    def still_open(fd: int, inode: int) -> bool:
+        try:
+            return os.fstat(fd).st_ino == inode
+        except OSError:
+            return False
+    for sock in (host_listener, udp, unix_listener, plain):
+        fd = os.dup(sock.fileno())
+        assert egress_proxy._listening_socket(fd) is None, sock
+        assert not still_open(fd, os.fstat(sock.fileno()).st_ino), sock
+        sock.close()
+    inode = os.fstat(r).st_ino
+    assert egress_proxy._listening_socket(r) is None
+    assert not still_open(r, inode)
+    os.close(w)
+
+
 def test_refusals_are_counted_by_rule_and_logged_with_who_and_where(sup, servers, caplog,
                                                                    open_tmp_module):
     ports, _ = servers
@@ -422,15 +460,28 @@ def test_plain_http_goes_with_the_host_of_its_url(one_port, servers):
 
 
 # ------------------------------------------------------------ fairness
-def held(proxy, ident, n: int) -> list:
-    """``n`` connections of ``ident`` handed to the proxy (each waits for its head); the
-    client ends."""
+def held(proxy, ident, n: int, refused: bool = False) -> list:
+    """``n`` connections of ``ident``'s worker, accepted by the proxy's threads on a
+    listener of the worker's (as one in a namespace of its own hands over), each taken
+    before this returns: served (waiting for its head) or, ``refused``, answered."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    came: set = set()
+    proxy._accept_on(listener, lambda conn, _: proxy._take(ident, conn, came))
     ends = []
     for _ in range(n):
-        client, server = socket.socketpair()
-        proxy._take(ident, server.detach())
-        ends.append(client)
+        before = proxy.connections
+        ends.append(socket.create_connection(listener.getsockname(), timeout=20))
+        if refused:
+            ends[-1].setblocking(True)
+            assert select_readable(ends[-1])
+        else:
+            assert poll(lambda: proxy.connections == before + 1), (proxy.connections, before)
     return ends
+
+
+def select_readable(sock) -> bool:
+    import select
+    return bool(select.select([sock], [], [], 20)[0])
 
 
 def answer(client) -> bytes:
@@ -443,6 +494,7 @@ def answer(client) -> bytes:
 
 def test_each_tenant_has_a_share_and_the_host_answers_503_with_retry_after():
     proxy = egress_proxy.EgressProxy(Metrics())
+    proxy._start()
     proxy.max_per_worker, proxy.max_per_tenant, proxy.max_connections = 2, 3, 5
     assert egress_proxy.MAX_PER_TENANT == egress_proxy.MAX_CONNECTIONS // 32
     policy = policy_of({"allow": ["example.com"]})
@@ -451,11 +503,11 @@ def test_each_tenant_has_a_share_and_the_host_answers_503_with_retry_after():
     clients, refused = held(proxy, a1, 2) + held(proxy, a2, 1), []
     try:
         # tenant a holds its share (3) through two workers; the host has room (3 of 5)
-        refused += held(proxy, a1, 1) + held(proxy, a2, 1)
+        refused += held(proxy, a1, 1, refused=True) + held(proxy, a2, 1, refused=True)
         clients += held(proxy, b, 2)
         assert [answer(x) for x in clients] == [b""] * 5
         assert proxy.tenants == {"a": 3, "b": 2} and proxy.connections == 5
-        refused += held(proxy, c, 1)
+        refused += held(proxy, c, 1, refused=True)
         said = [answer(x).decode() for x in refused]
         assert [x.split("\r\n")[0] for x in said] == [
             "HTTP/1.1 429 Too Many Requests", "HTTP/1.1 429 Too Many Requests",
@@ -473,6 +525,7 @@ def test_each_tenant_has_a_share_and_the_host_answers_503_with_retry_after():
         for x in clients + refused:
             x.close()
     assert poll(lambda: proxy.connections == 0) and proxy.tenants == {}
+    proxy.close()
 
 
 def test_a_killed_worker_s_connections_end_though_the_server_never_answers(sup, open_tmp_module):

@@ -8,12 +8,12 @@ this order (prepare(), below); each step needs what the later ones give up:
                           sent, plus the library's env
     isolate_network()     unshare(CLONE_NEWNET): CAP_SYS_ADMIN as root, else a
                           user namespace (needs /proc writes)
-    relay_to_proxy()      (a network policy) dials the host's egress proxy, listens on
-                          its namespace's loopback, announces HTTP_PROXY... (its thread
-                          starts last, start_relay(): one thread drops its privileges);
+    dial_from_namespace() (a network policy) dials the host's egress proxy, hands it a
+                          listener on its namespace's loopback, announces HTTP_PROXY...;
                           with no namespace of its own, policy_network() by port: the
                           proxy's TCP port, held by Landlock's TCP rules (after
-                          apply_landlock(), hold_tcp()) and a filter that refuses new sockets
+                          apply_landlock(), hold_tcp()) and a filter that refuses new
+                          sockets (start_supply(), last: sockets come from the proxy)
     private_tmpdir()      created as the host's user, owned by the worker's uid-to-be
     join_pids_cgroup()    (max_processes) into the pids cgroup the host made for it
     own_root()            (a fresh worker, in a PID namespace of its own: the zygote
@@ -49,7 +49,7 @@ hand_over() gives the confinement root to the worker's uid before the worker
 starts, and private_tmpdir() makes its temp dir.
 
     network.py      isolate_network()
-    egress_relay.py relay_to_proxy(), or by port policy_network() and hold_tcp()
+    egress_dial.py  dial_from_namespace(), or by port policy_network() and hold_tcp()
     caps.py         join_pids_cgroup(), cap_tenant_processes(); disk_state(): its root's disk
     mounts.py       make_reachable()
     landlock.py     apply_landlock()  (its rules are described there)
@@ -83,7 +83,7 @@ from .apart import (
     processes_by_uid,
 )
 from .caps import cap_tenant_processes, disk_state, join_pids_cgroup
-from .egress_relay import BY_PORT, hold_tcp, policy_network, start_relay
+from .egress_dial import BY_PORT, hold_tcp, policy_network, start_supply
 from .guard import REPORT as GUARD_REPORT
 from .guard import install as install_guard
 from .guard import installed as guard_installed
@@ -183,7 +183,7 @@ def prepare(init: P.Init, shared: bool = False) -> dict:
         report["unix_sockets"] = "not blocked (not confined)"
         report["syscalls"] = "not confined"
     apply_in_worker(lim)
-    start_relay()
+    start_supply()
     return report
 
 
@@ -319,8 +319,8 @@ def _cap_tenant(conf: dict, report: dict) -> None:
 
 
 def _egress(conf: Any, rules: dict, namespace: str, disabled: set) -> str:
-    """A network policy: the relay to the host's egress proxy, in the namespace just made
-    (``namespace``: isolate_network()'s report), else by port (egress_relay.py)."""
+    """A network policy: the way to the host's egress proxy, in the namespace just made
+    (``namespace``: isolate_network()'s report), else by port (egress_dial.py)."""
     egress = (conf or {}).get("egress")
     if not egress:
         return "unavailable (a network policy needs a confined worker, and the host's proxy)"

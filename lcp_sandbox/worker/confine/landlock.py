@@ -13,7 +13,7 @@ widened later; the rule paths are opened now, while they are all reachable.
 A worker with a network policy and no network namespace of its own also gets a
 layer of TCP rules (restrict_tcp(), ABI >= 4): it may connect to one port (the
 host's egress proxy) and bind none.  Landlock checks the port, not the address:
-egress_relay.py says why the address is held too.
+egress_dial.py says why the address is held too.
 """
 from __future__ import annotations
 

@@ -100,7 +100,7 @@ _EACCES, _ENOSYS = _RET_ERRNO | errno.EACCES, _RET_ERRNO | errno.ENOSYS
 Row = tuple[int, int, int, int]
 #: The "network" of a worker with a policy (core/egress_rules.py): restrict_syscalls(POLICY)
 POLICY = "policy"
-#: The "network" of a worker with a policy and no network namespace of its own (egress_relay.py's
+#: The "network" of a worker with a policy and no network namespace of its own (egress_dial.py's
 #: dial_by_port()): no socket but NETLINK_ROUTE, as with the network off (its TCP sockets
 #: come from the host's proxy), and no listen() (no server on the host's loopback)
 POLICY_BY_PORT = "policy by port"

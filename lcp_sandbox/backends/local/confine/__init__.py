@@ -10,6 +10,7 @@ confinement stands on, and gives it back when the worker or its tenant is gone:
     cgroups.py      a confined worker's pids cgroup (max_processes)
     disks.py        a tenant's root as a file system of its own (disk_mb)
     egress_proxy.py the egress proxy of network policies: dialers, caps, decisions
+    egress_accept.py its threads: each accepts a connection and serves it
     egress_conn.py  one connection through the egress proxy: head, decision, relay
     egress_port.py  the egress proxy by port, for workers with no network namespace
     pid_guard.py    the guard of processes where all tenants share one uid (seccomp notify)

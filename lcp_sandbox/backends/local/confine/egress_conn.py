@@ -1,6 +1,6 @@
 """One connection through the egress proxy: its request head, the decision, the relay.
 
-    serve(sock, admit, head_timeout_s), in a thread of the proxy's pool, blocking:
+    serve(sock, admit, head_timeout_s), in the proxy's thread that accepted it, blocking:
         read_request(): the head, parsed by h11 as it arrives (at most HEAD_LIMIT bytes, all
         of it within one deadline) ──► request_of(): CONNECT host:port, or a plain-HTTP
         request with an absolute http:// URL; its host as canonical_host() spells it, or 400

@@ -1,7 +1,7 @@
 """The egress proxy by port: for workers with no network namespace of their own.
 
 A worker a default container keeps in the host's network (unshare refused) reaches the
-proxy by port (worker/confine/egress_relay.py says why this holds; protocol/dialer.py, what the
+proxy by port (worker/confine/egress_dial.py says why this holds; protocol/dialer.py, what the
 dialer carries):
 
     worker (the host's network; Landlock: TCP connect    host process (EgressProxy.by_port)
@@ -27,7 +27,6 @@ other process of the host can listen at P on another address for a worker to rea
 """
 from __future__ import annotations
 
-import asyncio
 import os
 import socket
 import stat
@@ -49,12 +48,13 @@ Conn = TypeVar("Conn")
 @dataclass(eq=False)
 class Handed(Generic[Who, Conn]):
     """What came through one dialer: its worker's identity, its connections being served,
-    whether it proved it is in the host's network, and the sockets handed to it and not
-    yet connected, by their port."""
+    whether it proved it is in the host's network, the sockets handed to it and not
+    yet connected, by their port, and (a worker in a namespace of its own) its listener."""
     ident: Who
     came: set[Conn]
     sockets: dict[int, socket.socket] = field(default_factory=dict)
     by_port: bool = False
+    listener: Optional[socket.socket] = None
 
     def close(self) -> None:
         for sock in self.sockets.values():
@@ -67,12 +67,15 @@ class ByPort(Generic[Who, Conn]):
     them.  ``take`` serves a connection; ``cap()`` is how many sockets one dialer may hold
     unconnected."""
 
-    def __init__(self, take: Callable[[Who, int, set[Conn]], None],
-                 cap: Callable[[], int]) -> None:
+    def __init__(self, take: Callable[[Who, socket.socket, set[Conn]], None],
+                 cap: Callable[[], int],
+                 listen: Callable[[socket.socket, Callable[[socket.socket, Any], None]], None]
+                 ) -> None:
         self._take = take
         self._cap = cap
+        # (egress_accept.Acceptors.add) the proxy's threads accept on a listener
+        self._listen = listen
         self._lock = threading.Lock()
-        self._task: Optional[asyncio.Task[None]] = None
         self.listener: Optional[socket.socket] = None
         # the sockets handed and not yet connected, by their port
         self.kept: dict[int, Handed[Who, Conn]] = {}
@@ -92,9 +95,8 @@ class ByPort(Generic[Who, Conn]):
             tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             tcp.bind(("0.0.0.0", 0))
             tcp.listen(512)
-            tcp.setblocking(False)
             self.listener = tcp
-            self._task = asyncio.get_running_loop().create_task(self._accept(tcp))
+            self._listen(tcp, self._connection)
         _send(dialer, b"%d\n" % self.listener.getsockname()[1])
 
     def hand(self, dialer: socket.socket, handed: Handed[Who, Conn]) -> None:
@@ -107,12 +109,12 @@ class ByPort(Generic[Who, Conn]):
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
             sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-            socket.send_fds(dialer, [A_SOCKET], [sock.fileno()], socket.MSG_NOSIGNAL)
         except OSError:
             sock.close()
             _send(dialer, NO_SOCKET)
             return
+        port = sock.getsockname()[1]
+        # Kept before it is sent: the proxy's threads may accept its connection at once
         with self._lock:
             handed.sockets[port] = sock
             self.kept[port] = handed
@@ -120,6 +122,14 @@ class ByPort(Generic[Who, Conn]):
                 oldest = next(iter(handed.sockets))
                 self.kept.pop(oldest, None)
                 handed.sockets.pop(oldest).close()
+        try:
+            socket.send_fds(dialer, [A_SOCKET], [sock.fileno()], socket.MSG_NOSIGNAL)
+        except OSError:
+            with self._lock:
+                if handed.sockets.get(port) is sock:
+                    del self.kept[port], handed.sockets[port]
+            sock.close()
+            _send(dialer, NO_SOCKET)
 
     def forget(self, handed: Handed[Who, Conn]) -> None:
         """A dialer ended: the sockets its worker was handed are let go."""
@@ -127,16 +137,6 @@ class ByPort(Generic[Who, Conn]):
             for port in handed.sockets:
                 self.kept.pop(port, None)
             handed.close()
-
-    def close(self) -> None:
-        if self.listener is not None:
-            self.listener.close()
-
-    async def _accept(self, listener: socket.socket) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            conn, peer = await loop.sock_accept(listener)
-            self._connection(conn, peer)
 
     def _connection(self, conn: socket.socket, peer: Any) -> None:
         """A connection on the listener: served as the worker that was handed the socket it
@@ -156,7 +156,7 @@ class ByPort(Generic[Who, Conn]):
             conn.close()
             return
         sock.close()
-        self._take(handed.ident, conn.detach(), handed.came)
+        self._take(handed.ident, conn, handed.came)
 
 
 def _send(dialer: socket.socket, data: bytes) -> None:
@@ -175,19 +175,25 @@ def _netns_cookie(sock: socket.socket) -> Optional[bytes]:
         return None
 
 
+def of_hosts_network(sock: socket.socket) -> bool:
+    """Whether ``sock`` was made in the proxy's own network namespace (False where the
+    kernel does not say: SO_NETNS_COOKIE is Linux 5.14's)."""
+    theirs = _netns_cookie(sock)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as own:
+        return theirs is not None and theirs == _netns_cookie(own)
+
+
 def _in_hosts_network(fds: list[int]) -> bool:
     """Whether the first of ``fds`` (all closed here) is a socket made in the proxy's own
     network namespace: a worker's proof that it has none of its own (a worker in a
     namespace of its own makes no socket of the host's network)."""
-    proof: Optional[bytes] = None
+    proved = False
     for i, fd in enumerate(fds):
         try:
             if i == 0 and stat.S_ISSOCK(os.fstat(fd).st_mode):
                 with socket.socket(fileno=os.dup(fd)) as sock:
-                    proof = _netns_cookie(sock)
+                    proved = of_hosts_network(sock)
         except OSError:
             pass
         os.close(fd)
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as own:
-        mine = _netns_cookie(own)
-    return proof is not None and proof == mine
+    return proved

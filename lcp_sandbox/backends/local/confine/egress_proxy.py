@@ -1,16 +1,18 @@
 """The host's egress proxy: all that a confined worker with a network policy reaches.
 
     worker (own network namespace: loopback only)     host process (one proxy per supervisor)
-    tool ──TCP──► 127.0.0.1:P, the relay thread ──────► its dialer: a unix stream connected
-         (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY)            before the worker confined itself; its
-                      │ accept(), then the accepted      first line, the token the host gave it
-                      └ socket itself, by SCM_RIGHTS ──► (so: which tenant and library, which
-                                                          Policy), then one socket per message
-    each socket received: under the caps (its worker's, its tenant's, the host's) or 429/503
-    at once; read the request head (CONNECT host:port, or a plain-HTTP request with an
-    absolute URL; its host in the one spelling the rules match, or 400), Policy.check() the
-    name, resolve that same string, check every address: 403 naming the rule, or connect to
-    an address that was checked and relay both ways until either side ends
+    its listener, 127.0.0.1:P ── once, by SCM_RIGHTS ─► its dialer: a unix stream connected
+      (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY)               before the worker confined itself; its
+                                                         first line, the token the host gave it
+                                                         (so: which tenant and library, which
+                                                         Policy), then the worker's listener:
+    tool ──TCP──► 127.0.0.1:P ─────────────────────────► accepted by a thread of the proxy's
+                                                         (egress_accept.py), which serves it:
+    under the caps (its worker's, its tenant's, the host's) or 429/503 at once; read the
+    request head (CONNECT host:port, or a plain-HTTP request with an absolute URL; its host in
+    the one spelling the rules match, or 400), Policy.check() the name, resolve that same
+    string, check every address: 403 naming the rule, or connect to an address that was
+    checked and relay both ways until either side ends
 
 The proxy's listening socket is a unix socket in a folder only the host's user may enter; a
 worker reaches it only through the dialer it opened before its confinement (its system call
@@ -18,11 +20,14 @@ filter then refuses new unix sockets).  A worker with no network namespace of it
 default container refuses unshare) is in the host's network and reaches the proxy by port
 (egress_port.py: only then does the proxy listen on the host's addresses).
 
-The worker is hostile: what it sends on its dialer may be anything (garbage, a file,
-a pipe, a listening socket, a flood); a received descriptor that is not a connected stream
-socket is closed unread.  Connections at once are capped: MAX_PER_WORKER a worker and
-MAX_PER_TENANT a tenant (429 beyond them), MAX_CONNECTIONS the host (503), each answered at
-once with ``Retry-After``; a tenant's cap is a thirty-second of the host's, so no fewer than
+The worker is hostile: what it sends on its dialer may be anything (garbage, a file, a
+pipe, a connection, a flood); one listening TCP socket of a network namespace other than
+the host's (where the kernel tells: SO_NETNS_COOKIE) is taken, the first, and every other
+descriptor is closed unread.  (A worker with a dialer can make no listener of the host's
+network: one in a namespace of its own makes no socket of it, one by port may not listen.)
+Connections at once are capped: MAX_PER_WORKER a worker and MAX_PER_TENANT a tenant (429
+beyond them), MAX_CONNECTIONS the host (503), each answered at once with ``Retry-After``; a
+tenant's cap is a thirty-second of the host's, so no fewer than
 thirty-two tenants fill the host.  A whole request head comes within HEAD_TIMEOUT_S (one
 deadline, not one a read) and HEAD_LIMIT bytes.  Plain HTTP requests are forwarded with
 ``Connection: close``, so a kept-alive connection cannot carry a second request to another host.
@@ -36,7 +41,6 @@ import asyncio
 import ipaddress
 import logging
 import os
-import queue
 import secrets
 import shutil
 import socket
@@ -45,15 +49,16 @@ import tempfile
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Coroutine, Optional
+from typing import Any, Coroutine, Optional
 
 from .... import protocol as P
 from ....core.egress_rules import Address, Decision, Policy, canonical_host, policy_of
-from ....protocol.dialer import ASK_PORT, ASK_SOCKET
+from ....protocol.dialer import ASK_PORT, ASK_SOCKET, LISTENER
 from ...metrics import Metrics
 from ..slot import Slot
+from .egress_accept import Acceptors, Serve
 from .egress_conn import HEAD_TIMEOUT_S, ProxyRefusal, response, serve
-from .egress_port import ByPort, Handed
+from .egress_port import ByPort, Handed, of_hosts_network
 
 log = logging.getLogger("lcp_sandbox.egress")
 
@@ -69,7 +74,6 @@ _FDS_PER_MESSAGE = 8
 TOKEN_BYTES = 32
 # Refusals logged per worker (then counted only)
 _LOGGED_PER_WORKER = 20
-_IDLE_THREADS = 32
 
 
 @dataclass
@@ -106,10 +110,11 @@ class EgressProxy:
         self._tasks: set[asyncio.Task[None]] = set()
         # Connections being served.
         self._open: set[_Connection] = set()
-        self._pool = _Threads()
+        # The threads that accept and serve connections (made by _start(): Linux's epoll)
+        self._acceptors: Optional[Acceptors] = None
         # Workers in the host's network (no namespace of their own): egress_port.py
-        self.by_port: ByPort[Identity, _Connection] = ByPort(self._take,
-                                                             lambda: self.max_per_worker)
+        self.by_port: ByPort[Identity, _Connection] = ByPort(
+            self._take, lambda: self.max_per_worker, self._accept_on)
 
     def give(self, init: P.Init, slot: Slot) -> P.Init:
         """The INIT of ``slot``'s next worker with what it dials the proxy with: the
@@ -141,6 +146,7 @@ class EgressProxy:
         listener.bind(self.path)
         listener.listen(512)
         listener.setblocking(False)
+        self._acceptors = Acceptors()
         loop = self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, args=(loop, listener),
                                         name="lcp-sandbox-egress", daemon=True)
@@ -175,7 +181,14 @@ class EgressProxy:
             loop.call_soon_threadsafe(loop.stop)
             thread.join(5)
             shutil.rmtree(self._folder, ignore_errors=True)
-        self.by_port.close()
+        if self._acceptors is not None:
+            self._acceptors.close()
+
+    def _accept_on(self, listener: socket.socket, serve: Serve) -> None:
+        """The proxy's threads accept on ``listener`` and serve each connection with
+        ``serve`` (the proxy started: a dialer came)."""
+        assert self._acceptors is not None, "a listener comes through a dialer"
+        self._acceptors.add(listener, serve)
 
     # ------------------------------------------------------------ dialers
     async def _accept(self, listener: socket.socket) -> None:
@@ -206,6 +219,8 @@ class EgressProxy:
             try:
                 await self._handed(loop, dialer, handed)
             finally:
+                if handed.listener is not None and self._acceptors is not None:
+                    self._acceptors.remove(handed.listener)
                 with self._lock:
                     for conn in came:
                         conn.end()
@@ -213,9 +228,9 @@ class EgressProxy:
 
     async def _handed(self, loop: asyncio.AbstractEventLoop, dialer: socket.socket,
                       handed: Handed[Identity, _Connection]) -> None:
-        """Take the sockets a dialer hands over (each into ``handed.came`` while it is
-        served), and answer what it asks (the by-port listener's port, a socket), until it
-        ends."""
+        """Take the listener a dialer hands over (its connections each into ``handed.came``
+        while served), and answer what it asks (the by-port listener's port, a socket),
+        until it ends."""
         while True:
             await _readable(loop, dialer)
             try:
@@ -230,24 +245,35 @@ class EgressProxy:
                 return
             if ASK_PORT in data and fds:
                 self.by_port.prove(handed, fds)
+            elif LISTENER in data and fds:
+                self._listener(handed, fds)
             else:
-                for fd in fds:
-                    self._take(handed.ident, fd, handed.came)
+                _close(fds)
             for asked in data:
                 if asked == ASK_PORT[0]:
                     self.by_port.send_port(dialer, handed)
                 elif asked == ASK_SOCKET[0]:
                     self.by_port.hand(dialer, handed)
 
-    def _take(self, ident: Identity, fd: int, came: Optional[set[_Connection]] = None) -> None:
-        """A descriptor a worker sent (through the dialer whose connections are ``came``):
-        served, in a thread of the pool, if it is a connected stream socket and its
-        worker, its tenant and the host are under their caps; else answered at once (429
-        or 503, with Retry-After) and closed."""
-        sock = _stream_socket(fd)
-        if sock is None:
+    def _listener(self, handed: Handed[Identity, _Connection], fds: list[int]) -> None:
+        """(LISTENER came with ``fds``, all taken or closed here) the first, if it is the
+        dialer's first listener and one of a worker's own namespace: accepted on from now
+        until the dialer ends."""
+        listener = None
+        if handed.listener is None and not handed.by_port:
+            listener = _listening_socket(fds[0])
+        _close(fds[1:] if listener is not None else fds)
+        if listener is None:
             return
-        conn = _Connection(sock, set() if came is None else came)
+        handed.listener = listener
+        self._accept_on(listener, lambda conn, _: self._take(handed.ident, conn, handed.came))
+
+    def _take(self, ident: Identity, sock: socket.socket, came: set[_Connection]) -> None:
+        """A connection of ``ident``'s worker (through the dialer whose connections are
+        ``came``): served to its end, in this thread, if its worker, its tenant and the host
+        are under their caps; else answered at once (429 or 503, with Retry-After) and
+        closed."""
+        conn = _Connection(sock, came)
         with self._lock:
             full = self._full(ident)
             if full is None:
@@ -255,14 +281,14 @@ class EgressProxy:
                 self.tenants[ident.tenant] = self.tenants.get(ident.tenant, 0) + 1
                 self.connections += 1
                 self._open.add(conn)
-                conn.came.add(conn)
+                came.add(conn)
         if full is None:
-            self._pool.submit(self._serve, ident, conn)
+            self._serve(ident, conn)
             return
         with sock:
             try:
-                # Non-blocking: an answer of a few hundred bytes fits at once
-                sock.send(response(full.status, str(full), full.retry_after))
+                # Never blocks: an answer of a few hundred bytes fits at once
+                sock.send(response(full.status, str(full), full.retry_after), socket.MSG_DONTWAIT)
             except OSError:
                 pass
 
@@ -388,37 +414,6 @@ async def _readable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> Non
         loop.remove_reader(sock.fileno())
 
 
-class _Threads:
-    """Daemon threads that serve connections, reused: a connection waits for no thread
-    (one is started when none is idle), and at most _IDLE_THREADS stay idle."""
-
-    def __init__(self) -> None:
-        self._work: queue.SimpleQueue[tuple[Callable[..., None], tuple[Any, ...]]] = (
-            queue.SimpleQueue())
-        self._lock = threading.Lock()
-        self._idle = 0
-
-    def submit(self, fn: Callable[..., None], *args: Any) -> None:
-        self._work.put((fn, args))
-        with self._lock:
-            start = self._idle == 0
-            if not start:
-                # That idle thread takes it.
-                self._idle -= 1
-        if start:
-            threading.Thread(target=self._serve, name="lcp-sandbox-egress-conn",
-                             daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            fn, args = self._work.get()
-            fn(*args)
-            with self._lock:
-                if self._idle >= _IDLE_THREADS:
-                    return
-                self._idle += 1
-
-
 def _resolve(host: str, port: int) -> list[Address]:
     """Every address of ``host``, a canonical_host() (the host's resolver, in the
     connection's own thread; an address is itself).  The name goes to the resolver as the
@@ -439,18 +434,27 @@ def _resolve(host: str, port: int) -> list[Address]:
     return list(dict.fromkeys(ipaddress.ip_address(str(i[4][0]).split("%")[0]) for i in infos))
 
 
-def _stream_socket(fd: int) -> Optional[socket.socket]:
-    """A received descriptor as a socket, if it is a connected stream socket; else closed."""
+def _listening_socket(fd: int) -> Optional[socket.socket]:
+    """A received descriptor as a socket, if it is a listening TCP socket (IPv4) made in a
+    network namespace other than the host's (as far as the kernel tells); else closed."""
     try:
-        if stat.S_ISSOCK(os.fstat(fd).st_mode):
-            sock = socket.socket(fileno=fd)
-            if (sock.type == socket.SOCK_STREAM
-                    and not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)):
-                sock.setblocking(False)
-                return sock
-            sock.close()
-            return None
+        sock = socket.socket(fileno=fd) if stat.S_ISSOCK(os.fstat(fd).st_mode) else None
+    except OSError:
+        sock = None
+    if sock is None:
+        os.close(fd)
+        return None
+    try:
+        if (sock.family == socket.AF_INET and sock.type == socket.SOCK_STREAM
+                and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+                and not of_hosts_network(sock)):
+            return sock
     except OSError:
         pass
-    os.close(fd)
+    sock.close()
     return None
+
+
+def _close(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)

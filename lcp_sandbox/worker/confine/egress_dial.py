@@ -1,16 +1,15 @@
-"""A confined worker with a network policy: its relay to the host's egress proxy.
+"""A confined worker with a network policy: its way to the host's egress proxy.
 
 In the worker's own network namespace (loopback only), before it confines itself:
 
-    relay_to_proxy()   connects to the host's proxy socket (a unix socket, reachable now;
-                       the system call filter refuses new unix sockets later) and sends its
-                       token; listens on 127.0.0.1 (an ephemeral port of its own namespace);
-                       announces it as HTTP_PROXY, HTTPS_PROXY, ALL_PROXY (and their lower-
-                       case forms; NO_PROXY empty), so HTTP clients use it unchanged
-    start_relay()      (once the worker is confined: a second thread would keep the
-                       capabilities the drop takes from the first) the relay thread: it
-                       accepts and hands each accepted socket itself to the proxy
-                       (SCM_RIGHTS): no byte of the traffic passes through the worker again
+    dial_from_namespace()  connects to the host's proxy socket (a unix socket, reachable
+                           now; the system call filter refuses new unix sockets later) and
+                           sends its token; listens on 127.0.0.1 (an ephemeral port of its
+                           own namespace) and hands that listener to the proxy (SCM_RIGHTS),
+                           whose threads accept on it: no byte of the traffic passes through
+                           the worker, and the worker runs no thread for it; announces it as
+                           HTTP_PROXY, HTTPS_PROXY, ALL_PROXY (and their lower-case forms;
+                           NO_PROXY empty), so HTTP clients use it unchanged
 
 Where it cannot have a namespace of its own (a default container refuses unshare), it is
 in the host's network, and the proxy is reached by port instead (Landlock ABI 4+):
@@ -23,9 +22,10 @@ in the host's network, and the proxy is reached by port instead (Landlock ABI 4+
                        TCP rules (connect to P only, bind nothing, landlock.restrict_tcp())
                        and the system call filter that refuses every new socket but
                        NETLINK_ROUTE (no TCP, UDP, raw, packet or unix socket of its own)
-    start_relay()      installs supply(): ``socket.socket()`` of the worker's Python asks the
-                       proxy, on the dialer, for each new TCP socket.  The proxy makes it,
-                       binds it to 127.0.0.1 and hands it over (SCM_RIGHTS)
+    start_supply()     (once the worker is confined) installs supply(): ``socket.socket()``
+                       of the worker's Python asks the proxy, on the dialer, for each new
+                       TCP socket.  The proxy makes it, binds it to 127.0.0.1 and hands
+                       it over (SCM_RIGHTS)
 
 Why sockets from the proxy: Landlock restricts the port of a connect, not its address, so a
 socket of the worker's own could reach any host of the world at port P.  A socket bound to
@@ -49,13 +49,14 @@ import threading
 from typing import Any, Union
 
 from ...core.policy import SWITCHED_OFF
-from ...protocol.dialer import A_SOCKET, ASK_PORT, ASK_SOCKET, NO_SOCKET
+from ...protocol.dialer import A_SOCKET, ASK_PORT, ASK_SOCKET, LISTENER, NO_SOCKET
 from .landlock import NET_ABI, landlock_abi, restrict_tcp
 
 _PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
-# (listener, dialer) to relay.
-_READY: list[tuple[socket.socket, socket.socket]] = []
-#: (by port) the dialer the worker's new TCP sockets come through, until start_relay()
+#: (in its own namespace) the dialer, open while the worker lives: its end tells the proxy
+#: that the worker's connections end
+_DIALER: list[socket.socket] = []
+#: (by port) the dialer the worker's new TCP sockets come through, until start_supply()
 _SUPPLY: list[socket.socket] = []
 _SUPPLY_LOCK = threading.Lock()
 #: (by port) the proxy's TCP port, the one Landlock's TCP rules will let it connect to
@@ -64,19 +65,23 @@ _ANSWER_S = 10.0
 _TYPE_MASK = 0xF
 
 
-def relay_to_proxy(egress: dict, rules: int) -> str:
-    """Dial the proxy, start the relay thread, announce the proxy: what stats() says."""
+def dial_from_namespace(egress: dict, rules: int) -> str:
+    """Dial the proxy, hand it a listener of this namespace, announce that listener: what
+    stats() says."""
     try:
         dialer = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         dialer.connect(egress["socket"])
         dialer.sendall(egress["token"].encode("ascii") + b"\n")
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(128)
+        # (the proxy's copy is the one accepted on: this one closes)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+            listener.bind(("127.0.0.1", 0))
+            listener.listen(128)
+            socket.send_fds(dialer, [LISTENER], [listener.fileno()])
+            port = listener.getsockname()[1]
     except OSError as exc:
         return f"unavailable (the host's egress proxy cannot be reached: {exc})"
-    url = _announce(listener.getsockname()[1])
-    _READY[:] = [(listener, dialer)]
+    url = _announce(port)
+    _DIALER[:] = [dialer]
     return (f"policy ({rules} rules: own network namespace, loopback only; egress only "
             f"through the host's proxy, {url})")
 
@@ -91,12 +96,12 @@ def _announce(port: int) -> str:
 
 
 def policy_network(egress: dict, rules: int, namespace: str, landlock_off: bool) -> str:
-    """A network policy's report: relay_to_proxy()'s in its own namespace (``namespace``:
+    """A network policy's report: dial_from_namespace()'s in its own namespace (``namespace``:
     isolate_network()'s report); where there is none, by port (dial_by_port(); BY_PORT then
     holds the port, for hold_tcp()) if Landlock has TCP rules (ABI 4+): else neither holds,
     and the report names both."""
     if namespace.startswith("on"):
-        return relay_to_proxy(egress, rules)
+        return dial_from_namespace(egress, rules)
     abi = 0 if landlock_off else landlock_abi()
     if abi < NET_ABI:
         landlock = (SWITCHED_OFF if landlock_off else
@@ -199,28 +204,8 @@ def _init(self: socket.socket, family: int = -1, type: int = -1, proto: int = -1
         self.setblocking(False)
 
 
-def start_relay() -> None:
-    """Start the relay relay_to_proxy() prepared, if it did; or, by port, have new TCP
-    sockets come from the proxy."""
+def start_supply() -> None:
+    """(By port, once the worker is confined) from now on, a new TCP socket of the
+    worker's Python is one the proxy made (supply())."""
     if _SUPPLY:
         socket.socket.__init__ = _init  # type: ignore[method-assign]
-    for listener, dialer in _READY:
-        threading.Thread(target=_relay, args=(listener, dialer), name="lcp-sandbox-egress-relay",
-                         daemon=True).start()
-    _READY.clear()
-
-
-def _relay(listener: socket.socket, dialer: socket.socket) -> None:
-    """Hand each connection to the proxy; when the proxy is gone, stop listening (a client
-    then fails at once rather than wait)."""
-    with listener, dialer:
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            with conn:
-                try:
-                    socket.send_fds(dialer, [b"c"], [conn.fileno()], socket.MSG_NOSIGNAL)
-                except OSError:
-                    return
