@@ -14,7 +14,6 @@
 """
 from __future__ import annotations
 
-import os
 import sys
 from typing import Iterable, Optional
 
@@ -22,15 +21,9 @@ from .. import protocol as P
 from ..core.discovery import Library
 from ..core.limits import Limits
 from ..core.outcomes import CallFailed
-from ..core.policy import allowed_environment, host_environment
+from ..core.policy import allowed_environment_bytes, host_environment
 from ..core.requirements import DeclarationError, Declared, declared, normalise
 from ..protocol import Ref, sendable
-
-
-def _allowed(env: dict) -> dict:
-    """The allowlisted part of a bytes environment (core/policy.py decides on names)."""
-    names = allowed_environment(dict.fromkeys(os.fsdecode(k) for k in env))
-    return {k: v for k, v in env.items() if os.fsdecode(k) in names}
 
 
 def build_init(library: Library, limits: Limits, root: str, host_tool_configs: dict,
@@ -46,7 +39,7 @@ def build_init(library: Library, limits: Limits, root: str, host_tool_configs: d
     if root:
         read_paths = [str(p) for p in (library.root, *limits.read_paths) if p]
         confine = {"root": root, "read_paths": read_paths}
-        env = _allowed(env)
+        env = allowed_environment_bytes(env)
     return P.Init(library.name, [str(f) for f in library.files], library.source, configs, handlers,
                   list(sys.path), env, confine, None, [],
                   {k: getattr(limits, k) for k in limits.__dataclass_fields__},
