@@ -29,6 +29,7 @@ Pure: parsing and matching; backends/local/confine/egress_proxy.py runs the prox
 """
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 from dataclasses import dataclass
@@ -173,6 +174,8 @@ def _a_labels(name: str) -> str:
         raise ValueError(str(exc)) from None
 
 
+# (each connection asks twice, with the same host: a name's labels or an address parsed once)
+@functools.lru_cache(maxsize=1024)
 def canonical_host(text: str) -> str:
     """The one spelling of a request's host: what the rules match, the resolver is asked
     and the proxy connects to.  An IP address as ``ipaddress`` writes it (no zone), or a name
@@ -258,6 +261,7 @@ def _port(text: str, rule: str, key: str) -> int:
     return int(text)
 
 
+@functools.lru_cache(maxsize=1024)
 def _address(host: str) -> Optional[Address]:
     host = host.strip("[]")
     # A name (no ':', not ending in a digit) is not tried as an address: no exception to pay
