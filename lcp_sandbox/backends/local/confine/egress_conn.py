@@ -117,7 +117,8 @@ def read_request(client: socket.socket, timeout_s: float) -> tuple[Request, byte
             if event is not h11.NEED_DATA:
                 raise ProxyRefusal(400, "the connection ended before its request head")
     finally:
-        client.settimeout(None)
+        if client.gettimeout() is not None:
+            client.settimeout(None)
 
 
 def _receive(client: socket.socket, deadline: float, size: int, timeout_s: float) -> bytes:
@@ -126,6 +127,13 @@ def _receive(client: socket.socket, deadline: float, size: int, timeout_s: float
     try:
         if left <= 0:
             raise socket.timeout
+        if client.gettimeout() is None:
+            # What came already, without a wait (a client sends its head as it connects):
+            # no poll and no mode switch for the common head
+            try:
+                return client.recv(size, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                pass
         client.settimeout(left)
         return client.recv(size)
     except socket.timeout:
