@@ -230,30 +230,45 @@ class EgressProxy:
                       handed: Handed[Identity, _Connection]) -> None:
         """Take the listener a dialer hands over (its connections each into ``handed.came``
         while served), and answer what it asks (the by-port listener's port, a socket),
-        until it ends."""
-        while True:
-            await _readable(loop, dialer)
-            try:
-                data, fds, _, _ = socket.recv_fds(dialer, 64, _FDS_PER_MESSAGE,
-                                                  socket.MSG_CMSG_CLOEXEC)
-            except BlockingIOError:
-                continue
-            except OSError:
-                return
-            if not data and not fds:
-                # The worker ended.
-                return
-            if ASK_PORT in data and fds:
-                self.by_port.prove(handed, fds)
-            elif LISTENER in data and fds:
-                self._listener(handed, fds)
-            else:
-                _close(fds)
-            for asked in data:
-                if asked == ASK_PORT[0]:
-                    self.by_port.send_port(dialer, handed)
-                elif asked == ASK_SOCKET[0]:
-                    self.by_port.hand(dialer, handed)
+        until it ends.  Each message is read in the loop's own wake-up (a reader callback:
+        a task woken by a future took a second turn of the loop, a socket asked for by
+        port waited for both)."""
+        ended = loop.create_future()
+
+        def readable() -> None:
+            if not self._message(dialer, handed) and not ended.done():
+                loop.remove_reader(dialer.fileno())
+                ended.set_result(None)
+        loop.add_reader(dialer.fileno(), readable)
+        try:
+            await ended
+        finally:
+            loop.remove_reader(dialer.fileno())
+
+    def _message(self, dialer: socket.socket, handed: Handed[Identity, _Connection]) -> bool:
+        """One message on a dialer, taken and answered: False once the dialer has ended."""
+        try:
+            data, fds, _, _ = socket.recv_fds(dialer, 64, _FDS_PER_MESSAGE,
+                                              socket.MSG_CMSG_CLOEXEC)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        if not data and not fds:
+            # The worker ended.
+            return False
+        if ASK_PORT in data and fds:
+            self.by_port.prove(handed, fds)
+        elif LISTENER in data and fds:
+            self._listener(handed, fds)
+        else:
+            _close(fds)
+        for asked in data:
+            if asked == ASK_PORT[0]:
+                self.by_port.send_port(dialer, handed)
+            elif asked == ASK_SOCKET[0]:
+                self.by_port.hand(dialer, handed)
+        return True
 
     def _listener(self, handed: Handed[Identity, _Connection], fds: list[int]) -> None:
         """(LISTENER came with ``fds``, all taken or closed here) the first, if it is the
@@ -399,19 +414,6 @@ async def _exactly(loop: asyncio.AbstractEventLoop, sock: socket.socket, n: int)
             raise ConnectionResetError("the dialer closed before its token")
         got += data
     return got
-
-
-async def _readable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
-    ready = loop.create_future()
-
-    def wake() -> None:
-        if not ready.done():
-            ready.set_result(None)
-    loop.add_reader(sock.fileno(), wake)
-    try:
-        await ready
-    finally:
-        loop.remove_reader(sock.fileno())
 
 
 def _resolve(host: str, port: int) -> list[Address]:
