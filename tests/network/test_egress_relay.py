@@ -58,6 +58,34 @@ def test_every_byte_both_ways_in_order_and_each_end_passed_on():
     assert got_up == up and got_down == down
 
 
+class _Counted(threading.BoundedSemaphore):
+    """The host's large buffers, counting those taken."""
+
+    def __init__(self, value: int) -> None:
+        super().__init__(value)
+        self.taken = 0
+
+    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+        got = super().acquire(blocking, timeout)
+        self.taken += got
+        return got
+
+
+def test_a_bulk_direction_moves_large_reads_while_the_host_has_one_free_and_gives_it_back(
+        monkeypatch):
+    """Both directions fill a read (8 and 4 MiB): each takes one of the host's LARGE_WAYS and
+    gives it back at the end; with none free, every byte still passes, a CHUNK at a time."""
+    large = _Counted(2)
+    monkeypatch.setattr(egress_conn, "_LARGE", large)
+    up, down = os.urandom(SIZE), os.urandom(SIZE // 2)
+    assert _relayed(up, down) == (up, down)
+    assert large.taken == 2 and large._value == 2
+    assert large.acquire(blocking=False) and large.acquire(blocking=False)
+    large.taken = 0
+    assert _relayed(up, down) == (up, down)
+    assert large.taken == 0 and large._value == 0
+
+
 # In a process of its own: the test session's other threads (the Ray cluster's client)
 # open and close descriptors of their own at any moment.
 _LEFT_OPEN = """

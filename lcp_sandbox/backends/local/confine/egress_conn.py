@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import select
 import socket
+import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 import h11
 
@@ -35,7 +36,13 @@ from ....core.egress_rules import Address, authority_of
 HEAD_LIMIT = 64 * 1024
 HEAD_TIMEOUT_S = 10.0
 CONNECT_TIMEOUT_S = 10.0
-_CHUNK = 65536
+#: What one direction of a relay holds at most; a bulk transfer's, while LARGE_WAYS allow
+CHUNK = 64 * 1024
+LARGE_CHUNK = 1024 * 1024
+#: Directions of relays that may hold LARGE_CHUNK at once, host-wide: at most 32 MiB, where
+#: 64 KiB each would be 512 MiB for the proxy's 4,096 connections
+LARGE_WAYS = 32
+_LARGE = threading.BoundedSemaphore(LARGE_WAYS)
 _ESTABLISHED = b"HTTP/1.1 200 Connection established\r\n\r\n"
 _HOP_BY_HOP = (b"connection", b"proxy-connection", b"keep-alive", b"proxy-authorization",
                b"host")
@@ -105,7 +112,7 @@ def read_request(client: socket.socket, timeout_s: float) -> tuple[Request, byte
         while True:
             if taken >= HEAD_LIMIT:
                 raise ProxyRefusal(400, f"a request head over {HEAD_LIMIT} bytes")
-            data = _receive(client, deadline, min(_CHUNK, HEAD_LIMIT - taken), timeout_s)
+            data = _receive(client, deadline, min(CHUNK, HEAD_LIMIT - taken), timeout_s)
             taken += len(data)
             parser.receive_data(data)
             try:
@@ -209,22 +216,59 @@ def connect(addresses: list[Address], port: int) -> socket.socket:
 def relay(a: socket.socket, b: socket.socket) -> None:
     """Bytes both ways until each side has ended (an end is passed on as a shutdown)."""
     poll = select.poll()
-    pairs = {a.fileno(): (a, b), b.fileno(): (b, a)}
-    for fd in pairs:
+    ways = {a.fileno(): _Way(a, b), b.fileno(): _Way(b, a)}
+    for fd in ways:
         poll.register(fd, select.POLLIN)
-    while pairs:
-        for fd, _ in poll.poll():
-            src, dst = pairs[fd]
-            data = src.recv(_CHUNK)
-            if data:
-                dst.sendall(data)
-                continue
-            poll.unregister(fd)
-            del pairs[fd]
+    ending = list(ways.values())
+    try:
+        while ways:
+            for fd, _ in poll.poll():
+                if ways[fd].move():
+                    continue
+                poll.unregister(fd)
+                del ways[fd]
+    finally:
+        for way in ending:
+            way.give_back()
+
+
+class _Way:
+    """One direction of a relay: what ``src`` sends, passed on to ``dst``, CHUNK bytes at
+    most a read; once a read filled CHUNK (a bulk transfer) and one of the host's
+    LARGE_WAYS is free, LARGE_CHUNK at most, into a buffer of its own: each move is then
+    a sixteenth of the system calls and wake-ups on both sides (benchmarks/egress.py: a
+    200 MB body at 0.48-0.63x the direct rate, against 0.34-0.40x with CHUNK alone, same
+    runs)."""
+    __slots__ = ("src", "dst", "view")
+
+    def __init__(self, src: socket.socket, dst: socket.socket) -> None:
+        self.src, self.dst = src, dst
+        # (LARGE_CHUNK's, while it holds one of LARGE_WAYS)
+        self.view: Optional[memoryview] = None
+
+    def move(self) -> bool:
+        """One read passed on (False: ``src`` ended, and the end is passed on)."""
+        if self.view is not None:
+            got = self.src.recv_into(self.view)
+            data: Union[bytes, memoryview] = self.view[:got]
+        else:
+            data = self.src.recv(CHUNK)
+            got = len(data)
+        if not got:
             try:
-                dst.shutdown(socket.SHUT_WR)
+                self.dst.shutdown(socket.SHUT_WR)
             except OSError:
                 pass
+            return False
+        self.dst.sendall(data)
+        if got == CHUNK and self.view is None and _LARGE.acquire(blocking=False):
+            self.view = memoryview(bytearray(LARGE_CHUNK))
+        return True
+
+    def give_back(self) -> None:
+        if self.view is not None:
+            self.view = None
+            _LARGE.release()
 
 
 def response(status: int, text: str, retry_after: Optional[int] = None) -> bytes:
