@@ -101,6 +101,67 @@ def test_a_removed_listener_is_closed_and_the_others_still_served(acceptors):
         assert c.recv(10) == b"served"
 
 
+def test_a_listener_that_no_longer_listens_is_dropped_and_the_others_still_served(acceptors):
+    """Shut down through a copy of it, a listener stops listening: each epoll wake-up for it
+    fails (EINVAL); re-armed, a thread would wake for it for ever.  It is dropped."""
+    held = Held()
+    held.release.set()
+    stopped, kept = (socket.create_server(("127.0.0.1", 0)) for _ in range(2))
+    copy = stopped.dup()
+    acceptors.add(stopped, held)
+    acceptors.add(kept, held)
+    copy.shutdown(socket.SHUT_RD)
+    assert poll(lambda: stopped.fileno() == -1)
+    assert len(acceptors._listeners) == 1
+    with socket.create_connection(kept.getsockname(), timeout=20) as c:
+        assert c.recv(10) == b"served"
+    copy.close()
+
+
+_SHORT_OF_DESCRIPTORS = """
+import os, socket, sys, time
+sys.path.insert(0, sys.argv[1])
+from conftest import poll
+from lcp_sandbox.backends.local.confine.egress_accept import RETRY_S, Acceptors
+class Counting(socket.socket):
+    tries = []
+    def accept(self):
+        self.tries.append(time.monotonic())
+        return super().accept()
+listener = Counting(socket.AF_INET, socket.SOCK_STREAM)
+listener.bind(("127.0.0.1", 0))
+listener.listen()
+served = []
+a = Acceptors()
+a.add(listener, lambda conn, peer: (served.append(peer), conn.close()))
+client = socket.socket()
+fillers = []
+try:
+    while True:
+        fillers.append(os.open("/dev/null", os.O_RDONLY))
+except OSError:
+    pass
+client.connect(listener.getsockname())
+assert poll(lambda: len(Counting.tries) >= 3), Counting.tries
+gaps = [b - a for a, b in zip(Counting.tries, Counting.tries[1:3])]
+for fd in fillers:
+    os.close(fd)
+assert poll(lambda: served)
+print(min(gaps) >= 0.9 * RETRY_S, not served[1:])
+"""
+
+
+def test_short_of_descriptors_a_waiting_connection_is_tried_again_later_then_served():
+    """accept() fails with EMFILE and the connection stays queued: the listener is armed
+    again RETRY_S later, not at once (a thread would wake for it again and again), and
+    the connection is served once descriptors are free."""
+    tests = os.path.dirname(os.path.dirname(__file__))
+    out = subprocess.run([sys.executable, "-c", _SHORT_OF_DESCRIPTORS, tests],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True"], out
+
+
 # In a process of its own: the test session's other threads open and close descriptors
 _CLOSED = """
 import os, socket, sys, threading

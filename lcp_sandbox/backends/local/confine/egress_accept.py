@@ -17,10 +17,14 @@ three wake-ups before its head was read (benchmarks/egress.py); now it waits for
 A listener is looked up and accepted on under the lock its removal takes, so a descriptor
 number that is reused (a worker's listener closed, another's opened) never serves one
 worker's connection as another's; it is taken out of the epoll set before it is closed (a
-copy of it elsewhere, in a hostile worker, would keep it registered).
+copy of it elsewhere, in a hostile worker, would keep it registered).  An accept that fails
+with its connection still queued is not re-armed at once (_failed(): a thread would wake
+for it again and again): short of descriptors, RETRY_S later; a socket that no longer
+listens (shut down through a copy of it) is dropped.
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import select
@@ -34,6 +38,9 @@ log = logging.getLogger("lcp_sandbox.egress")
 MAX_WAITING = 32
 #: What a thread does with a connection it accepted: (the connection, its peer's address)
 Serve = Callable[[socket.socket, Any], None]
+#: Seconds before a listener is accepted on again after the host ran short (_SHORT)
+RETRY_S = 0.1
+_SHORT = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
 class Acceptors:
@@ -133,13 +140,38 @@ class Acceptors:
             listener, serve = entry
             try:
                 conn, peer = listener.accept()
-            except OSError:
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
                 # (another thread took it, or the client gave up: nothing waits)
-                conn = None
+                self._epoll.modify(fd, self._armed)
+                continue
+            except OSError as exc:
+                self._failed(fd, listener, exc)
+                continue
             self._epoll.modify(fd, self._armed)
-            if conn is not None:
-                return serve, conn, peer
+            return serve, conn, peer
         return None
+
+    def _failed(self, fd: int, listener: socket.socket, exc: OSError) -> None:
+        """(the lock held) an accept that failed with the connection still waiting, or on a
+        socket that no longer listens: re-armed now, either would wake a thread again at
+        once, for ever.  Short of descriptors or memory, the listener is armed again
+        RETRY_S later; any other error (EINVAL: it listens no more) ends it."""
+        if exc.errno in _SHORT:
+            log.warning("egress proxy: a connection waits, not accepted (%s); again in %g s",
+                        exc, RETRY_S)
+            timer = threading.Timer(RETRY_S, self._rearm, (fd, listener))
+            timer.daemon = True
+            timer.start()
+            return
+        log.warning("egress proxy: a listener is no longer accepted on (%s)", exc)
+        del self._listeners[fd]
+        self._epoll.unregister(fd)
+        listener.close()
+
+    def _rearm(self, fd: int, listener: socket.socket) -> None:
+        with self._lock:
+            if self._listeners.get(fd, (None,))[0] is listener:
+                self._epoll.modify(fd, self._armed)
 
     @staticmethod
     def _serve(serve: Serve, conn: socket.socket, peer: Any) -> None:
