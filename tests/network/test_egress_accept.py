@@ -86,35 +86,40 @@ def test_a_serve_that_raises_is_logged_its_connection_closed_and_the_next_served
     assert "serving a connection failed" in caplog.text and "a bug" in caplog.text
 
 
-def test_a_removed_listener_is_closed_and_the_others_still_served(acceptors):
+def two_listeners(acceptors) -> tuple[socket.socket, socket.socket]:
+    """Two listeners the threads accept on, each connection answered at once."""
     held = Held()
     held.release.set()
-    gone, kept = (socket.create_server(("127.0.0.1", 0)) for _ in range(2))
-    address = gone.getsockname()
-    acceptors.add(gone, held)
+    first, kept = (socket.create_server(("127.0.0.1", 0)) for _ in range(2))
+    acceptors.add(first, held)
     acceptors.add(kept, held)
+    return first, kept
+
+
+def still_served(kept: socket.socket) -> bool:
+    with socket.create_connection(kept.getsockname(), timeout=20) as c:
+        return c.recv(10) == b"served"
+
+
+def test_a_removed_listener_is_closed_and_the_others_still_served(acceptors):
+    gone, kept = two_listeners(acceptors)
+    address = gone.getsockname()
     acceptors.remove(gone)
     assert gone.fileno() == -1
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(address, timeout=20)
-    with socket.create_connection(kept.getsockname(), timeout=20) as c:
-        assert c.recv(10) == b"served"
+    assert still_served(kept)
 
 
 def test_a_listener_that_no_longer_listens_is_dropped_and_the_others_still_served(acceptors):
     """Shut down through a copy of it, a listener stops listening: each epoll wake-up for it
     fails (EINVAL); re-armed, a thread would wake for it for ever.  It is dropped."""
-    held = Held()
-    held.release.set()
-    stopped, kept = (socket.create_server(("127.0.0.1", 0)) for _ in range(2))
+    stopped, kept = two_listeners(acceptors)
     copy = stopped.dup()
-    acceptors.add(stopped, held)
-    acceptors.add(kept, held)
     copy.shutdown(socket.SHUT_RD)
     assert poll(lambda: stopped.fileno() == -1)
     assert len(acceptors._listeners) == 1
-    with socket.create_connection(kept.getsockname(), timeout=20) as c:
-        assert c.recv(10) == b"served"
+    assert still_served(kept)
     copy.close()
 
 
