@@ -16,6 +16,7 @@ from conftest import FIXTURES, poll
 
 from lcp_sandbox import SandboxedBinding, Supervisor
 from lcp_sandbox.backends.local.confine import egress_conn, egress_proxy
+from lcp_sandbox.backends.local.confine.egress_port import Handed
 from lcp_sandbox.backends.metrics import Metrics
 from lcp_sandbox.core.egress_rules import authority_of, canonical_host, policy_of, rule_of
 from lcp_sandbox.testing import landlock_abi_at_most, protections_off
@@ -233,6 +234,14 @@ def test_a_worker_s_second_listener_is_closed_unserved(sup, servers, open_tmp_mo
     assert out(t, "tool_urllib", url=f"http://127.0.0.1:{ports['allowed']}/after")["status"] == 200
 
 
+def still_open(fd: int, inode: int) -> bool:
+    """Whether ``fd`` is still the file of ``inode`` (not closed, nor reused since)."""
+    try:
+        return os.fstat(fd).st_ino == inode
+    except OSError:
+        return False
+
+
 def test_only_a_listening_tcp_socket_of_another_network_namespace_is_taken():
     """What a hostile worker could hand over as its listener: none of the host's network (a
     stranger on the host could reach it), no socket that does not listen, no other kind."""
@@ -243,12 +252,6 @@ def test_only_a_listening_tcp_socket_of_another_network_namespace_is_taken():
     unix_listener.listen()
     plain = socket.socket()
     r, w = os.pipe()
-
-    def still_open(fd: int, inode: int) -> bool:
-        try:
-            return os.fstat(fd).st_ino == inode
-        except OSError:
-            return False
     for sock in (host_listener, udp, unix_listener, plain):
         fd = os.dup(sock.fileno())
         assert egress_proxy._listening_socket(fd) is None, sock
@@ -258,6 +261,34 @@ def test_only_a_listening_tcp_socket_of_another_network_namespace_is_taken():
     assert egress_proxy._listening_socket(r) is None
     assert not still_open(r, inode)
     os.close(w)
+
+
+def test_what_is_sent_as_a_listener_and_refused_is_closed_once():
+    """A listener refused (not one, or not the first) and what came with it: each closed,
+    none twice (a descriptor number closed twice may be another thread's by then)."""
+    proxy = egress_proxy.EgressProxy(Metrics())
+    handed = Handed(egress_proxy.Identity("t", "lib", policy_of({"allow": ["example.com"]})),
+                    set())
+    for kind in (socket.SOCK_DGRAM, socket.SOCK_STREAM):
+        r, w = os.pipe()
+        fds = [socket.socket(socket.AF_INET, kind).detach(), r]
+        inodes = [os.fstat(fd).st_ino for fd in fds]
+        proxy._listener(handed, fds)                   # (raised EBADF when closed twice)
+        assert not any(map(still_open, fds, inodes))
+        os.close(w)
+    assert handed.listener is None
+
+
+def test_a_connection_accepted_as_its_dialer_ended_is_closed_unserved():
+    proxy = egress_proxy.EgressProxy(Metrics())
+    handed = Handed(egress_proxy.Identity("t", "lib", policy_of({"allow": ["example.com"]})),
+                    set())
+    handed.ended = True
+    client, server = socket.socketpair()
+    proxy._take(handed, server)
+    assert server.fileno() == -1 and client.recv(10) == b""
+    assert proxy.connections == 0 and proxy.tenants == {} and not handed.came
+    client.close()
 
 
 def test_refusals_are_counted_by_rule_and_logged_with_who_and_where(sup, servers, caplog,
@@ -465,8 +496,8 @@ def held(proxy, ident, n: int, refused: bool = False) -> list:
     listener of the worker's (as one in a namespace of its own hands over), each taken
     before this returns: served (waiting for its head) or, ``refused``, answered."""
     listener = socket.create_server(("127.0.0.1", 0))
-    came: set = set()
-    proxy._accept_on(listener, lambda conn, _: proxy._take(ident, conn, came))
+    handed = Handed(ident, set())
+    proxy._accept_on(listener, lambda conn, _: proxy._take(handed, conn))
     ends = []
     for _ in range(n):
         before = proxy.connections

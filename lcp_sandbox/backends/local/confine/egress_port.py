@@ -49,12 +49,14 @@ Conn = TypeVar("Conn")
 class Handed(Generic[Who, Conn]):
     """What came through one dialer: its worker's identity, its connections being served,
     whether it proved it is in the host's network, the sockets handed to it and not
-    yet connected, by their port, and (a worker in a namespace of its own) its listener."""
+    yet connected, by their port, (a worker in a namespace of its own) its listener, and
+    whether the dialer ended (its worker is gone: a connection of it is served no more)."""
     ident: Who
     came: set[Conn]
     sockets: dict[int, socket.socket] = field(default_factory=dict)
     by_port: bool = False
     listener: Optional[socket.socket] = None
+    ended: bool = False
 
     def close(self) -> None:
         for sock in self.sockets.values():
@@ -67,7 +69,7 @@ class ByPort(Generic[Who, Conn]):
     them.  ``take`` serves a connection; ``cap()`` is how many sockets one dialer may hold
     unconnected."""
 
-    def __init__(self, take: Callable[[Who, socket.socket, set[Conn]], None],
+    def __init__(self, take: Callable[["Handed[Who, Conn]", socket.socket], None],
                  cap: Callable[[], int],
                  listen: Callable[[socket.socket, Callable[[socket.socket, Any], None]], None]
                  ) -> None:
@@ -156,7 +158,7 @@ class ByPort(Generic[Who, Conn]):
             conn.close()
             return
         sock.close()
-        self._take(handed.ident, conn, handed.came)
+        self._take(handed, conn)
 
 
 def _send(dialer: socket.socket, data: bytes) -> None:

@@ -222,6 +222,8 @@ class EgressProxy:
                 if handed.listener is not None and self._acceptors is not None:
                     self._acceptors.remove(handed.listener)
                 with self._lock:
+                    # (a connection accepted meanwhile is refused by _take())
+                    handed.ended = True
                     for conn in came:
                         conn.end()
                 self.by_port.forget(handed)
@@ -274,29 +276,36 @@ class EgressProxy:
         """(LISTENER came with ``fds``, all taken or closed here) the first, if it is the
         dialer's first listener and one of a worker's own namespace: accepted on from now
         until the dialer ends."""
-        listener = None
-        if handed.listener is None and not handed.by_port:
-            listener = _listening_socket(fds[0])
-        _close(fds[1:] if listener is not None else fds)
+        if handed.listener is not None or handed.by_port:
+            _close(fds)
+            return
+        # (the first taken or closed there)
+        listener = _listening_socket(fds[0])
+        _close(fds[1:])
         if listener is None:
             return
         handed.listener = listener
-        self._accept_on(listener, lambda conn, _: self._take(handed.ident, conn, handed.came))
+        self._accept_on(listener, lambda conn, _: self._take(handed, conn))
 
-    def _take(self, ident: Identity, sock: socket.socket, came: set[_Connection]) -> None:
-        """A connection of ``ident``'s worker (through the dialer whose connections are
-        ``came``): served to its end, in this thread, if its worker, its tenant and the host
-        are under their caps; else answered at once (429 or 503, with Retry-After) and
-        closed."""
-        conn = _Connection(sock, came)
+    def _take(self, handed: Handed[Identity, _Connection], sock: socket.socket) -> None:
+        """A connection of the worker whose dialer ``handed`` stands for: served to its end,
+        in this thread, if its worker, its tenant and the host are under their caps; else
+        answered at once (429 or 503, with Retry-After) and closed.  One accepted as its
+        dialer ended (the worker is gone, nothing would end it) is closed unserved."""
+        ident = handed.ident
+        conn = _Connection(sock, handed.came)
         with self._lock:
-            full = self._full(ident)
-            if full is None:
+            gone = handed.ended
+            full = None if gone else self._full(ident)
+            if not gone and full is None:
                 ident.active += 1
                 self.tenants[ident.tenant] = self.tenants.get(ident.tenant, 0) + 1
                 self.connections += 1
                 self._open.add(conn)
-                came.add(conn)
+                handed.came.add(conn)
+        if gone:
+            sock.close()
+            return
         if full is None:
             self._serve(ident, conn)
             return
