@@ -124,7 +124,8 @@ def test_a_listener_that_no_longer_listens_is_dropped_and_the_others_still_serve
 
 
 _SHORT_OF_DESCRIPTORS = """
-import os, socket, sys, time
+import logging, os, socket, sys, time
+logging.basicConfig(level=logging.WARNING)
 sys.path.insert(0, sys.argv[1])
 from conftest import poll
 from lcp_sandbox.backends.local.confine.egress_accept import RETRY_S, Acceptors
@@ -158,13 +159,14 @@ print(min(gaps) >= 0.9 * RETRY_S, not served[1:])
 
 def test_short_of_descriptors_a_waiting_connection_is_tried_again_later_then_served():
     """accept() fails with EMFILE and the connection stays queued: the listener is armed
-    again RETRY_S later, not at once (a thread would wake for it again and again), and
-    the connection is served once descriptors are free."""
+    again RETRY_S later, not at once (a thread would wake for it again and again), said
+    once in the log, and the connection is served once descriptors are free."""
     tests = os.path.dirname(os.path.dirname(__file__))
     out = subprocess.run([sys.executable, "-c", _SHORT_OF_DESCRIPTORS, tests],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["True", "True"], out
+    assert out.stderr.count("connections wait, not accepted") == 1, out.stderr
 
 
 # In a process of its own: the test session's other threads open and close descriptors

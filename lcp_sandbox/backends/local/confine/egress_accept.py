@@ -58,6 +58,8 @@ class Acceptors:
         self._waiting = 0
         self._alive = 0
         self._closed = False
+        # Said once while accepts keep failing short of descriptors (not every RETRY_S)
+        self._short_said = False
 
     def add(self, listener: socket.socket, serve: Serve) -> None:
         """Accept on ``listener`` (it is this object's now: remove() or close() closes it)."""
@@ -148,6 +150,7 @@ class Acceptors:
                 self._failed(fd, listener, exc)
                 continue
             self._epoll.modify(fd, self._armed)
+            self._short_said = False
             return serve, conn, peer
         return None
 
@@ -157,11 +160,17 @@ class Acceptors:
         once, for ever.  Short of descriptors or memory, the listener is armed again
         RETRY_S later; any other error (EINVAL: it listens no more) ends it."""
         if exc.errno in _SHORT:
-            log.warning("egress proxy: a connection waits, not accepted (%s); again in %g s",
-                        exc, RETRY_S)
+            if not self._short_said:
+                self._short_said = True
+                log.warning("egress proxy: connections wait, not accepted (%s); tried again "
+                            "every %g s", exc, RETRY_S)
             timer = threading.Timer(RETRY_S, self._rearm, (fd, listener))
             timer.daemon = True
-            timer.start()
+            try:
+                timer.start()
+            except RuntimeError:
+                # (no thread to wait with: armed now, as the host's memory allows)
+                self._epoll.modify(fd, self._armed)
             return
         log.warning("egress proxy: a listener is no longer accepted on (%s)", exc)
         del self._listeners[fd]
