@@ -15,7 +15,7 @@ import pytest
 from conftest import FIXTURES, poll
 
 from lcp_sandbox import SandboxedBinding, Supervisor
-from lcp_sandbox.backends.local.confine import egress_conn, egress_proxy
+from lcp_sandbox.backends.local.confine import egress_accept, egress_conn, egress_proxy
 from lcp_sandbox.backends.local.confine.egress_port import Handed
 from lcp_sandbox.backends.metrics import Metrics
 from lcp_sandbox.core.egress_rules import authority_of, canonical_host, policy_of, rule_of
@@ -254,11 +254,11 @@ def test_only_a_listening_tcp_socket_of_another_network_namespace_is_taken():
     r, w = os.pipe()
     for sock in (host_listener, udp, unix_listener, plain):
         fd = os.dup(sock.fileno())
-        assert egress_proxy._listening_socket(fd) is None, sock
+        assert egress_accept.listening_socket(fd) is None, sock
         assert not still_open(fd, os.fstat(sock.fileno()).st_ino), sock
         sock.close()
     inode = os.fstat(r).st_ino
-    assert egress_proxy._listening_socket(r) is None
+    assert egress_accept.listening_socket(r) is None
     assert not still_open(r, inode)
     os.close(w)
 

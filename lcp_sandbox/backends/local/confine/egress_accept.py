@@ -20,7 +20,8 @@ worker's connection as another's; it is taken out of the epoll set before it is 
 copy of it elsewhere, in a hostile worker, would keep it registered).  An accept that fails
 with its connection still queued is not re-armed at once (_failed(): a thread would wake
 for it again and again): short of descriptors, RETRY_S later; a socket that no longer
-listens (shut down through a copy of it) is dropped.
+listens (shut down through a copy of it) is dropped.  listening_socket() checks what a
+worker hands over as its listener.
 """
 from __future__ import annotations
 
@@ -29,8 +30,11 @@ import logging
 import os
 import select
 import socket
+import stat
 import threading
 from typing import Any, Callable, Optional
+
+from .egress_port import of_hosts_network
 
 log = logging.getLogger("lcp_sandbox.egress")
 
@@ -194,3 +198,25 @@ class Acceptors:
         self._epoll.close()
         os.close(self._stop_r)
         os.close(self._stop_w)
+
+
+def listening_socket(fd: int) -> Optional[socket.socket]:
+    """A descriptor a worker handed over as its listener, as a socket to accept on: if it is
+    a listening TCP socket (IPv4) made in a network namespace other than the host's (as far
+    as the kernel tells; else a stranger on the host could reach it); else closed."""
+    try:
+        sock = socket.socket(fileno=fd) if stat.S_ISSOCK(os.fstat(fd).st_mode) else None
+    except OSError:
+        sock = None
+    if sock is None:
+        os.close(fd)
+        return None
+    try:
+        if (sock.family == socket.AF_INET and sock.type == socket.SOCK_STREAM
+                and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+                and not of_hosts_network(sock)):
+            return sock
+    except OSError:
+        pass
+    sock.close()
+    return None

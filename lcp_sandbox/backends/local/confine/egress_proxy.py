@@ -27,10 +27,10 @@ descriptor is closed unread.  (A worker with a dialer can make no listener of th
 network: one in a namespace of its own makes no socket of it, one by port may not listen.)
 Connections at once are capped: MAX_PER_WORKER a worker and MAX_PER_TENANT a tenant (429
 beyond them), MAX_CONNECTIONS the host (503), each answered at once with ``Retry-After``; a
-tenant's cap is a thirty-second of the host's, so no fewer than
-thirty-two tenants fill the host.  A whole request head comes within HEAD_TIMEOUT_S (one
-deadline, not one a read) and HEAD_LIMIT bytes.  Plain HTTP requests are forwarded with
-``Connection: close``, so a kept-alive connection cannot carry a second request to another host.
+tenant's cap is a thirty-second of the host's, so no fewer than thirty-two tenants fill the
+host.  A whole request head comes within HEAD_TIMEOUT_S (one deadline, not one a read) and
+HEAD_LIMIT bytes.  Plain HTTP requests are forwarded with ``Connection: close``, so a
+kept-alive connection cannot carry a second request to another host.
 A connection lives no longer than the worker it came from: when a worker's dialer ends (the
 worker stopped, was killed, its session ended), the proxy shuts down both ends of each of its
 connections, so a server that never closes (a long poll) keeps no slot of a worker that is gone.
@@ -44,7 +44,6 @@ import os
 import secrets
 import shutil
 import socket
-import stat
 import tempfile
 import threading
 import weakref
@@ -56,9 +55,9 @@ from ....core.egress_rules import Address, Decision, Policy, canonical_host, pol
 from ....protocol.dialer import ASK_PORT, ASK_SOCKET, LISTENER
 from ...metrics import Metrics
 from ..slot import Slot
-from .egress_accept import Acceptors, Serve
+from .egress_accept import Acceptors, Serve, listening_socket
 from .egress_conn import HEAD_TIMEOUT_S, ProxyRefusal, response, serve
-from .egress_port import ByPort, Handed, of_hosts_network
+from .egress_port import ByPort, Handed
 
 log = logging.getLogger("lcp_sandbox.egress")
 
@@ -280,7 +279,7 @@ class EgressProxy:
             _close(fds)
             return
         # (the first taken or closed there)
-        listener = _listening_socket(fds[0])
+        listener = listening_socket(fds[0])
         _close(fds[1:])
         if listener is None:
             return
@@ -443,27 +442,6 @@ def _resolve(host: str, port: int) -> list[Address]:
     except OSError as exc:
         raise ProxyRefusal(502, f"{host} cannot be resolved ({exc})") from None
     return list(dict.fromkeys(ipaddress.ip_address(str(i[4][0]).split("%")[0]) for i in infos))
-
-
-def _listening_socket(fd: int) -> Optional[socket.socket]:
-    """A received descriptor as a socket, if it is a listening TCP socket (IPv4) made in a
-    network namespace other than the host's (as far as the kernel tells); else closed."""
-    try:
-        sock = socket.socket(fileno=fd) if stat.S_ISSOCK(os.fstat(fd).st_mode) else None
-    except OSError:
-        sock = None
-    if sock is None:
-        os.close(fd)
-        return None
-    try:
-        if (sock.family == socket.AF_INET and sock.type == socket.SOCK_STREAM
-                and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
-                and not of_hosts_network(sock)):
-            return sock
-    except OSError:
-        pass
-    sock.close()
-    return None
 
 
 def _close(fds: list[int]) -> None:
