@@ -21,7 +21,7 @@ from .. import protocol as P
 from ..core.discovery import Library
 from ..core.limits import Limits
 from ..core.outcomes import CallFailed
-from ..core.policy import allowed_environment_bytes, host_environment
+from ..core.policy import allowed_environment, host_environment
 from ..core.requirements import DeclarationError, Declared, declared, normalise
 from ..protocol import Ref, sendable
 
@@ -39,7 +39,7 @@ def build_init(library: Library, limits: Limits, root: str, host_tool_configs: d
     if root:
         read_paths = [str(p) for p in (library.root, *limits.read_paths) if p]
         confine = {"root": root, "read_paths": read_paths}
-        env = allowed_environment_bytes(env)
+        env = allowed_environment(env)
     return P.Init(library.name, [str(f) for f in library.files], library.source, configs, handlers,
                   list(sys.path), env, confine, None, [],
                   {k: getattr(limits, k) for k in limits.__dataclass_fields__},

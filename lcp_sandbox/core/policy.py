@@ -40,19 +40,20 @@ def host_environment() -> dict[bytes, bytes]:
     return dict(os.environ._data)                # type: ignore[attr-defined]  # POSIX: bytes
 
 
-def allowed_environment(env: dict[str, Any]) -> dict[str, Any]:
-    """The allowlisted part of an environment (what a confined worker may see)."""
-    return {k: v for k, v in env.items() if k in ENV_ALLOWLIST or k.startswith("LC_")}
+# The allowlist as str (os.environ's names) and as bytes (host_environment()'s: decoding each
+# name first took five times as long), each with the locale variables' prefix
+_ALLOWED: dict[type, tuple[frozenset[Any], Any]] = {
+    str: (frozenset(ENV_ALLOWLIST), "LC_"),
+    bytes: (frozenset(os.fsencode(n) for n in ENV_ALLOWLIST), b"LC_")}
 
 
-_ALLOWLIST_BYTES = frozenset(os.fsencode(name) for name in ENV_ALLOWLIST)
-
-
-def allowed_environment_bytes(env: dict[bytes, bytes]) -> dict[bytes, bytes]:
-    """allowed_environment() of a host_environment(): the same names, compared as bytes
-    (decoding each name first took five times as long)."""
-    return {k: v for k, v in env.items() if k in _ALLOWLIST_BYTES or k.startswith(b"LC_")}
-
+def allowed_environment(env: dict[Any, Any]) -> dict[Any, Any]:
+    """The allowlisted part of an environment (what a confined worker may see), its names
+    all str or all bytes."""
+    if not env:
+        return {}
+    names, locale = _ALLOWED[type(next(iter(env)))]
+    return {k: v for k, v in env.items() if k in names or k.startswith(locale)}
 
 
 def python_paths() -> list[str]:

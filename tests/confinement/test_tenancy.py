@@ -118,11 +118,10 @@ def test_host_secrets_are_invisible(roots, monkeypatch, kind):
 
 def test_the_allowlist_is_the_same_for_names_as_bytes():
     """The INIT's environment is filtered as bytes (worker_init.py): the same names pass."""
-    from lcp_sandbox.core.policy import (ENV_ALLOWLIST, allowed_environment,
-                                         allowed_environment_bytes)
+    from lcp_sandbox.core.policy import ENV_ALLOWLIST, allowed_environment
     names = [*ENV_ALLOWLIST, "LC_ALL", "LC_", "LC", "XLC_ALL", "OPENAI_API_KEY", "PATHX", "path",
              "", "LANG\udcff"]
-    as_bytes = allowed_environment_bytes({os.fsencode(n): b"v" for n in names})
+    as_bytes = allowed_environment({os.fsencode(n): b"v" for n in names})
     assert {os.fsdecode(k) for k in as_bytes} == set(allowed_environment(dict.fromkeys(names)))
     assert "LC_ALL" in allowed_environment(dict.fromkeys(names)) and len(as_bytes) > 3
 
