@@ -45,6 +45,18 @@ READY, RESULT = 9, 10
 PRIME = 11
 
 
+class Compiled(NamedTuple):
+    """A library file as the host compiled it (core/code_cache.py), for a worker that
+    would otherwise compile it again: of the file's version (mtime, size, inode) and
+    of an interpreter whose bytecode has ``magic``."""
+    magic: bytes
+    mtime_ns: int
+    size: int
+    inode: int
+    # marshal.dumps of the module's code object
+    code: bytes
+
+
 class Init(NamedTuple):
     library: str
     # Absolute paths, in load order (empty: code registered at run time)
@@ -69,6 +81,8 @@ class Init(NamedTuple):
     # the library's own environment: {"requirements", "where"} as declared; once the host
     # has it built, also {"key", "prefix", "site", "versions"} (worker/environment.py)
     environment: Optional[dict[str, Any]] = None
+    # ``files`` as the host compiled them, in their order (None: the worker compiles)
+    code: Optional[list[Optional[Compiled]]] = None
 
 
 class Prime(NamedTuple):

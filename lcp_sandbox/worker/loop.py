@@ -44,6 +44,7 @@ if sys.platform.startswith("linux"):
 else:
     from .portable_prepare import prepare, set_environment
 from .environment import enter
+from .library_code import run_file
 from .proxies import Channel, Proxy
 from .signature import accepts, positional
 
@@ -115,6 +116,7 @@ class Worker:
         self.library = init.library
         self.files: list[str] = init.files
         self.source = init.source
+        self.code = init.code
         self.configs: dict = init.configs or {}
         self.max_result = int(init.limits.get("max_result_mb", 64) * 1024 * 1024)
         self.modules: list[Optional[types.ModuleType]] = [None] * max(1, len(self.files))
@@ -180,7 +182,8 @@ class Worker:
                     raise ImportError(f"cannot import {self.files[index]}")
                 mod = importlib.util.module_from_spec(spec)
                 sys.modules[name] = mod
-                spec.loader.exec_module(mod)
+                run_file(mod, spec.loader, self.files[index],
+                         self.code[index] if self.code else None)
             else:
                 mod = types.ModuleType(name)
                 sys.modules[name] = mod

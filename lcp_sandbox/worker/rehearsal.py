@@ -24,6 +24,7 @@ import sys
 
 from .. import protocol as P
 from ..core import normalize
+from ..core.code_cache import compiled
 from . import loop
 
 LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lcp_sandbox_rehearsal.py")
@@ -44,7 +45,7 @@ def rehearse() -> None:
         # Bytes, as a host's INIT has it.
         env = {**os.environb, **_ENV}
         host.send(P.INIT, P.Init("_rehearsal", [LIBRARY], None, {}, 0, None, env, None, None, [],
-                                 {"max_result_mb": 64}))
+                                 {"max_result_mb": 64}, None, [compiled(LIBRARY)]))
         host.send(P.CALL, P.Call("tool_rehearse", 0, {"a": 1, "b": "x"}, cwd, None, 0))
         host.send(P.SHUTDOWN)
         loop.session(P.Connection(ours))

@@ -54,6 +54,7 @@ from ..core.policy import refused
 from ..system.proc import children
 from .confine import environment_of, set_environment
 from .environment import enter
+from .library_code import run_file
 from .rlimits import die_with_parent
 
 _MAX_FD = 0x7FFFFFFF
@@ -177,14 +178,14 @@ def _import(init: P.Init, chan_fd: int, channel: socket.socket) -> str:
     before = _fds()
     try:
         enter(init.environment)
-        for path in init.files:
+        for i, path in enumerate(init.files):
             name = PERSISTENT_PREFIX + os.path.splitext(os.path.basename(path))[0]
             spec = importlib.util.spec_from_file_location(name, path)
             if spec is None or spec.loader is None:
                 return f"refused: cannot import {path}"
             mod = importlib.util.module_from_spec(spec)
             sys.modules[name] = mod
-            spec.loader.exec_module(mod)
+            run_file(mod, spec.loader, path, init.code[i] if init.code else None)
             PRELOADED.add(name)
     except BaseException as exc:
         return f"refused: the import raised {type(exc).__name__}: {exc}"[:300]

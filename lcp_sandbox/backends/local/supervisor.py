@@ -115,6 +115,7 @@ from ..base import Closing, Lent, WorkerSpec, emit
 from ..envs import Environments
 from ..metrics import Metrics
 from .confine import cgroups
+from .confine.confined import compiled_by_host
 from .confine.extras import WorkerExtras
 from .confine.handover import hand_over_root, private_tmpdir, remove_tmpdir
 from .confine.tenant_uids import TenantUids
@@ -574,6 +575,7 @@ class Supervisor(Closing):
                     self.extras.disk(init, slot, tool)
                     init = hand_over_root(init, run_as, name, tool, own, self.uids.max_processes)
                     init = self.extras.give(init, slot)
+                init = compiled_by_host(init, slot.limits, self.templates.tenants_root)
                 proc = self._launch(slot, init, deadline, tool)
             except (ZygoteGone, OSError) as exc:
                 raise Unavailable.not_run(name, tool, f"could not start a worker: {exc}" + (

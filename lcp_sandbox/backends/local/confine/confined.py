@@ -9,6 +9,9 @@ A *confined template* applies all of that once, before it imports (worker/templa
         untrusted()    code registered at run time, "trusted_import": false, files
                        beneath T  ─► never imported in a template: the *base* (the same
                        template without a library) forks it, it imports after its layer
+        compiled_by_host()  (every worker, confined or not) the files compiled once by the
+                       host, sent in INIT, unless untrusted(): the host compiles no file it
+                       would not import in a template
         key()          what its workers share: files (library only), sys.path, the
                        environment, network, read set, run_as (per-tenant: one template
                        for every tenant, each worker takes its own uid), system calls, T,
@@ -29,6 +32,7 @@ import tempfile
 from typing import Any, Optional
 
 from .... import protocol as P
+from ....core.code_cache import compiled
 from ....core.limits import Limits
 from ....core.policy import BEST_EFFORT, DEFAULT_RUN_AS, PER_TENANT, path_within
 
@@ -54,15 +58,24 @@ def why_fresh(tenants_root: Optional[str], limits: Limits, init: P.Init) -> str:
     return ""
 
 
-def untrusted(limits: Limits, init: P.Init, tenants_root: str) -> str:
+def untrusted(limits: Limits, init: P.Init, tenants_root: Optional[str]) -> str:
     """Why the library must not be imported in a shared template ("" when it may)."""
     if not init.files:
         return "code registered at run time imports after its own confinement"
     if limits.trusted_import is False:
         return "not trusted at import: it imports after its own confinement"
-    if any(path_within(os.path.realpath(f), tenants_root) for f in init.files):
+    if tenants_root and any(path_within(os.path.realpath(f), tenants_root) for f in init.files):
         return "its files lie beneath tenants_root (a tenant could have written them)"
     return ""
+
+
+def compiled_by_host(init: P.Init, limits: Limits, tenants_root: Optional[str]) -> P.Init:
+    """``init`` with its files as the host compiled them (core/code_cache.py), when the host
+    trusts them at import as it would in a template: what a tenant could have written, or
+    what is not trusted at import, its worker compiles, never the host."""
+    if untrusted(limits, init, tenants_root):
+        return init
+    return init._replace(code=[compiled(f) for f in init.files])
 
 
 def key(init: P.Init, tenants_root: str, library: bool) -> tuple[Any, ...]:
@@ -91,6 +104,7 @@ def template_init(init: P.Init, tenants_root: str, library: bool) -> P.Init:
     per_tenant = bool(conf.get("per_tenant"))
     return init._replace(library=init.library if library else BASE,
                          files=list(init.files) if library else [], source=None, configs={},
+                         code=init.code if library else None,
                          handlers=0, tmpdir=None,
                          confine={"root": tenants_root, "read_paths": conf.get("read_paths", []),
                                   "run_as": list(DEFAULT_RUN_AS) if per_tenant else
