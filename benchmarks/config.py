@@ -59,7 +59,7 @@ class BenchConfig:
 
 
 SKIPPABLE = ("floor", "pickle", "inprocess", "ppe", "subprocess", "spawn", "spawn_path", "breakdown", "routing",
-             "density", "throughput", "memory", "discovery", "templates", "syscalls", "confined", "egress", "mcp",
+             "density", "throughput", "memory", "discovery", "templates", "syscalls", "confined", "compiled", "egress", "mcp",
              "ray", "envs")
 
 TARGETS = {
@@ -74,7 +74,7 @@ TARGETS = {
     "mcp_warm_sdk": 1.2, "mcp_warm_plain": 1.2, "metrics_share": 0.02, "density_metrics_ms": 5.0,
     "confined_np_p50_ms": 5.0, "confined_np_ratio": 1.2, "uss_confined_np_mb": 4.0,
     "confined_plain_ratio": 1.2, "confined_density_uss_mb": 1536.0,
-    "confined_namespaces_ratio": 1.5,
+    "confined_namespaces_ratio": 1.5, "compiled_open": 0.5, "compiled_confined": 0.5,
     "egress_ratio": 1.2, "egress_added_ms": 0.2, "egress_bulk": 0.9,
     # the spawn start path (Supervisor(start_method="spawn"), what macOS and Windows run)
     "spawn_path_cold_vs_spawn": 0.25, "spawn_path_warm_vs_zygote": 1.2, "spawn_path_burst_vs_spawn": 0.25,

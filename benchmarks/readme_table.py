@@ -191,6 +191,15 @@ def _safe_and_portable_rows(r: dict) -> list:
         rows.append(("confined warm call, system call allowlist on / off",
                      f"**{x(sc.get('warm_ratio_paired') or sc['warm_ratio'])}** p50 (paired by round)",
                      f"a confined worker's cold start on / off {x(sc.get('cold_ratio'))}"))
+    cc = r.get("compiled") or {}
+    if cc.get("rows"):
+        c = cc["rows"]
+        rows.append((f"a {cc['kb']:.0f} KB library without a `.pyc`, new tenant's first call",
+                     f"with the host's compiled code: confined **{fmt(c['confined_host']['p50'])} ms**, "
+                     f"unconfined {fmt(c['open_host']['p50'])} ms",
+                     f"the worker compiling: confined {fmt(c['confined_worker']['p50'])} ms "
+                     f"({x(cc.get('confined_ratio_paired'))}), unconfined "
+                     f"{fmt(c['open_worker']['p50'])} ms ({x(cc.get('open_ratio_paired'))})"))
     cold, warm = r.get("cold") or {}, _get(r, "warm", _get(r, "meta", "headline_placement")) or {}
     if cold.get("sandbox_spawn") and warm.get("sandbox_spawn"):
         rows.append(("spawn start path (what macOS and Windows run), forced here",

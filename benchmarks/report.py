@@ -313,6 +313,9 @@ def render_table(result: dict) -> str:
     if result.get("syscalls"):
         from .syscalls import render as render_syscalls
         lines += ["", render_syscalls(result["syscalls"])]
+    if result.get("compiled"):
+        from .compiled import render as render_compiled
+        lines += ["", render_compiled(result["compiled"])]
     if result.get("confined"):
         from .confined import render as render_confined
         lines += ["", render_confined(result["confined"])]

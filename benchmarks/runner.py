@@ -9,6 +9,7 @@
       templates   templates.py (template vs fresh import vs plain cold start, USS per kind)
       syscalls    syscalls.py (confined worker, system call allowlist on vs off: cold, warm)
       confined    confined.py (a new tenant's first call confined vs not; 200 confined tenants)
+      compiled    compiled.py (a library without a .pyc: the host's compiled code vs the worker's)
       egress      egress.py (a GET through a network policy's proxy vs direct; its memory)
       mcp         mcp_section.py (serve-mcp beside a bare MCP SDK server; the mcp extra)
       envs        envs.py (a library with its own environment vs without; a 5-wheel build)
@@ -33,7 +34,7 @@ from typing import Any, Callable, Optional
 
 from lcp_sandbox import SandboxedBinding, Supervisor
 
-from . import (breakdown, cold, confined, density, discovery, egress, envs, mcp_section, memory,
+from . import (breakdown, cold, compiled, confined, density, discovery, egress, envs, mcp_section, memory,
                ray_section, routing, spawn_burst, syscalls, targets, templates, throughput, warm)
 from .config import TARGETS, BenchConfig
 from .harness import LIBS, Progress, cpu_busy_jiffies, pin_thread, stop_resource_tracker_if_new, timer_overhead_ns
@@ -174,6 +175,8 @@ class Context:
             n += 1
         if "confined" not in cfg.skip:
             n += 1
+        if "compiled" not in cfg.skip:
+            n += 1
         if "egress" not in cfg.skip:
             n += 1
         if "envs" not in cfg.skip:
@@ -223,6 +226,7 @@ class Context:
                 self.section("templates", lambda: templates.run(self, prog), catch=True)
                 self.section("syscalls", lambda: syscalls.run(self, prog), catch=True)
                 self.section("confined", lambda: confined.run(self, prog), catch=True)
+                self.section("compiled", lambda: compiled.run(self, prog), catch=True)
                 self.section("egress", lambda: egress.run(self, prog), catch=True)
                 self.section("mcp", lambda: mcp_section.run(self, prog), catch=True)
                 self.section("envs", lambda: envs.run(self, prog), catch=True)

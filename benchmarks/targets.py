@@ -152,6 +152,12 @@ def run(ctx: Any) -> None:
         sc.get("warm_ratio_paired") or sc.get("warm_ratio"), T["syscalls_warm_p50"], "<=",
         note="" if sc.get("warm_ratio") is None else f"pooled {x(sc['warm_ratio'])}")
     confined(res.get("confined") or {}, add)
+    cc = res.get("compiled") or {}
+    for where, label in (("open", "unconfined"), ("confined", "confined")):
+        add(f"compiled_{where}", f"a 37 KB library without a .pyc, new tenant's first call, {label}: "
+            "the host's compiled code / the worker compiling, p50 (paired by round)",
+            cc.get(f"{where}_ratio_paired"), T[f"compiled_{where}"], "<=",
+            note="" if cc.get(f"{where}_ratio") is None else f"pooled {x(cc[f'{where}_ratio'])}")
     eg = res.get("egress") or {}
     add("egress_ratio", "a small GET on loopback, new connection each: through a network policy's "
         "proxy / direct, p50", eg.get("ratio_paired") or eg.get("ratio"), T["egress_ratio"], "<=",

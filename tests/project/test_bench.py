@@ -26,7 +26,7 @@ TARGET_NAMES = {"warm_p50", "warm_p99", "warm_p50_inprocess", "cold_vs_spawn", "
                 "density_pool_idle_runs", "density_stats_ms", "cold_p50", "cold_p99", "uss_plain", "template_p50",
                 "fresh_over_template", "uss_template", "syscalls_warm_p50", "confined_np_p50",
                 "confined_np_ratio", "uss_confined_np", "confined_plain_ratio", "confined_density_uss",
-                "confined_namespaces_ratio", "egress_ratio", "egress_added_ms", "egress_bulk", "mcp_warm_sdk", "mcp_warm_plain", "metrics_share", "density_metrics_ms",
+                "confined_namespaces_ratio", "compiled_open", "compiled_confined", "egress_ratio", "egress_added_ms", "egress_bulk", "mcp_warm_sdk", "mcp_warm_plain", "metrics_share", "density_metrics_ms",
                 "spawn_path_cold_vs_spawn", "spawn_path_warm_vs_zygote", "spawn_path_burst_vs_spawn",
                 "envs_first_call", "envs_fresh_host",
                 "envs_warm", "envs_build_5"}
@@ -159,6 +159,13 @@ def test_bench_end_to_end(tmp_path, new_processes):
         assert _number(gd["first_ratio"]) and _number(gd["warm_ratio"]), gd
         assert gd["rows"]["guard_first"]["n"] == gd["rows"]["scope_first"]["n"] >= 4
     assert "CONFINED" in out.getvalue()
+    # compiled: a library without a .pyc, the host's compiled code against the worker compiling
+    cc = data["compiled"]
+    assert "compiled" not in data["skipped"]
+    for k in ("open_host", "open_worker", "confined_host", "confined_worker"):
+        assert cc["rows"][k]["n"] == 4 and _number(cc["rows"][k]["p50"]), k
+    assert _number(cc["open_ratio_paired"]) and _number(cc["confined_ratio_paired"])
+    assert "COMPILED" in out.getvalue()
     # envs: a library with its own environment against the same without; a 5-wheel build
     ev = data["envs"]
     assert "envs" not in data["skipped"]
