@@ -173,8 +173,11 @@ def test_over_stdio_a_call_over_the_rate_is_a_json_rpc_error_with_the_delay(tmp_
         "--workspace", str(tmp_path)])
 
     async def body() -> tuple:
-        async with stdio_client(params) as (read, write):
-            async with ClientSession(read, write) as session:
+        # errlog given: its default is whatever sys.stderr was when mcp.client.stdio was first
+        # imported (a capturing test's stream, without a descriptor, in some orders)
+        with (tmp_path / "server-stderr.log").open("w") as err:
+            async with stdio_client(params, errlog=err) as (read, write), \
+                    ClientSession(read, write) as session:
                 await session.initialize()
                 answered, refused = 0, []
                 for _ in range(5):                      # a burst of 2, then 1 a second

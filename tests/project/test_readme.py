@@ -394,8 +394,11 @@ def _client_session(argv: list, workspace: Path) -> None:
     params = StdioServerParameters(command=argv[0], args=["serve-mcp", *argv[1:]], cwd="/")
 
     async def body():
-        async with stdio_client(params) as (read, write):
-            async with ClientSession(read, write) as session:
+        # errlog given: its default is the sys.stderr of the moment mcp.client.stdio was first
+        # imported, which a test capturing its output (capsys) may have replaced by then
+        with (workspace.parent / "server-stderr.log").open("w") as err:
+            async with stdio_client(params, errlog=err) as (read, write), \
+                    ClientSession(read, write) as session:
                 await session.initialize()
                 names = [t.name for t in (await session.list_tools()).tools]
                 result = await session.call_tool("tool_write_file", {"file_name": "hello.txt", "content": "hi"})
