@@ -22,9 +22,14 @@ if TYPE_CHECKING:
 
 
 def run_file(mod: types.ModuleType, loader: "Loader", path: str,
-             host_code: Optional[P.Compiled]) -> None:
-    """Execute ``path`` into ``mod`` (made from its spec, whose loader is ``loader``)."""
-    code = _usable(path, host_code) if host_code is not None else None
+             host_code: Optional[list[Optional[P.Compiled]]], index: int) -> None:
+    """Execute ``path`` into ``mod`` (made from its spec, whose loader is ``loader``).
+    ``host_code``: INIT's, ``path`` at ``index``; that entry is dropped as it is taken (a
+    worker keeps no copy of code it ran: it would count in its memory for its whole life)."""
+    taken = None
+    if host_code:
+        taken, host_code[index] = host_code[index], None
+    code = _usable(path, taken) if taken is not None else None
     if code is None:
         loader.exec_module(mod)
     else:

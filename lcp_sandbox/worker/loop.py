@@ -182,8 +182,7 @@ class Worker:
                     raise ImportError(f"cannot import {self.files[index]}")
                 mod = importlib.util.module_from_spec(spec)
                 sys.modules[name] = mod
-                run_file(mod, spec.loader, self.files[index],
-                         self.code[index] if self.code else None)
+                run_file(mod, spec.loader, self.files[index], self.code, index)
             else:
                 mod = types.ModuleType(name)
                 sys.modules[name] = mod

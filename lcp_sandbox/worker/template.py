@@ -185,7 +185,7 @@ def _import(init: P.Init, chan_fd: int, channel: socket.socket) -> str:
                 return f"refused: cannot import {path}"
             mod = importlib.util.module_from_spec(spec)
             sys.modules[name] = mod
-            run_file(mod, spec.loader, path, init.code[i] if init.code else None)
+            run_file(mod, spec.loader, path, init.code, i)
             PRELOADED.add(name)
     except BaseException as exc:
         return f"refused: the import raised {type(exc).__name__}: {exc}"[:300]

@@ -131,6 +131,16 @@ def test_a_worker_runs_the_code_the_host_compiled(lib, open_tmp, monkeypatch):
         assert which(lib.parent, open_tmp, sup, host_tool_configs=NO_TEMPLATE)[0] == "host"
 
 
+def test_a_worker_keeps_no_copy_of_the_code_it_ran(lib, open_tmp, monkeypatch):
+    """(It would count in the worker's memory for its whole life.)"""
+    sends(monkeypatch, host_code(lib, source=(
+        "def tool_which():\n"
+        "    from lcp_sandbox.worker.loop import ACTIVE\n"
+        "    return {'code': [c is not None for c in ACTIVE[0].code]}\n")))
+    with Supervisor() as sup:
+        assert which(lib.parent, open_tmp, sup, host_tool_configs=NO_TEMPLATE)[0] == [False]
+
+
 def test_the_real_cache_runs_the_file(lib, open_tmp):
     with Supervisor() as sup:
         assert which(lib.parent, open_tmp, sup, host_tool_configs=NO_TEMPLATE)[0] == "file"
@@ -212,7 +222,7 @@ def test_a_file_the_worker_cannot_read_is_not_run_from_the_hosts_code(lib):
         spec = importlib.util.spec_from_file_location("which_code", {str(lib)!r})
         mod = importlib.util.module_from_spec(spec)
         try:
-            run_file(mod, spec.loader, {str(lib)!r}, code)
+            run_file(mod, spec.loader, {str(lib)!r}, [code], 0)
         except PermissionError:
             print("refused")
         else:
