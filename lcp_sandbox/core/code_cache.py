@@ -15,8 +15,8 @@ each file once per version and sends the code in the worker's INIT:
 The worker (worker/library_code.py) runs it only if the file it opens is still of that
 version and its interpreter reads this bytecode; else it imports the file itself.  A
 version is what a ``.pyc`` checks too (mtime and size), and the inode: a file replaced by
-another is compiled anew.  At most MAX_BYTES of code are kept: past that, the cache starts
-again (as the parse cache of core/discovery.py does).
+another is compiled anew.  At most MAX_BYTES of code, and MAX_ENTRIES files, are kept: past
+that, the cache starts again (as the parse cache of core/discovery.py does).
 """
 from __future__ import annotations
 
@@ -28,6 +28,8 @@ from typing import Optional
 from ..protocol import Compiled
 
 MAX_BYTES = 64 * 1024 * 1024
+# Files (most have a .pyc and no code kept), as the parse cache's bound.
+MAX_ENTRIES = 50_000
 MAGIC = importlib.util.MAGIC_NUMBER
 
 # Shared by the host's threads without a lock: a dict's get and set are atomic, and a
@@ -90,7 +92,7 @@ def _keep(path: str, seen: tuple[int, int, int], got: Optional[Compiled]) -> Non
     if size > MAX_BYTES:
         return
     kept = [c for _, c in list(_kept.values()) if c is not None]
-    if sum(len(c.code) for c in kept) + size > MAX_BYTES:
+    if sum(len(c.code) for c in kept) + size > MAX_BYTES or len(_kept) >= MAX_ENTRIES:
         _kept.clear()
     _kept[path] = (seen, got)
 

@@ -122,6 +122,11 @@ def test_the_cache_starts_again_past_its_cap(lib, monkeypatch):
     b = code_cache.compiled(str(other))
     assert code_cache.compiled(str(other)) is b
     assert code_cache.compiled(str(lib)) is not a
+    # and past its count of files
+    monkeypatch.setattr(code_cache, "MAX_BYTES", 1 << 30)
+    monkeypatch.setattr(code_cache, "MAX_ENTRIES", 1)
+    c = code_cache.compiled(str(other))
+    assert c is not b and code_cache.compiled(str(other)) is c
 
 
 # ---------------------------------------------------------------- what a worker runs
