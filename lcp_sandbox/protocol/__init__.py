@@ -10,7 +10,7 @@ Everything but ``control`` and ``dialer`` is re-exported here: ``P.Call``,
 ``P.Connection``...
 
     host ──PRIME (a worker forked ahead: environment) ─► worker   0..1, unconfined only
-    host ──INIT (once) ───────────────────────────────► worker
+    host ──INIT (once; the library's files compiled) ─► worker
     host ◄─READY (what protections are in force) ────── worker   first message, exactly once
     host ──CALL | PROMPT | MODCALL | LOAD ────────────► worker   one call at a time
     host ◄─REQUEST (a handler, a lent host object) ──── worker   0..n while the call runs
