@@ -18,6 +18,7 @@ from conftest import FIXTURES
 from support.confined_kinds import KINDS, NAMESPACES_REFUSED, Confined
 
 from lcp_sandbox import Limits, SandboxedBinding, Supervisor
+from lcp_sandbox import protocol as P
 from lcp_sandbox.backends.local.confine import handover
 from lcp_sandbox.testing import protections_off
 from lcp_sandbox.worker.confine import seccomp
@@ -233,6 +234,71 @@ def test_hand_over_never_follows_links(open_tmp):
         assert os.stat(p).st_uid == 0, p
     assert os.lstat(root / "to_secret").st_uid == 0
     handover.hand_over(str(open_tmp / "missing"), 4242, 4343)          # nothing there: nothing done
+
+
+@needs_root
+def test_a_root_swapped_for_a_link_is_neither_given_nor_made_private(open_tmp, monkeypatch):
+    """A tenant's root inside a folder its own uid owns (a project in its tenant's root):
+    that tenant's worker can swap the root for a link once the host checked the path.
+    The host then gives nothing and sets no mode through the link."""
+    tenant, victim = open_tmp / "t", open_tmp / "victim"
+    root = tenant / "proj"
+    root.mkdir(parents=True)
+    victim.mkdir()
+    os.chmod(victim, 0o755)
+    checked = handover.may_hand_over
+
+    def then_swapped(path):
+        allowed = checked(path)
+        if os.path.isdir(root) and not os.path.islink(root):
+            os.rename(root, tenant / "away")
+            os.symlink(victim, root)
+        return allowed
+
+    monkeypatch.setattr(handover, "may_hand_over", then_swapped)
+    init = P.Init("lib", [], None, {}, 0, [], {}, {"root": str(root), "read_paths": []}, None, [], {})
+    handover.hand_over_root(init, (4242, 4242), "lib", "tool_x", private=True, nproc=8)
+    st = os.stat(victim)
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o755)
+    assert os.path.islink(root)                                 # the swap did happen
+
+
+@needs_root
+@pytest.mark.parametrize("swap", ["link", "folder"])
+def test_a_temp_dir_swapped_before_it_is_given_gives_nothing(open_tmp, monkeypatch, swap):
+    """A worker whose uid owns the folder the temp dirs are made in can replace a new one
+    at once (inotify names it): by a link to any file, or by a folder of its own.  The host
+    gives nothing through it, and the worker's start fails, naming why."""
+    victim = open_tmp / "victim"
+    victim.write_text("root's")
+    made, left = handover.made_dir, []
+
+    def swapped(prefix, parent=None):
+        path = made(prefix, parent)
+        left.append(path)
+        os.rmdir(path)
+        if swap == "link":
+            os.symlink(victim, path)
+        else:
+            os.mkdir(path)
+            os.chown(path, 4242, 4242)
+        return path
+
+    monkeypatch.setattr(handover, "made_dir", swapped)
+    with pytest.raises(PermissionError, match="was replaced before it was given"):
+        handover.private_tmpdir((4242, 4242), str(open_tmp))
+    assert os.stat(victim).st_uid == 0
+    a = open_tmp / "a"
+    a.mkdir()
+    try:
+        with Supervisor(confine=True) as sup:
+            r = binding(sup, a).execute_tool("tool_status", {})
+    finally:
+        for path in left:                               # what the swap left in the system's temp dir
+            os.unlink(path) if os.path.islink(path) else shutil.rmtree(path, ignore_errors=True)
+    assert r["status_code"] == 503 and "could not start a worker" in r["error"], r
+    assert "was replaced" in r["error"] and "tool_status" in r["error"], r
+    assert os.stat(victim).st_uid == 0
 
 
 @needs_root

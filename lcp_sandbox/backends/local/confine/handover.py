@@ -24,6 +24,7 @@ anything runs, instead of starting a worker it could not stop or clean up after:
 from __future__ import annotations
 
 import ctypes
+import errno
 import functools
 import logging
 import os
@@ -109,11 +110,10 @@ def hand_over_root(init: P.Init, run_as: tuple[int, int], library: str, tool: st
                               f"directory, the sandbox engine or the Python installation, which a "
                               f"confined tool must not be able to write. Use a workspace of its "
                               f"own.")
-    hand_over(root, *run_as)
+    # Its uid's alone (private): another tenant's uid cannot pass.
+    hand_over(root, *run_as, mode=0o700 if private else None)
     per_tenant: dict = {}
-    # Its uid's alone: another tenant's uid cannot pass.
     if private:
-        os.chmod(root, 0o700)
         # confined.py
         per_tenant = {"per_tenant": True, "nproc": nproc}
         if files_rest_on_uids(init.disabled or ()):
@@ -208,15 +208,48 @@ def remove_tmpdir(path: str, whose: str) -> None:
 
 def private_tmpdir(run_as: Optional[tuple[int, int]] = None, parent: Optional[str] = None) -> str:
     """The worker's TMPDIR, created now (as the host's user) in ``parent`` (default: the
-    system's) and owned by ``run_as`` when the worker is about to drop to it."""
-    tmp = tempfile.mkdtemp(prefix="lcp-sandbox-", dir=parent)
+    system's) and, on a root host, given to ``run_as``, the uid the worker drops to
+    (give_made_dir(): OSError if it was replaced meanwhile)."""
+    tmp = made_dir("lcp-sandbox-", parent)
     if os.geteuid() == 0:
         try:
-            os.chown(tmp, *run_as_ids(DEFAULT_RUN_AS if run_as is None else run_as))
-        except (OSError, ValueError):
+            ids = run_as_ids(DEFAULT_RUN_AS if run_as is None else run_as)
+        except ValueError:
             # drop_privileges() reports a bad run_as.
-            pass
+            return tmp
+        give_made_dir(tmp, ids)
     return tmp
+
+
+def made_dir(prefix: str, parent: Optional[str] = None) -> str:
+    """A new folder (mode 0700) in ``parent`` (default: the system's temp dir), named by
+    its path without symlinks, as give_made_dir() opens it."""
+    return tempfile.mkdtemp(prefix=prefix, dir=os.path.realpath(parent or tempfile.gettempdir()))
+
+
+def give_made_dir(path: str, ids: Optional[tuple[int, int]], mode: Optional[int] = None) -> None:
+    """Give ``path``, a folder this process just made (made_dir()), to ``ids`` (a root
+    host; None: keep its owner) and set its ``mode``, through a descriptor opened without
+    following a link.  Where its parent is a worker's uid's, that worker could replace it
+    at once with a link to any file, which a chown by path would give it; OSError when
+    what is there now is not a folder of this process's uid (nothing is changed)."""
+    replaced = PermissionError(f"{path} was replaced before it was given to its worker (by a "
+                               "link, or a folder not the host's): not given, not used")
+    try:
+        fd = _open_dir_path(path)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENOENT):
+            raise replaced from None
+        raise
+    try:
+        if os.fstat(fd).st_uid != os.geteuid():
+            raise replaced
+        if ids is not None and os.geteuid() == 0:
+            os.fchown(fd, *ids)
+        if mode is not None:
+            os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
 
 
 # Directory levels handed over below a root.
@@ -233,11 +266,13 @@ class _Level:
         self.pending: list[tuple[str, int]] = []
 
 
-def hand_over(path: str, uid: int, gid: int) -> None:
-    """Make ``path`` (a confinement root) and what it holds owned by ``uid``:``gid``.
+def hand_over(path: str, uid: int, gid: int, mode: Optional[int] = None) -> None:
+    """Make ``path`` (a confinement root) and what it holds owned by ``uid``:``gid``, and
+    set the root's ``mode`` (through its descriptor, as the rest: a folder above it may be
+    a worker's, which could swap the root for a link).
 
-    Host side, before a confined worker that will run as that uid starts; a no-op
-    unless this process is root.  What already lives there may be hostile (a worker
+    Host side, before a confined worker that will run as that uid starts; unless this
+    process is root, only the mode is set.  What already lives there may be hostile (a worker
     of the same tenant may be running), so every directory is opened relative to
     its parent with O_NOFOLLOW and checked to be the entry that was listed, and
     only directories and regular files change owner, each through its own open
@@ -246,7 +281,8 @@ def hand_over(path: str, uid: int, gid: int) -> None:
     file systems mounted inside, entries deeper than 64 levels, and whatever
     vanishes or changes meanwhile.  Raises PermissionError for a root that is or
     holds a system directory or the Python installation."""
-    if os.geteuid() != 0:
+    owner = os.geteuid() == 0
+    if not owner and mode is None:
         return
     path = os.path.realpath(path)
     if not may_hand_over(path):
@@ -258,11 +294,15 @@ def hand_over(path: str, uid: int, gid: int) -> None:
     except OSError:
         # Gone, or a symlink appeared on the way: nothing handed over.
         return
-    # Bind mounts of the same file system too.
-    mounts = _mount_points_below(path)
     # Depth first, holding one descriptor per level.
     stack = [_Level(top, path)]
     try:
+        if mode is not None:
+            os.fchmod(top, mode)
+        if not owner:
+            return
+        # Bind mounts of the same file system too.
+        mounts = _mount_points_below(path)
         dev = os.fstat(top).st_dev
         stack[-1].pending = _hand_over_dir(top, path, dev, mounts, uid, gid, 0)
         while stack:
