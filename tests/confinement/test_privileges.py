@@ -285,7 +285,7 @@ def test_a_temp_dir_swapped_before_it_is_given_gives_nothing(open_tmp, monkeypat
         return path
 
     monkeypatch.setattr(handover, "made_dir", swapped)
-    with pytest.raises(PermissionError, match="was replaced before it was given"):
+    with pytest.raises(PermissionError, match="was replaced"):
         handover.private_tmpdir((4242, 4242), str(open_tmp))
     assert os.stat(victim).st_uid == 0
     a = open_tmp / "a"
@@ -299,6 +299,20 @@ def test_a_temp_dir_swapped_before_it_is_given_gives_nothing(open_tmp, monkeypat
     assert r["status_code"] == 503 and "could not start a worker" in r["error"], r
     assert "was replaced" in r["error"] and "tool_status" in r["error"], r
     assert os.stat(victim).st_uid == 0
+
+
+@needs_root
+def test_temp_dirs_are_not_made_in_a_folder_swapped_for_a_link(open_tmp):
+    """The temp dirs' folder of a template whose workers share a uid is that uid's: a worker
+    can swap it for a link.  The host makes no folder where the link points."""
+    parent, elsewhere = open_tmp / "parent", open_tmp / "elsewhere"
+    elsewhere.mkdir()
+    parent.symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(PermissionError, match="was replaced"):
+        handover.private_tmpdir((4242, 4242), str(parent))
+    assert os.listdir(elsewhere) == []
+    made = handover.private_tmpdir((4242, 4242), str(elsewhere))
+    assert os.path.dirname(made) == str(elsewhere) and os.stat(made).st_uid == 4242
 
 
 @needs_root

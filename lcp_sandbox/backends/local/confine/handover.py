@@ -222,9 +222,23 @@ def private_tmpdir(run_as: Optional[tuple[int, int]] = None, parent: Optional[st
 
 
 def made_dir(prefix: str, parent: Optional[str] = None) -> str:
-    """A new folder (mode 0700) in ``parent`` (default: the system's temp dir), named by
-    its path without symlinks, as give_made_dir() opens it."""
-    return tempfile.mkdtemp(prefix=prefix, dir=os.path.realpath(parent or tempfile.gettempdir()))
+    """A new folder (mode 0700, a random name after ``prefix``) in ``parent``, a path
+    without links (default: the system's temp dir, resolved).  Made through a descriptor
+    of ``parent`` opened a level at a time without following a link: a ``parent`` a worker
+    swapped for one is refused (PermissionError), and nothing is made where it points."""
+    where = parent or os.path.realpath(tempfile.gettempdir())
+    pfd = _open_unreplaced(where)
+    try:
+        for _ in range(100):
+            name = prefix + os.urandom(6).hex()
+            try:
+                os.mkdir(name, 0o700, dir_fd=pfd)
+                return os.path.join(where, name)
+            except FileExistsError:
+                continue
+        raise FileExistsError(f"no new name for a folder in {where} after 100 tries")
+    finally:
+        os.close(pfd)
 
 
 def give_made_dir(path: str, ids: Optional[tuple[int, int]], mode: Optional[int] = None) -> None:
@@ -233,23 +247,32 @@ def give_made_dir(path: str, ids: Optional[tuple[int, int]], mode: Optional[int]
     following a link.  Where its parent is a worker's uid's, that worker could replace it
     at once with a link to any file, which a chown by path would give it; OSError when
     what is there now is not a folder of this process's uid (nothing is changed)."""
-    replaced = PermissionError(f"{path} was replaced before it was given to its worker (by a "
-                               "link, or a folder not the host's): not given, not used")
-    try:
-        fd = _open_dir_path(path)
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENOENT):
-            raise replaced from None
-        raise
+    fd = _open_unreplaced(path)
     try:
         if os.fstat(fd).st_uid != os.geteuid():
-            raise replaced
+            raise _replaced(path)
         if ids is not None and os.geteuid() == 0:
             os.fchown(fd, *ids)
         if mode is not None:
             os.fchmod(fd, mode)
     finally:
         os.close(fd)
+
+
+def _open_unreplaced(path: str) -> int:
+    """_open_dir_path(), where a link or a missing folder on the way means a worker
+    replaced what the host made: PermissionError saying so."""
+    try:
+        return _open_dir_path(path)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENOENT):
+            raise _replaced(path) from None
+        raise
+
+
+def _replaced(path: str) -> PermissionError:
+    return PermissionError(f"{path} was replaced (by a link, or a folder not the host's) "
+                           "before its worker got it: not used")
 
 
 # Directory levels handed over below a root.
