@@ -40,6 +40,7 @@ class BenchConfig:
     mcp_calls: int = 200                  # mcp: warm tools/call per path and round
     mcp_rounds: int = 6                   # mcp: warm rounds (the four paths interleaved)
     mcp_sessions: int = 60                # mcp: sessions opened one after another (+ a first call)
+    spawn_bursts: int = 3                 # spawn path: bursts of new libraries, each on a new supervisor
     cpus: Optional[tuple] = None          # (host CPU, worker CPU); default: the first two allowed
     skip: tuple = ()                      # any of SKIPPABLE
     seed: int = 1
@@ -53,7 +54,7 @@ class BenchConfig:
                     density_tenants=50, density_idle_tenants=25, density_idle_s=1.0, density_calls=400,
                     density_rounds=2, density_window_s=0.3, confined_tenants=40, egress_gets=60,
                     ray_calls=150, ray_rounds=4, ray_cold_reps=6,
-                    mcp_calls=80, mcp_rounds=3, mcp_sessions=20)
+                    mcp_calls=80, mcp_rounds=3, mcp_sessions=20, spawn_bursts=2)
         base.update(kw)
         return cls(**base)
 

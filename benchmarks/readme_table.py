@@ -209,9 +209,12 @@ def _safe_and_portable_rows(r: dict) -> list:
                      f"ms; the zygote path's warm call {fmt(_get(warm, 'sandbox', 'p50'))} us"))
     burst = r.get("spawn_burst") or {}
     if burst.get("p50") is not None:
+        p50s = burst.get("p50s") or []
+        which = (f"the median of {len(p50s)} bursts' ({', '.join(fmt(v) for v in p50s)} ms); "
+                 if p50s else "one burst; ")
         rows.append((f"spawn start path: {burst['n']} new libraries' first calls back to back",
                      f"p50 **{fmt(burst['p50'])} ms** = {x(burst.get('x_spawn_p50'))} a bare spawn "
-                     f"(p90 {fmt(burst.get('p90'))} ms, max {fmt(burst.get('max'))} ms)",
+                     f"({which}p90 {fmt(burst.get('p90'))} ms, max {fmt(burst.get('max'))} ms)",
                      "the spares run out and the reserve grows: 1, 2, 4, 8 interpreters ahead"))
     m = r.get("mcp") or {}
     if m.get("warm_ms"):

@@ -18,7 +18,7 @@ TINY = dict(calls=40, rounds=2, subprocess_calls=2, cold_reps=2, zygote_reps=1, 
             throughput_rounds=1, mem_calls=200, discovery_files=30, discovery_reps=1,
             routing_workers=8, routing_calls=40, routing_rounds=2, routing_window_s=0.05,
             density_tenants=3, density_idle_tenants=1, density_idle_s=0.1, density_calls=40, density_rounds=1,
-            density_window_s=0.05, confined_tenants=3, egress_gets=10, egress_bulk_mb=4, mcp_calls=10, mcp_rounds=1, mcp_sessions=3,
+            density_window_s=0.05, confined_tenants=3, egress_gets=10, egress_bulk_mb=4, mcp_calls=10, mcp_rounds=1, mcp_sessions=3, spawn_bursts=2,
             skip=("ray",))
 
 TARGET_NAMES = {"warm_p50", "warm_p99", "warm_p50_inprocess", "cold_vs_spawn", "parallel", "uss_first", "uss_after",
@@ -196,7 +196,9 @@ def test_bench_end_to_end(tmp_path, new_processes):
 
     targets = {t["name"]: t for t in data["targets"]}
     burst = data["spawn_burst"]
-    assert burst["n"] == len(burst["ms"]) == 15 and all(_number(v) for v in burst["ms"])
+    assert burst["bursts"] == len(burst["ms"]) == len(burst["p50s"]) == 2
+    assert all(len(ms) == burst["n"] == 15 and all(_number(v) for v in ms) for ms in burst["ms"])
+    assert burst["p50"] == sorted(burst["p50s"])[0] + (sorted(burst["p50s"])[1] - sorted(burst["p50s"])[0]) / 2
     assert set(targets) == TARGET_NAMES
     for t in targets.values():
         if t["name"] == "warm_p50_inprocess" and "inprocess" in data["skipped"]:
