@@ -19,7 +19,7 @@ from support.confined_kinds import KINDS, NAMESPACES_REFUSED, Confined
 
 from lcp_sandbox import Limits, SandboxedBinding, Supervisor
 from lcp_sandbox import protocol as P
-from lcp_sandbox.backends.local.confine import handover
+from lcp_sandbox.backends.local.confine import handover, temp_dirs
 from lcp_sandbox.testing import protections_off
 from lcp_sandbox.worker.confine import seccomp
 
@@ -271,7 +271,7 @@ def test_a_temp_dir_swapped_before_it_is_given_gives_nothing(open_tmp, monkeypat
     gives nothing through it, and the worker's start fails, naming why."""
     victim = open_tmp / "victim"
     victim.write_text("root's")
-    made, left = handover.made_dir, []
+    made, left = temp_dirs.made_dir, []
 
     def swapped(prefix, parent=None):
         path = made(prefix, parent)
@@ -284,9 +284,9 @@ def test_a_temp_dir_swapped_before_it_is_given_gives_nothing(open_tmp, monkeypat
             os.chown(path, 4242, 4242)
         return path
 
-    monkeypatch.setattr(handover, "made_dir", swapped)
+    monkeypatch.setattr(temp_dirs, "made_dir", swapped)
     with pytest.raises(PermissionError, match="was replaced"):
-        handover.private_tmpdir((4242, 4242), str(open_tmp))
+        temp_dirs.private_tmpdir((4242, 4242), str(open_tmp))
     assert os.stat(victim).st_uid == 0
     a = open_tmp / "a"
     a.mkdir()
@@ -309,9 +309,9 @@ def test_temp_dirs_are_not_made_in_a_folder_swapped_for_a_link(open_tmp):
     elsewhere.mkdir()
     parent.symlink_to(elsewhere, target_is_directory=True)
     with pytest.raises(PermissionError, match="was replaced"):
-        handover.private_tmpdir((4242, 4242), str(parent))
+        temp_dirs.private_tmpdir((4242, 4242), str(parent))
     assert os.listdir(elsewhere) == []
-    made = handover.private_tmpdir((4242, 4242), str(elsewhere))
+    made = temp_dirs.private_tmpdir((4242, 4242), str(elsewhere))
     assert os.path.dirname(made) == str(elsewhere) and os.stat(made).st_uid == 4242
 
 

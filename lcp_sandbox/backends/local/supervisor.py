@@ -117,7 +117,8 @@ from ..metrics import Metrics
 from .confine import cgroups
 from .confine.confined import compiled_by_host
 from .confine.extras import WorkerExtras
-from .confine.handover import hand_over_root, private_tmpdir, remove_tmpdir
+from .confine.handover import hand_over_root
+from .confine.temp_dirs import private_tmpdir, remove_tmpdir
 from .confine.tenant_uids import TenantUids
 from .descriptors import out_of_descriptors, raise_open_files_limit
 from .output import OutputPump

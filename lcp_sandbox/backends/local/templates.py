@@ -20,7 +20,8 @@
         what was missing is made after the call that needed it answered (ZygoteClient.after);
         a later worker of the library waits for its template while it is made
         its temp dir is made in the template's temp-dir parent (removed with the
-        template once no worker of it lives, or at close())
+        template once no worker of it lives, or at close()): the one made there ahead
+        (temp_dirs.MadeAhead), whose successor is made once the call is answered
     exited(pid)     a template died: forgotten (the next worker makes a new one)
     released(tpl)   a worker of it ended;  tick(now) retires templates with no worker
                     for idle_timeout_s (least recently used first) and says when it is
@@ -43,7 +44,7 @@ from ... import protocol as P
 from ...core.limits import Limits
 from ...system.proc import tree_memory
 from .confine import confined, pid_guard
-from .confine.handover import private_tmpdir, remove_tmpdir
+from .confine.temp_dirs import MadeAhead, private_tmpdir, remove_tmpdir
 from .output import OutputPump
 from .process import WorkerProcess
 from .slot import Slot
@@ -55,7 +56,7 @@ TemplateKey = tuple[Any, ...]
 
 class _Template:
     __slots__ = ("key", "library", "pid", "state", "workers", "idle_since", "ready", "begun",
-                 "init", "tmp_parent", "live", "guard")
+                 "init", "tmp_parent", "ahead", "live", "guard")
 
     def __init__(self, key: TemplateKey, library: str, init: P.Init) -> None:
         self.key, self.library = key, library
@@ -70,6 +71,8 @@ class _Template:
         self.init = init
         # Confined: its workers' temp dirs are in it.
         self.tmp_parent: Optional[str] = None
+        # Confined: a temp dir made there ahead, for its next worker
+        self.ahead: Optional[MadeAhead] = None
         # Still listed (else: gone, workers may live)
         self.live = True
         # the host's guard of its processes and its workers' (confine/pid_guard.py), if it holds one
@@ -149,8 +152,12 @@ class Templates:
             except OSError as exc:
                 why = f"template not made: {exc}"
         run_as = (init.confine or {})["run_as"]
-        init = init._replace(tmpdir=private_tmpdir(run_as, tpl.tmp_parent if tpl else None))
+        ahead = tpl.ahead if tpl else None
+        init = init._replace(tmpdir=ahead.take(run_as) if ahead else private_tmpdir(
+            run_as, tpl.tmp_parent if tpl else None))
         if tpl is not None:
+            if ahead:
+                zygote.after(ahead.make)
             return self._fork(zygote, slot, init, pump, tpl, start)
         try:
             proc = WorkerProcess.start(zygote, init, pump, slot.library.name,
@@ -312,6 +319,9 @@ class Templates:
             if verdict != "ok" and not verdict.startswith("refused: "):
                 verdict = "refused: it answered out of protocol"
             tpl.state = verdict
+            if tpl.tmp_parent and verdict == "ok":
+                tpl.ahead = MadeAhead(tpl.tmp_parent)
+                tpl.ahead.make()
         except TimeoutError:
             tpl.state = "refused: its import took over 120 s"
         # EOF, a protocol violation, the zygote gone.
@@ -347,6 +357,8 @@ class Templates:
     def _drop_parent(tpl: _Template) -> None:
         """Remove a confined template's temp-dir parent (no worker of it lives)."""
         parent, tpl.tmp_parent = tpl.tmp_parent, None
+        if tpl.ahead:
+            tpl.ahead.close()
         pid_guard.release(tpl.guard)
         if parent:
             remove_tmpdir(parent, f"the template of {tpl.library}")

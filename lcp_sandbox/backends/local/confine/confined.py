@@ -34,7 +34,7 @@ from .... import protocol as P
 from ....core.code_cache import compiled
 from ....core.limits import Limits
 from ....core.policy import BEST_EFFORT, DEFAULT_RUN_AS, PER_TENANT, path_within
-from .handover import give_made_dir, made_dir
+from .temp_dirs import TMP_PREFIX, give_made_dir, made_dir
 
 # The library name of a template without a library.
 BASE = "(base)"
@@ -115,6 +115,6 @@ def tmp_parent(run_as: tuple[int, int], uids_apart: bool = False) -> str:
     """The folder the temp dirs of one template's workers are made in: its uid's (the
     template's own temp dir, for its import); removed by the host with the template.
     ``uids_apart`` (its workers take their tenants' uids): others may pass, not list."""
-    path = made_dir("lcp-sandbox-tpl-")
+    path = made_dir(TMP_PREFIX + "tpl-")
     give_made_dir(path, run_as, 0o711 if uids_apart else None)
     return path

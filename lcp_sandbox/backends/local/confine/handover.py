@@ -1,8 +1,9 @@
-"""Host side of confinement: the worker's root and temp dir, handed over before it starts.
+"""Host side of confinement: the worker's root, handed over before it starts.
 
 A confined worker of a root host drops to an unprivileged uid (worker/confine/
 privileges.py).  Before it starts, the host makes the confinement root and a
-private temp dir that uid's: the worker never names a path the host acts on.
+private temp dir (temp_dirs.py) that uid's: the worker never names a path the host
+acts on.
 
 Managing workers of another uid takes some of root's capabilities; a root host that
 lacks one (a container that dropped it) refuses confined calls (503) naming it, before
@@ -24,25 +25,22 @@ anything runs, instead of starting a worker it could not stop or clean up after:
 from __future__ import annotations
 
 import ctypes
-import errno
 import functools
-import logging
 import os
 import re
 import select
-import shutil
 import stat
 import sys
-import tempfile
 import threading
 from typing import Iterable, Optional
 
 from .... import protocol as P
 from ....core import policy
 from ....core.outcomes import Refused, Unavailable
-from ....core.policy import BEST_EFFORT, DEFAULT_RUN_AS, may_hand_over, run_as_ids
+from ....core.policy import BEST_EFFORT, may_hand_over
 from ....core.policy import path_within as _within
 from ....system import capabilities
+from .temp_dirs import DIR_FLAGS, open_dir_path
 
 #: What a root host does with each capability it needs for workers of another uid.
 MANAGING = {"KILL": "to signal and kill them (a call past its timeout would run on)",
@@ -184,100 +182,8 @@ def open_siblings(root: str) -> list[str]:
     return shown + ([f"{len(found) - len(shown)} more"] if len(found) > len(shown) else [])
 
 
-log = logging.getLogger("lcp_sandbox")
-
-
-def remove_tmpdir(path: str, whose: str) -> None:
-    """Remove a temp dir the host made for ``whose`` (a worker, a template) with all it
-    holds; what cannot be removed is logged as a warning, with how much is left and why
-    (a root host without CAP_DAC_OVERRIDE cannot enter what its workers' uid owns)."""
-    failed: list[str] = []
-
-    def note(function: object, where: str, exc: BaseException) -> None:
-        if not isinstance(exc, FileNotFoundError):
-            failed.append(f"{where}: {getattr(exc, 'strerror', None) or exc}")
-
-    if sys.version_info >= (3, 12):
-        shutil.rmtree(path, onexc=note)
-    else:
-        shutil.rmtree(path, onerror=lambda function, where, info: note(function, where, info[1]))
-    if failed:
-        log.warning("the temp dir %s of %s is left behind, not all removed (%s%s)", path, whose,
-                    "; ".join(failed[:3]), f"; {len(failed) - 3} more" if len(failed) > 3 else "")
-
-
-def private_tmpdir(run_as: Optional[tuple[int, int]] = None, parent: Optional[str] = None) -> str:
-    """The worker's TMPDIR, created now (as the host's user) in ``parent`` (default: the
-    system's) and, on a root host, given to ``run_as``, the uid the worker drops to
-    (give_made_dir(): OSError if it was replaced meanwhile)."""
-    tmp = made_dir("lcp-sandbox-", parent)
-    if os.geteuid() == 0:
-        try:
-            ids = run_as_ids(DEFAULT_RUN_AS if run_as is None else run_as)
-        except ValueError:
-            # drop_privileges() reports a bad run_as.
-            return tmp
-        give_made_dir(tmp, ids)
-    return tmp
-
-
-def made_dir(prefix: str, parent: Optional[str] = None) -> str:
-    """A new folder (mode 0700, a random name after ``prefix``) in ``parent``, a path
-    without links (default: the system's temp dir, resolved).  Made through a descriptor
-    of ``parent`` opened a level at a time without following a link: a ``parent`` a worker
-    swapped for one is refused (PermissionError), and nothing is made where it points."""
-    where = parent or os.path.realpath(tempfile.gettempdir())
-    pfd = _open_unreplaced(where)
-    try:
-        for _ in range(100):
-            name = prefix + os.urandom(6).hex()
-            try:
-                os.mkdir(name, 0o700, dir_fd=pfd)
-                return os.path.join(where, name)
-            except FileExistsError:
-                continue
-        raise FileExistsError(f"no new name for a folder in {where} after 100 tries")
-    finally:
-        os.close(pfd)
-
-
-def give_made_dir(path: str, ids: Optional[tuple[int, int]], mode: Optional[int] = None) -> None:
-    """Give ``path``, a folder this process just made (made_dir()), to ``ids`` (a root
-    host; None: keep its owner) and set its ``mode``, through a descriptor opened without
-    following a link.  Where its parent is a worker's uid's, that worker could replace it
-    at once with a link to any file, which a chown by path would give it; OSError when
-    what is there now is not a folder of this process's uid (nothing is changed)."""
-    fd = _open_unreplaced(path)
-    try:
-        if os.fstat(fd).st_uid != os.geteuid():
-            raise _replaced(path)
-        if ids is not None and os.geteuid() == 0:
-            os.fchown(fd, *ids)
-        if mode is not None:
-            os.fchmod(fd, mode)
-    finally:
-        os.close(fd)
-
-
-def _open_unreplaced(path: str) -> int:
-    """_open_dir_path(), where a link or a missing folder on the way means a worker
-    replaced what the host made: PermissionError saying so."""
-    try:
-        return _open_dir_path(path)
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENOENT):
-            raise _replaced(path) from None
-        raise
-
-
-def _replaced(path: str) -> PermissionError:
-    return PermissionError(f"{path} was replaced (by a link, or a folder not the host's) "
-                           "before its worker got it: not used")
-
-
 # Directory levels handed over below a root.
 _MAX_DEPTH = 64
-_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class _Level:
@@ -313,7 +219,7 @@ def hand_over(path: str, uid: int, gid: int, mode: Optional[int] = None) -> None
                               "directory or the Python installation; give the worker a root of "
                               "its own")
     try:
-        top = _open_dir_path(path)
+        top = open_dir_path(path)
     except OSError:
         # Gone, or a symlink appeared on the way: nothing handed over.
         return
@@ -335,7 +241,7 @@ def hand_over(path: str, uid: int, gid: int, mode: Optional[int] = None) -> None
                 continue
             name, ino = level.pending.pop()
             try:
-                sub = os.open(name, _DIR, dir_fd=level.fd)
+                sub = os.open(name, DIR_FLAGS, dir_fd=level.fd)
             except OSError:
                 continue
             below = _Level(sub, os.path.join(level.where, name))
@@ -443,21 +349,3 @@ def _hand_over_dir(fd: int, where: str, dev: int, mounts: set[str], uid: int, gi
             finally:
                 os.close(f)
     return subdirs
-
-
-def _open_dir_path(path: str) -> int:
-    """An fd on the directory ``path`` (absolute, no symlinks), opened one component at a
-    time without following symlinks: a component swapped for a link fails (ELOOP)."""
-    fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        for part in path.strip(os.sep).split(os.sep):
-            if not part:
-                continue
-            nxt = os.open(part, _DIR, dir_fd=fd)
-            os.close(fd)
-            fd = nxt
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-

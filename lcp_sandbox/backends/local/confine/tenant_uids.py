@@ -43,6 +43,7 @@ from typing import Any, Optional
 from ....core.limits import count_setting
 from ....core.outcomes import Unavailable
 from ....core.policy import BEST_EFFORT, PER_TENANT, run_as_ids, uid_range_setting
+from .temp_dirs import TMP_PREFIX
 
 log = logging.getLogger("lcp_sandbox")
 
@@ -53,8 +54,6 @@ WALK_BUDGET = 50_000
 HELD_RECHECK_S = 60.0
 #: How holders() says that a process holds a uid.
 PROCESS_HELD = "process "
-#: The workers' temp dirs (handover.private_tmpdir, confined.tmp_parent) start so.
-TMP_PREFIX = "lcp-sandbox-"
 
 
 class TenantUids:
