@@ -34,6 +34,9 @@ log = logging.getLogger("lcp_sandbox")
 TMP_PREFIX = "lcp-sandbox-"
 #: Opens a directory, never through a link.
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+#: The same, to name it only (for *at() calls): search permission is enough (Linux's
+#: O_PATH; elsewhere, where no worker is confined, read permission as well).
+PATH_FLAGS = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def private_tmpdir(run_as: Optional[tuple[int, int]] = None, parent: Optional[str] = None) -> str:
@@ -64,7 +67,7 @@ def made_dir(prefix: str, parent: Optional[str] = None) -> str:
     of ``parent`` opened a level at a time without following a link: a ``parent`` a worker
     swapped for one is refused (PermissionError), and nothing is made where it points."""
     where = parent or os.path.realpath(tempfile.gettempdir())
-    pfd = _open_unreplaced(where)
+    pfd = _open_unreplaced(where, PATH_FLAGS)
     try:
         for _ in range(100):
             name = prefix + os.urandom(6).hex()
@@ -175,15 +178,16 @@ def remove_tmpdir(path: str, whose: str) -> None:
                     "; ".join(failed[:3]), f"; {len(failed) - 3} more" if len(failed) > 3 else "")
 
 
-def open_dir_path(path: str) -> int:
-    """An fd on the directory ``path`` (absolute, no symlinks), opened one component at a
-    time without following symlinks: a component swapped for a link fails (ELOOP)."""
-    fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+def open_dir_path(path: str, flags: int = DIR_FLAGS) -> int:
+    """An fd on the directory ``path`` (absolute, no symlinks), opened with ``flags`` one
+    component at a time without following symlinks: a component swapped for a link fails
+    (ELOOP, or ENOTDIR for the last).  The folders above are opened as paths only, so a
+    folder others may pass but not list (0711) is no obstacle."""
+    parts = [part for part in path.strip(os.sep).split(os.sep) if part]
+    fd = os.open("/", (PATH_FLAGS if parts else flags) & ~os.O_NOFOLLOW)
     try:
-        for part in path.strip(os.sep).split(os.sep):
-            if not part:
-                continue
-            nxt = os.open(part, DIR_FLAGS, dir_fd=fd)
+        for i, part in enumerate(parts):
+            nxt = os.open(part, flags if i == len(parts) - 1 else PATH_FLAGS, dir_fd=fd)
             os.close(fd)
             fd = nxt
     except BaseException:
@@ -192,11 +196,11 @@ def open_dir_path(path: str) -> int:
     return fd
 
 
-def _open_unreplaced(path: str) -> int:
+def _open_unreplaced(path: str, flags: int = DIR_FLAGS) -> int:
     """open_dir_path(), where a link or a missing folder on the way means a worker
     replaced what the host made: PermissionError saying so."""
     try:
-        return open_dir_path(path)
+        return open_dir_path(path, flags)
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENOENT):
             raise _replaced(path) from None
