@@ -3,7 +3,8 @@
 The worker applies its own confinement (worker/confine/); the host makes what that
 confinement stands on, and gives it back when the worker or its tenant is gone:
 
-    handover.py     a confinement root and temp dir made the worker's
+    handover.py     a confinement root made the worker's
+    temp_dirs.py    its temp dir: made and given through descriptors, one made ahead
     confined.py     confined templates: which confined workers may share one, their INIT
     tenant_uids.py  run_as="per-tenant": a uid of its own per tenant, kept, given back
     extras.py       what a confined worker may get beyond its root: disk, cgroup, egress
