@@ -211,7 +211,7 @@ def test_refused_root_fails_the_call_and_changes_nothing(roots, monkeypatch):
     monkeypatch.setattr(handover, "may_hand_over", lambda path: False)      # as for "/" or /usr
     with Supervisor(confine=True) as sup:
         r = binding(sup, a).execute_tool("tool_status", {})
-    assert r["status_code"] == 503 and "refusing to hand" in r["error"], r
+    assert r["status_code"] == 403 and "is or holds a system directory" in r["error"], r
     assert os.stat(a).st_uid == 0
 
 

@@ -32,9 +32,11 @@ class WorkerExtras:
         Unavailable (503) when this host cannot make one, unless best effort (the worker
         then reports its disk cap not in force)."""
         mb = slot.limits.disk_mb
+        if not mb:
+            return
         root = os.path.realpath((init.confine or {})["root"])
         # (hand_over_root() refuses that one)
-        if not mb or not may_hand_over(root):
+        if not may_hand_over(root):
             return
         try:
             self.disks.ensure(root, mb)

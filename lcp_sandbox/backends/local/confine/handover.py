@@ -35,7 +35,6 @@ import threading
 from typing import Iterable, Optional
 
 from .... import protocol as P
-from ....core import policy
 from ....core.outcomes import Refused, Unavailable
 from ....core.policy import BEST_EFFORT, may_hand_over
 from ....core.policy import path_within as _within
@@ -102,14 +101,15 @@ def hand_over_root(init: P.Init, run_as: tuple[int, int], library: str, tool: st
     root = confine["root"]
     check_capabilities(library, tool, run_as[0],
                        (init.limits or {}).get("confine") == BEST_EFFORT)
-    if not policy.may_hand_over(os.path.realpath(root)):
+    real = os.path.realpath(root)
+    if not may_hand_over(real):
         # A confined tool could rewrite code that later runs unconfined (the zygote).
         raise Refused.not_run(library, tool, f"its confinement root {root!r} is or holds a system "
                               f"directory, the sandbox engine or the Python installation, which a "
                               f"confined tool must not be able to write. Use a workspace of its "
                               f"own.")
     # Its uid's alone (private): another tenant's uid cannot pass.
-    hand_over(root, *run_as, mode=0o700 if private else None)
+    hand_over(real, *run_as, mode=0o700 if private else None, checked=True)
     per_tenant: dict = {}
     if private:
         # confined.py
@@ -195,7 +195,8 @@ class _Level:
         self.pending: list[tuple[str, int]] = []
 
 
-def hand_over(path: str, uid: int, gid: int, mode: Optional[int] = None) -> None:
+def hand_over(path: str, uid: int, gid: int, mode: Optional[int] = None,
+              checked: bool = False) -> None:
     """Make ``path`` (a confinement root) and what it holds owned by ``uid``:``gid``, and
     set the root's ``mode`` (through its descriptor, as the rest: a folder above it may be
     a worker's, which could swap the root for a link).
@@ -213,8 +214,9 @@ def hand_over(path: str, uid: int, gid: int, mode: Optional[int] = None) -> None
     owner = os.geteuid() == 0
     if not owner and mode is None:
         return
-    path = os.path.realpath(path)
-    if not may_hand_over(path):
+    # (checked: a real path the caller found may_hand_over(), just now)
+    path = path if checked else os.path.realpath(path)
+    if not checked and not may_hand_over(path):
         raise PermissionError(f"refusing to hand {path!r} to uid {uid}: it is or holds a system "
                               "directory or the Python installation; give the worker a root of "
                               "its own")
