@@ -94,6 +94,30 @@ def test_a_worker_from_a_confined_template_gets_the_one_made_ahead(open_tmp):
         kind.close()
 
 
+def test_a_start_refused_for_a_swapped_temp_dir_gives_its_template_back(open_tmp):
+    """A worker of the tenants' uid swaps the temp dir made ahead for a link: the next
+    tenant's first call is refused (503, saying why), and the template it had claimed for
+    that worker counts no worker of it: it can still be retired when idle."""
+    kind = Confined("template", open_tmp / "tenants")
+    try:
+        b = kind.binding(LIBS, "t1")
+        made = _made_ahead(kind.sup)
+        before = _workers(kind.sup)
+        os.rename(made, made + "-moved")
+        os.symlink(open_tmp, made)
+        r = b.execute_tool("tool_write", {"name": "f.txt", "text": "x"})
+        assert r["status_code"] == 503 and "was replaced" in r["error"], r
+        assert "tool_write" in r["error"] and "could not start a worker" in r["error"], r
+        assert _workers(kind.sup) == before
+        assert owner_mode(open_tmp)[0] == 0                       # nothing given through the link
+    finally:
+        kind.close()
+
+
+def _workers(sup) -> list:
+    return sorted(t["workers"] for t in sup.pool_stats()["templates"] if t["confined"])
+
+
 def _made_ahead(sup, other_than: str = "") -> str:
     """The temp dir made ahead by ``sup``'s one confined template, once one (other than
     ``other_than``) is made: after a call is answered, asynchronously."""

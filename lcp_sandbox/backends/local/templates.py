@@ -153,8 +153,13 @@ class Templates:
                 why = f"template not made: {exc}"
         run_as = (init.confine or {})["run_as"]
         ahead = tpl.ahead if tpl else None
-        init = init._replace(tmpdir=ahead.take(run_as) if ahead else private_tmpdir(
-            run_as, tpl.tmp_parent if tpl else None))
+        try:
+            init = init._replace(tmpdir=ahead.take(run_as) if ahead else private_tmpdir(
+                run_as, tpl.tmp_parent if tpl else None))
+        except BaseException:
+            # (claimed by _confined(): given back)
+            self.released(tpl)
+            raise
         if tpl is not None:
             if ahead:
                 zygote.after(ahead.make)
