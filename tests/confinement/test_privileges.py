@@ -240,7 +240,7 @@ def test_hand_over_never_follows_links(open_tmp):
 def test_a_root_swapped_for_a_link_is_neither_given_nor_made_private(open_tmp, monkeypatch):
     """A tenant's root inside a folder its own uid owns (a project in its tenant's root):
     that tenant's worker can swap the root for a link once the host checked the path.
-    The host then gives nothing and sets no mode through the link."""
+    The host then gives nothing, sets no mode through the link, and refuses the start."""
     tenant, victim = open_tmp / "t", open_tmp / "victim"
     root = tenant / "proj"
     root.mkdir(parents=True)
@@ -257,7 +257,8 @@ def test_a_root_swapped_for_a_link_is_neither_given_nor_made_private(open_tmp, m
 
     monkeypatch.setattr(handover, "may_hand_over", then_swapped)
     init = P.Init("lib", [], None, {}, 0, [], {}, {"root": str(root), "read_paths": []}, None, [], {})
-    handover.hand_over_root(init, (4242, 4242), "lib", "tool_x", private=True, nproc=8)
+    with pytest.raises(PermissionError, match="was replaced"):         # the start is refused
+        handover.hand_over_root(init, (4242, 4242), "lib", "tool_x", private=True, nproc=8)
     st = os.stat(victim)
     assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o755)
     assert os.path.islink(root)                                 # the swap did happen

@@ -220,10 +220,9 @@ def hand_over(path: str, uid: int, gid: int, mode: Optional[int] = None,
         raise PermissionError(f"refusing to hand {path!r} to uid {uid}: it is or holds a system "
                               "directory or the Python installation; give the worker a root of "
                               "its own")
-    try:
-        top = open_dir_path(path)
-    except OSError:
-        # Gone, or a symlink appeared on the way: nothing handed over.
+    # A worker's start (checked) or a mode asked must not go on without it.
+    top = _open_root(path, refuse=checked or mode is not None)
+    if top is None:
         return
     # Depth first, holding one descriptor per level.
     stack = [_Level(top, path)]
@@ -259,6 +258,19 @@ def hand_over(path: str, uid: int, gid: int, mode: Optional[int] = None,
     finally:
         for level in stack:
             os.close(level.fd)
+
+
+def _open_root(path: str, refuse: bool) -> Optional[int]:
+    """hand_over()'s descriptor on ``path``; None when it is gone or a link appeared on
+    the way (nothing is handed over), PermissionError then instead if ``refuse``."""
+    try:
+        return open_dir_path(path)
+    except OSError as exc:
+        if refuse:
+            raise PermissionError(f"the confinement root {path} was replaced (by a link) or is "
+                                  f"gone since it was checked: not handed over ({exc.strerror})"
+                                  ) from None
+        return None
 
 
 class _MountTable:
