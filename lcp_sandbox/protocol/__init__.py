@@ -45,6 +45,7 @@ sending (see :class:`Encoder`).  Exceptions cross as (type name, args).
 from .codec import *  # noqa: F401,F403
 from .framing import *  # noqa: F401,F403
 from .messages import *  # noqa: F401,F403
+from .portable_framing import BOOTED as BOOTED
 from .portable_framing import PortableConnection as PortableConnection
 from .portable_framing import portable_pair as portable_pair
 from .values import *  # noqa: F401,F403

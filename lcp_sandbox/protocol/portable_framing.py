@@ -13,6 +13,8 @@ how one read or send waits:
                    socket timeouts on every OS (poll, or select on Windows)
     peek           ``MSG_PEEK`` on the non-blocking socket (readable_now, sent_while_idle)
 
+Before any frame, a spawned worker sends one byte, ``BOOTED``, once it is up.
+
 Used at both ends of a spawned worker's channel (backends/local/spawn.py and
 worker/spawned.py); the zygote path keeps ``Connection``.
 """
@@ -26,6 +28,10 @@ from typing import Callable, Optional, TypeVar
 from .framing import _BIG, Connection
 
 T = TypeVar("T")
+
+# A spawned worker's first byte on its channel, before any frame: its interpreter and the
+# engine are up.  The host reads it before it hands that worker out (backends/local/spawn.py).
+BOOTED = b"\x06"
 
 
 class PortableConnection(Connection):

@@ -1,8 +1,10 @@
 """A spawned worker: the spawn start path's fresh interpreter, with only what every OS has.
 
     host (backends/local/spawn.py)                      this process
-      Popen(python -I -c BOOT ...)  ─────────────────►  main(): engine imported; while no
-                                                           call waits, ahead.py's modules
+      Popen(python -I -c BOOT ...)  ─────────────────►  main(): engine imported
+      a spare that is up: handed out first  ◄─────────  BOOTED (one byte, before any frame);
+                                                           then, while no call waits, ahead.py's
+                                                           modules
         stdin   the control pipe (the host's end only)     fd 0 moved aside, /dev/null in its
                                                            place (a tool's children never hold it)
         stdout + stderr   the log pipe (host threads)     line-buffered
@@ -73,6 +75,8 @@ def main(arg: str, ahead: str = "lean") -> None:
     signal.signal(signal.SIGINT, on_interrupt)
     # The first registered runs last, after the tools' own.
     atexit.register(end_tree)
+    # Up: the host hands out a spare that said so before one still starting.
+    sock.sendall(P.BOOTED)
     # A spare that is up before its call: the modules tools commonly import.  A call
     # already waiting is served first.
     if ahead == "ahead":

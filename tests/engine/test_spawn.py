@@ -9,6 +9,7 @@ environment, fail-closed confinement, the start method's setting.
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -20,7 +21,7 @@ from conftest import REPO, wait_gone
 
 from lcp_sandbox import SandboxedBinding, Supervisor
 from lcp_sandbox import protocol as P
-from lcp_sandbox.backends.local import platforms, spawn
+from lcp_sandbox.backends.local import platforms, spawn, spawned_child
 from lcp_sandbox.core.limits import Limits
 
 
@@ -220,6 +221,18 @@ def test_a_host_killed_with_sigkill_leaves_no_worker(libs, tmp_path):
         assert wait_gone(p, 10), f"process {p} outlived its host"
 
 
+def _until(check, what, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+def _all_up(spawner, confined=False):
+    with spawner._lock:
+        return all(c.up() for c in spawner._spares[confined])
+
+
 # ------------------------------------------------------------------ spares
 def test_spares_are_kept_per_environment_and_never_mixed(monkeypatch, libs, open_tmp):
     monkeypatch.setenv("LCP_SPAWN_TEST_SECRET", "hunter2")
@@ -227,10 +240,8 @@ def test_spares_are_kept_per_environment_and_never_mixed(monkeypatch, libs, open
     try:
         s.start()
         spawner = s._zygote
-        deadline = time.monotonic() + 20
-        while spawner.stats()["spares"] < 1:                     # spawned ahead at start()
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        _until(lambda: spawner.stats()["spares"] == spawn.SPARES and _all_up(spawner),
+               "the spares spawned ahead at start()")
         spare = spawner._spares[False][0].pid
         open_b = SandboxedBinding(tools_folders=[libs], supervisor=s, workspace=str(open_tmp))
         assert open_b.execute_tool("tool_get_state", {})["output"]["pid"] == spare   # taken
@@ -303,31 +314,37 @@ def test_the_portable_prepare_says_what_is_missing(monkeypatch):
     assert report["network"].startswith("unavailable") and report["env"].startswith("clean")
 
 
-def _until(check, what, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.01)
-
-
-def test_a_start_that_finds_no_spare_grows_the_reserve_which_shrinks_when_unused(monkeypatch):
-    # Two starts with no call answered between them (no settle(): nothing is replaced):
-    # the second finds no spare, as in a burst of new libraries, whatever the machine's speed.
+def test_a_start_that_finds_no_spare_up_grows_the_reserve_which_shrinks_when_unused(monkeypatch):
+    # Starts with no call answered between them (no settle(): nothing is replaced), so the
+    # later ones find no spare up, as in a burst of new libraries, whatever the machine's speed.
+    cpus = spawn.SPARES + 1
+    monkeypatch.setattr(spawn, "usable_cpus", lambda: cpus)      # one spare per CPU
     spawner = spawn.Spawner(lambda pid, status: None)
-    first = None
+    taken = []
     try:
-        _until(lambda: spawner.stats()["spares"] == spawn.SPARES, "the first spare")
-        first = spawner._take(False)
-        assert first is not None
-        assert spawner._take(False) is None
+        _until(lambda: spawner.stats()["spares"] == spawn.SPARES and _all_up(spawner),
+               "the first spares up")
+        taken += [spawner._take(False, None) for _ in range(spawn.SPARES)]
+        assert spawner.stats()["misses"] == 0                    # each found one up
+        # None left: the reserve is one per CPU, all spawned now; the first up is taken.
+        taken.append(spawner._take(False, None))
         assert spawner.stats()["misses"] == 1
-        assert spawner.stats()["reserve"]["unconfined"] == 2 * spawn.SPARES
-        spawner.settle()                       # the call answered: the reserve is spawned
-        _until(lambda: spawner.stats()["spares"] == 2 * spawn.SPARES, "the grown reserve")
-        # The kind's first SPARES import ahead; the extras a burst grew do not (read from the
-        # command lines the host gave them).
-        modes = [psutil.Process(c.pid).cmdline()[4].split()[-1] for c in spawner._spares[False]]
-        assert modes == ["ahead"] * spawn.SPARES + ["lean"] * spawn.SPARES
+        assert spawner.stats()["reserve"]["unconfined"] == cpus
+        assert spawner.stats()["spares"] == cpus - 1
+        # Lean, as a burst's are (read from the command lines the host gave them).
+        modes = {psutil.Process(c.pid).cmdline()[4].split()[-1] for c in spawner._spares[False]}
+        assert modes == {"lean"}
+        _until(lambda: _all_up(spawner), "the grown reserve up")
+        taken += [spawner._take(False, None) for _ in range(cpus - 1)]
+        assert spawner.stats()["misses"] == 1                    # each found one up
+        # Another start that finds none up: the reserve stays one per CPU.
+        taken.append(spawner._take(False, None))
+        assert spawner.stats()["misses"] == 2
+        assert spawner.stats()["reserve"]["unconfined"] == cpus
+        assert spawner.stats()["spares"] == cpus - 1
+        assert len({c.pid for c in taken}) == len(taken)         # each start its own process
+        spawner.settle()                       # the call answered: the reserve is refilled
+        _until(lambda: spawner.stats()["spares"] == cpus, "the reserve refilled")
         # Unused for SHRINK_AFTER_S: back to SPARES, the extra spares gone.
         extra = [c.pid for c in spawner._spares[False]][spawn.SPARES:]
         monkeypatch.setattr(spawn, "SHRINK_AFTER_S", 0.2)
@@ -337,9 +354,110 @@ def test_a_start_that_finds_no_spare_grows_the_reserve_which_shrinks_when_unused
         _until(lambda: spawner.stats()["spares"] == spawn.SPARES, "the extra spares' end")
         assert extra and all(wait_gone(pid) for pid in extra)
     finally:
-        if first is not None:
-            first.kill()
+        for child in taken:
+            child.kill()
         spawner.close()
+
+
+def test_a_bursts_reserve_is_one_interpreter_per_cpu_within_bounds():
+    assert [spawn.burst_reserve(n) for n in (1, 2, 4)] == [2, 2, 4]
+    assert spawn.burst_reserve(10 * spawn.SPARES_MAX) == spawn.SPARES_MAX
+
+
+class _Starting:
+    """A spare still starting: it never says BOOTED."""
+
+    def __init__(self):
+        self.ours, theirs = socket.socketpair()
+        self.conn = P.PortableConnection(theirs)
+        self.confined = False
+
+    def up(self):
+        return False
+
+
+def test_a_spare_that_is_up_is_handed_out_before_one_still_starting():
+    spawner = spawn.Spawner(lambda pid, status: None)
+    starting = _Starting()
+    try:
+        _until(lambda: spawner.stats()["spares"] == spawn.SPARES and _all_up(spawner),
+               "the first spares up")
+        spare = spawner._spares[False][0]
+        with spawner._lock:
+            spawner._spares[False].insert(0, starting)
+        assert spawner._take(False, None) is spare
+        assert spawner._spares[False][0] is starting             # left to come up
+        spare.kill()
+    finally:
+        with spawner._lock:
+            spawner._spares[False].remove(starting)
+        spawner.close()
+
+
+def test_a_spare_is_up_only_once_it_said_booted_and_anything_else_ends_it():
+    class Fake(_Starting):
+        killed = 0
+
+        def kill(self):
+            self.killed += 1
+    up = spawned_child.Child.up
+    fake = Fake()
+    fake.booted = False
+    assert up(fake) is False                                     # nothing said yet
+    fake.ours.sendall(P.BOOTED + b"frame")
+    assert up(fake) is True and up(fake) is True
+    assert fake.conn.sock.recv(16) == b"frame"                   # only its byte was read
+    for said in (b"X", b""):                                     # a wrong byte; its end
+        fake = Fake()
+        fake.booted = False
+        fake.ours.sendall(said) if said else fake.ours.close()
+        assert up(fake) is None and fake.killed == 1
+
+
+def test_a_start_whose_interpreter_never_comes_up_is_refused_by_the_call_deadline(
+        monkeypatch, libs, tmp_path):
+    # Interpreters that never say BOOTED (self-limiting: they end within a minute).
+    monkeypatch.setattr(spawned_child, "_ENTRY", "import time; time.sleep(60)")
+    s = Supervisor(start_method="spawn")
+    b = SandboxedBinding(tools_folders=[libs], supervisor=s, workspace=str(tmp_path),
+                         tenant="never-up", timeout_s=1)
+    try:
+        r = b.execute_tool("tool_get_state", {})
+        assert r["status_code"] == 503 and r["success"] is False
+        assert "tool_get_state" in r["error"] and "faults" in r["error"]
+        assert "no spawned interpreter was up before the call's deadline" in r["error"]
+        pids = list(s._zygote._children)
+        assert pids
+    finally:
+        b.close()
+        s.close()
+    assert all(wait_gone(pid) for pid in pids)
+
+
+def test_starts_waiting_side_by_side_each_have_an_interpreter_starting(monkeypatch):
+    # Interpreters that never come up (self-limiting: they end within a minute), so every
+    # start waits until its deadline: none may wait on fewer interpreters than starts wait.
+    monkeypatch.setattr(spawned_child, "_ENTRY", "import time; time.sleep(60)")
+    spawner = spawn.Spawner(lambda pid, status: None)
+    starts = 6
+    outcomes = []
+    try:
+        deadline = time.monotonic() + 3.0
+        threads = [threading.Thread(target=lambda: outcomes.append(
+            _taken_or_why(spawner, deadline))) for _ in range(starts)]
+        [t.start() for t in threads]
+        [t.join(30) for t in threads]
+        assert outcomes == ["no spawned interpreter was up before the call's deadline"] * starts
+        assert spawner.stats()["children"] >= starts
+    finally:
+        spawner.close()
+
+
+def _taken_or_why(spawner, deadline):
+    try:
+        return spawner._take(False, deadline)
+    except TimeoutError as exc:
+        return str(exc).split(" (")[0]
 
 
 def test_a_dead_spare_is_never_handed_out(sup, libs, tmp_path):
@@ -350,7 +468,7 @@ def test_a_dead_spare_is_never_handed_out(sup, libs, tmp_path):
         assert time.monotonic() < deadline
         time.sleep(0.01)
     dead = spawner._spares[False][0]
-    spawn.kill_tree(dead.pid)
+    spawned_child.kill_tree(dead.pid)
     assert dead.wait_exit(dead.pid, 10) is not None
     binding = SandboxedBinding(tools_folders=[libs], supervisor=sup, workspace=str(tmp_path),
                                tenant="after-dead-spare")

@@ -15,6 +15,7 @@ How workers start:
     zygote_client.py the zygote client (forks, reaps, kills), the worker forked ahead
     templates.py    library templates: template, base or fresh per worker
     spawn.py        the spawn path: a fresh interpreter per worker, spares ahead
+    spawned_child.py one spawned process: BOOTED, its interrupt, kill, output and end
     winjob.py       Windows: a spawned worker's Job Object and socket hand-over
     output.py       worker stdout/stderr to logging, rate-limited
     descriptors.py  the host's open-files limit

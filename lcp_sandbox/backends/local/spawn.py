@@ -5,231 +5,58 @@
       start(slot, init, deadline, tool)
           confinement this system cannot give ─► 503 naming it (platforms.py), unless
                                                  the host said confine="best-effort"
-          a spare of the same kind (spawned ahead: interpreter up, engine imported,
-          waiting for its INIT), else one spawned now; INIT held, to go out with the
-          first call in one send ─► WorkerProcess (its Child as parent), slot "spawn"
+          a spare of the same kind that is up (it said BOOTED: interpreter up, engine
+          imported, waiting for its INIT), else the first of the kind's spares to come
+          up; INIT held, to go out with the first call in one send ─► WorkerProcess
+          (its Child as parent), slot "spawn"
           Two kinds, never mixed: unconfined spares start with the host's environment
           (parity), confined ones with the allowlisted part only (boot.py), so a
           confined worker's process never held the host's secrets.
       settle()  after the call a spare served: its replacement is spawned a moment
                 later, by the spawner's thread (it would take the new worker's CPU)
-      the reserve: SPARES per kind; a start that finds none doubles that kind's reserve
-                (up to SPARES_MAX), spawned by the thread once its call is answered
-                (settle()), so a burst of new libraries waits for a whole interpreter a
-                few times, not every other call; after SHRINK_AFTER_S without a hand-out
-                it is SPARES again (the extra spares killed: one wake-up, not a timer)
+      the reserve: SPARES per kind.  A start that finds none up (calls come faster than
+                interpreters start) grows it to one interpreter per usable CPU (2 to
+                SPARES_MAX), the missing ones spawned at once; the start takes the first
+                up and the next start finds the others up or nearly.  After SHRINK_AFTER_S
+                without a hand-out it is SPARES again (the extra spares killed: one
+                wake-up, not a timer)
       close()   every child's tree killed
 
-    Child (one per process: what WorkerProcess, the slot and the watchdog ask of a parent)
-      signal()  the soft interrupt: a control record on its stdin, the number of the call
-                to interrupt (worker/spawned.py: a thread raises it in the tool's thread)
-      kill()    its tree: psutil's descendants, its process group (POSIX), its Job
-                Object (Windows); its control pipe closed
-      its threads: output (its log pipe to logging, rate-limited as output.py does) and
-                its waiter (at its end its process group is killed before it is reaped,
-                so neither an orphan of it nor a reused pid is left; then on_exit)
-
-A worker's channel is a socketpair end: inherited through ``pass_fds`` on POSIX
-(macOS too); on Windows its ``socket.share()`` bytes go first on the control pipe
-(written to the documented API, untested on this project's machines).  Host death:
-the control pipe's only writer is the host, so a host killed by SIGKILL closes it and
-every worker kills its own tree (worker/spawned.py).
+    Child (spawned_child.py): one spawned process, what WorkerProcess, the slot and the
+    watchdog ask of a parent
 """
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
+import select
 import threading
 import time
 from concurrent.futures import Future
 from typing import Any, Callable, Optional
 
-import psutil
-
 from ... import protocol as P
 from ...core.outcomes import Unavailable
-from ..boot import boot_argv, boot_environment
 from .output import Stream
 from .platforms import refusal
 from .process import WorkerProcess
 from .slot import Slot
+from .spawned_child import Child
+from .spin import usable_cpus
 
 # Workers spawned ahead, per kind (unconfined, confined)
-SPARES = 1
-# The most a burst of new libraries grows a kind's reserve to.
+SPARES = 2
+# The most a burst of new libraries grows a kind's reserve to (burst_reserve()).
 SPARES_MAX = 8
 # Without a hand-out for this long, a grown reserve is SPARES again.
 SHRINK_AFTER_S = 60.0
 # After a hand-out: its replacement does not compete with the new worker.
 RESERVE_DELAY_S = 0.005
-# Its second argument: "ahead" (a spare of the kind's first SPARES, which imports the
-# modules tools commonly import while no call waits) or "lean" (a start a call waits for,
-# or a spare of a burst's grown reserve: a burst is short of CPU, and a library imports
-# what it needs anyway).
-_ENTRY = "from lcp_sandbox.worker.spawned import main; main(*sys.argv[1].split())"
-_POSIX = os.name == "posix"
-# worker/spawned.py's CONTROL record: the call's number, little-endian.
-CONTROL_SIZE = 4
 
 
-def kill_tree(pid: int) -> Optional[str]:
-    """Kill ``pid``, its descendants and (POSIX) its process group; why a kill was
-    refused (EPERM: no CAP_KILL over their uid), None when none was."""
-    try:
-        kids = psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        kids = []
-    refused: Optional[str] = None
-    if _POSIX:
-        try:
-            # It leads its own group.
-            os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        except OSError as exc:
-            refused = exc.strerror
-    for proc in kids:
-        try:
-            proc.kill()
-        except psutil.AccessDenied:
-            refused = refused or "Operation not permitted"
-        except psutil.Error:
-            pass
-    try:
-        os.kill(pid, signal.SIGKILL if _POSIX else signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    except OSError as exc:
-        refused = refused or exc.strerror
-    return refused
-
-
-class Child:
-    """One spawned process: its channel, its control pipe, its output and its end."""
-
-    def __init__(self, confined: bool, on_exit: Callable[[int, int], None], ahead: bool) -> None:
-        host_sock, its_sock = P.portable_pair()
-        self.confined = confined
-        self.alive = True
-        # kill(): why the last one was refused.
-        self.refused: Optional[str] = None
-        # The worker it became.
-        self.proc: Optional[WorkerProcess] = None
-        # Its output until it is handed out.
-        self.stream = Stream("spare", 64 * 1024)
-        self.status: Optional[int] = None
-        # Windows: its Job Object (winjob.py)
-        self.job: Any = None
-        self._ended = threading.Event()
-        self._lock = threading.Lock()
-        self._on_exit = on_exit
-        try:
-            self.popen = subprocess.Popen(
-                boot_argv(_ENTRY, (str(its_sock.fileno()) if _POSIX else "share")
-                          + (" ahead" if ahead else " lean")),
-                pass_fds=(its_sock.fileno(),) if _POSIX else (), env=boot_environment()
-                if confined else dict(os.environ), stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=_POSIX,
-                creationflags=getattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0))
-            # Untested on these machines.
-            if not _POSIX:
-                from .winjob import share_socket
-                self.job = share_socket(self.popen, its_sock)
-        except BaseException:
-            host_sock.close()
-            raise
-        finally:
-            its_sock.close()
-        self.pid = self.popen.pid
-        self.conn = P.PortableConnection(host_sock)
-        assert self.popen.stdin is not None and self.popen.stdout is not None
-        self._control = self.popen.stdin.fileno()
-        self._output = threading.Thread(target=self._pump, name=f"lcp-sandbox-output-{self.pid}",
-                                        daemon=True)
-        self._output.start()
-        threading.Thread(target=self._wait, name=f"lcp-sandbox-waiter-{self.pid}",
-                         daemon=True).start()
-
-    # ------------------------------------------------------------ what a parent does
-    def signal(self, pid: int, sig: int) -> None:
-        """Interrupt the call in flight, as its soft timeout would."""
-        proc = self.proc
-        if proc is None or self.status is not None:
-            return
-        # The worker's number of that call.
-        seq = (proc.calls + 1) & 0xFFFFFFFF
-        try:
-            os.write(self._control, seq.to_bytes(CONTROL_SIZE, "little"))
-        except OSError:
-            pass
-
-    def kill(self, pid: int = 0) -> None:
-        """Kill its whole tree (no-op once it was reaped: never a reused pid)."""
-        with self._lock:
-            if self.status is None:
-                if self.job is not None:
-                    self.job.kill()
-                self.refused = kill_tree(self.pid)
-        self._close_control()
-
-    def kill_refused(self, pid: int = 0) -> Optional[str]:
-        """Why its last kill was refused (None: it was not, or it ended since)."""
-        return None if self._ended.is_set() else self.refused
-
-    def reaped(self, pid: int = 0) -> bool:
-        return self._ended.is_set()
-
-    def wait_exit(self, pid: int, timeout: float) -> Optional[int]:
-        """Its Popen-style return code once it was reaped (None: not within ``timeout``)."""
-        self._ended.wait(timeout)
-        return self.status
-
-    # ------------------------------------------------------------ its threads
-    def _pump(self) -> None:
-        assert self.popen.stdout is not None
-        fd = self.popen.stdout.fileno()
-        while True:
-            try:
-                data = os.read(fd, 65536)
-            except OSError:
-                data = b""
-            if not data:
-                break
-            self.stream.feed(data)
-        self.stream.close()
-        self.popen.stdout.close()
-
-    def _wait(self) -> None:
-        # Ended, not reaped yet: its group's pid is still its own.
-        if hasattr(os, "waitid"):
-            try:
-                os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT)
-            except OSError:
-                pass
-            with self._lock:
-                try:
-                    # What its tools left behind.
-                    os.killpg(self.pid, signal.SIGKILL)
-                except OSError:
-                    pass
-        status = self.popen.wait()
-        # What it printed last is logged before its end is told.
-        self._output.join(1.0)
-        with self._lock:
-            self.status = status
-        self._close_control()
-        if self.job is not None:
-            self.job.close()
-        self._ended.set()
-        self._on_exit(self.pid, status)
-
-    def _close_control(self) -> None:
-        try:
-            assert self.popen.stdin is not None
-            self.popen.stdin.close()
-        except (OSError, ValueError):
-            pass
+def burst_reserve(cpus: int) -> int:
+    """A kind's reserve once a start found none of its spares up: as many interpreters as
+    there are CPUs to start them side by side (at least 2, at most SPARES_MAX).  More
+    than that, and each start of a burst waits for all of them at once."""
+    return max(2, min(SPARES_MAX, cpus))
 
 
 def _known(pid: int) -> Future[int]:
@@ -250,9 +77,16 @@ class Spawner:
         self._kinds = {False}
         # Spares wanted, per kind.
         self._reserve = {False: SPARES, True: SPARES}
+        # ... and once a start found none up.
+        self._burst = max(SPARES, burst_reserve(usable_cpus()))
+        # Starts waiting for a spare to come up, and the spares they are spawning.
+        self._waiting = {False: 0, True: 0}
+        self._pending = {False: 0, True: 0}
         # The last hand-out (a grown reserve shrinks after)
         self._handed = time.monotonic()
-        # Starts that found no spare of their kind.
+        # The kinds started at least once (a kind's first start is no burst).
+        self._started: set[bool] = set()
+        # Starts that found none of their kind's spares up (a kind's first start aside).
         self.misses = 0
         self._children: dict[int, Child] = {}
         # When the thread spawns what is missing (0: not owed)
@@ -271,7 +105,7 @@ class Spawner:
         why = refusal(confined, slot.limits.network, slot.limits.confine)
         if why:
             raise Unavailable.not_run(slot.library.name, tool, why, "no_start")
-        child = self._take(confined) or self._spawn(confined, ahead=False)
+        child = self._take(confined, deadline)
         conn = child.conn
         try:
             try:
@@ -306,22 +140,79 @@ class Spawner:
                 self._spares[child.confined].remove(child)
         self._on_exit(pid, status)
 
-    def _take(self, confined: bool) -> Optional[Child]:
+    def _take(self, confined: bool, deadline: Optional[float]) -> Child:
+        """A spare of the kind that is up, else the first to come up (TimeoutError: none
+        by ``deadline``).  None up: the reserve grows, its missing spares spawned now."""
         with self._cond:
+            first = confined not in self._started
+            self._started.add(confined)
             self._kinds.add(confined)
             self.owed = True
             self._handed = time.monotonic()
-            spares = self._spares[confined]
-            while spares:
-                child = spares.pop(0)
-                if not child.reaped():
+            child = self._up(confined)
+            if child is not None:
+                return child
+            if not first:
+                # Calls come faster than interpreters start.
+                self.misses += 1
+                self._reserve[confined] = self._burst
+            self._waiting[confined] += 1
+        try:
+            return self._first_up(confined, deadline, 1 if first else self._reserve[confined])
+        finally:
+            with self._lock:
+                self._waiting[confined] -= 1
+
+    def _first_up(self, confined: bool, deadline: Optional[float], want: int) -> Child:
+        """The first of the kind's spares to come up, with ``want`` of them starting side by
+        side (this start takes the first up, the next ones find the others up or nearly),
+        and never fewer than the starts waiting for one."""
+        while True:
+            with self._cond:
+                child = self._up(confined)
+                if child is not None:
                     return child
-            # None left: calls come faster than one spare is replaced.  A larger reserve,
-            # spawned after this start's call (settle()): spawned now, beside the interpreter
-            # this start waits for, they would take its CPU.
-            self.misses += 1
-            self._reserve[confined] = min(SPARES_MAX, 2 * self._reserve[confined])
+                spares = self._spares[confined]
+                short = (max(want, self._waiting[confined]) - len(spares)
+                         - self._pending[confined])
+                self._pending[confined] += max(0, short)
+                left = None if deadline is None else deadline - time.monotonic()
+                if short <= 0 and (left is None or left > 0) and not spares:
+                    # Spawned by another start, not yet among the spares.
+                    self._cond.wait(left)
+                    continue
+                starting = [c.conn.sock for c in spares]
+            for _ in range(short):
+                self._add_spare(confined)
+            if short > 0:
+                continue
+            if left is not None and left <= 0:
+                raise TimeoutError(f"no spawned interpreter was up before the call's deadline "
+                                   f"({len(starting)} starting)")
+            select.select(starting, [], [], left)
+
+    def _up(self, confined: bool) -> Optional[Child]:
+        """(holding the lock) The kind's first spare that is up, taken from the spares;
+        those that ended are dropped."""
+        spares = self._spares[confined]
+        for child in list(spares):
+            up = child.up()
+            if up is not False:
+                spares.remove(child)
+            if up:
+                return child
         return None
+
+    def _add_spare(self, confined: bool) -> None:
+        """One of the spares a start counted as pending, spawned and added."""
+        try:
+            child: Optional[Child] = self._spawn(confined, ahead=False)
+        finally:
+            with self._cond:
+                self._pending[confined] -= 1
+                if child is not None:
+                    self._spares[confined].append(child)
+                self._cond.notify_all()
 
     def settle(self) -> None:
         """Spawn what the last hand-outs used, a moment from now."""
