@@ -215,8 +215,8 @@ def _safe_and_portable_rows(r: dict) -> list:
         rows.append((f"spawn start path: {burst['n']} new libraries' first calls back to back",
                      f"p50 **{fmt(burst['p50'])} ms** = {x(burst.get('x_spawn_p50'))} a bare spawn "
                      f"({which}p90 {fmt(burst.get('p90'))} ms, max {fmt(burst.get('max'))} ms)",
-                     "the spares run out; the reserve grows to 2, then 8, spawned at once, each start "
-                     "taking the first up"))
+                     "two spares up ahead; none up: one interpreter per CPU spawned at once, each "
+                     "start taking the first up"))
     m = r.get("mcp") or {}
     if m.get("warm_ms"):
         w = m["warm_ms"]

@@ -3,7 +3,7 @@
     BURSTS times: a spawn-path supervisor of its own (``start_method="spawn"``), started
     and left SETTLE_S to spawn its reserve
         ─► BURST new tenants of bench_noop, one after another, each one's first call timed
-        (each needs a fresh interpreter: a spare spawned ahead, or one spawned now)
+        (each needs a fresh interpreter: a spare that is up, else the first to come up)
         ─► closed
     the row: the median of the bursts' p50s
 
@@ -12,7 +12,7 @@ result, same run): how the spawn path keeps up when new libraries come faster th
 interpreter starts.  One burst swings with whatever else the machine runs during its
 second; each burst starts from the same state (a new supervisor: a grown reserve would
 serve a second burst on the same one from its spares).  The COLD section's own
-spawn-path row is spaced out (one start per round), which a single spare serves.
+spawn-path row is spaced out (one start per round), which the spares serve.
 ``--skip spawn_path`` leaves it out.
 """
 from __future__ import annotations
