@@ -50,6 +50,8 @@ SPARES_MAX = 8
 SHRINK_AFTER_S = 60.0
 # After a hand-out: its replacement does not compete with the new worker.
 RESERVE_DELAY_S = 0.005
+# The longest a start waiting for a spare to come up sleeps before it looks again.
+WAIT_S = 0.25
 
 
 def burst_reserve(cpus: int) -> int:
@@ -189,7 +191,11 @@ class Spawner:
             if left is not None and left <= 0:
                 raise TimeoutError(f"no spawned interpreter was up before the call's deadline "
                                    f"({len(starting)} starting)")
-            select.select(starting, [], [], left)
+            try:
+                # A bounded wait: a spare taken by another start meanwhile may be closed.
+                select.select(starting, [], [], WAIT_S if left is None else min(WAIT_S, left))
+            except (OSError, ValueError):
+                pass
 
     def _up(self, confined: bool) -> Optional[Child]:
         """(holding the lock) The kind's first spare that is up, taken from the spares;
