@@ -453,6 +453,25 @@ def test_starts_waiting_side_by_side_each_have_an_interpreter_starting(monkeypat
         spawner.close()
 
 
+def test_a_start_whose_interpreter_cannot_be_spawned_says_why_and_owes_nothing(monkeypatch):
+    spawner = spawn.Spawner(lambda pid, status: None)
+    try:
+        _until(lambda: spawner.stats()["spares"] == spawn.SPARES and _all_up(spawner),
+               "the first spares up")
+        spares = [spawner._take(False, None) for _ in range(spawn.SPARES)]
+
+        def refused(confined, ahead):
+            raise OSError(24, "Too many open files")
+        monkeypatch.setattr(spawner, "_spawn", refused)
+        with pytest.raises(OSError, match="Too many open files"):
+            spawner._take(False, None)
+        assert spawner._pending == {False: 0, True: 0} and spawner._waiting == {False: 0, True: 0}
+        for child in spares:
+            child.kill()
+    finally:
+        spawner.close()
+
+
 def _taken_or_why(spawner, deadline):
     try:
         return spawner._take(False, deadline)

@@ -184,9 +184,8 @@ class Spawner:
                     self._cond.wait(left)
                     continue
                 starting = [c.conn.sock for c in spares]
-            for _ in range(short):
-                self._add_spare(confined)
             if short > 0:
+                self._add_spares(confined, short)
                 continue
             if left is not None and left <= 0:
                 raise TimeoutError(f"no spawned interpreter was up before the call's deadline "
@@ -209,16 +208,19 @@ class Spawner:
                 return child
         return None
 
-    def _add_spare(self, confined: bool) -> None:
-        """One of the spares a start counted as pending, spawned and added."""
-        try:
-            child: Optional[Child] = self._spawn(confined, ahead=False)
-        finally:
-            with self._cond:
-                self._pending[confined] -= 1
-                if child is not None:
-                    self._spares[confined].append(child)
-                self._cond.notify_all()
+    def _add_spares(self, confined: bool, n: int) -> None:
+        """The ``n`` spares a start counted as pending, spawned and added; when one cannot
+        be spawned, it and those after it are pending no more."""
+        for left in range(n, 0, -1):
+            child: Optional[Child] = None
+            try:
+                child = self._spawn(confined, ahead=False)
+            finally:
+                with self._cond:
+                    self._pending[confined] -= 1 if child is not None else left
+                    if child is not None:
+                        self._spares[confined].append(child)
+                    self._cond.notify_all()
 
     def settle(self) -> None:
         """Spawn what the last hand-outs used, a moment from now."""
