@@ -73,7 +73,9 @@ from ...core.policy import (
     SYSTEM_READ_PATHS,
     python_paths,
 )
-from ..portable_prepare import environment_of, set_environment, use_temp_dir  # noqa: F401  (also for loop, template)
+
+# Imported from here by loop and template too.
+from ..portable_prepare import environment_of, set_environment, use_temp_dir  # noqa: F401
 from ..rlimits import apply_in_worker
 from .apart import (
     files_by_uid,
