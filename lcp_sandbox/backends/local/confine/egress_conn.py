@@ -64,7 +64,7 @@ class ProxyRefusal(Exception):
 
 
 @dataclass(frozen=True)
-class Request:
+class ProxyRequest:
     """Where a request goes: ``host`` as canonical_host() spells it, ``port``, and
     ``upstream``, the head to send there (None for CONNECT: the tunnel carries the rest)."""
     host: str
@@ -99,7 +99,7 @@ def serve(client: socket.socket, admit: Admit, head_timeout_s: float = HEAD_TIME
         upstream.close()
 
 
-def read_request(client: socket.socket, timeout_s: float) -> tuple[Request, bytes]:
+def read_request(client: socket.socket, timeout_s: float) -> tuple[ProxyRequest, bytes]:
     """(the request ``client`` sent, what came after its head): the head parsed by h11 as
     it arrives, all of it within ``timeout_s`` (one deadline for the whole head, not one a
     read: a head trickled a byte at a time ends there too), at most HEAD_LIMIT bytes (the
@@ -147,7 +147,7 @@ def _receive(client: socket.socket, deadline: float, size: int, timeout_s: float
         raise ProxyRefusal(400, f"no complete request head within {timeout_s:g} s") from None
 
 
-def request_of(event: h11.Request) -> Request:
+def request_of(event: h11.Request) -> ProxyRequest:
     """Where an h11 request goes: CONNECT host:port, or an absolute http:// URL (its
     head rewritten for the server: origin-form, its own Host, ``Connection: close``)."""
     if event.http_version not in _VERSIONS:
@@ -156,7 +156,7 @@ def request_of(event: h11.Request) -> Request:
     target = event.target.decode("ascii")
     if event.method == b"CONNECT":
         try:
-            return Request(*authority_of(target), None)
+            return ProxyRequest(*authority_of(target), None)
         except ValueError as exc:
             raise ProxyRefusal(400, f"CONNECT needs host:port: {exc}") from None
     if target[:len(_HTTP)].lower() != _HTTP:
@@ -172,7 +172,7 @@ def request_of(event: h11.Request) -> Request:
     except ValueError as exc:
         raise ProxyRefusal(400, f"the URL {target[:200]!r} names no host this proxy reaches: "
                            f"{exc}") from None
-    return Request(host, port, _upstream_head(event, host, port, path))
+    return ProxyRequest(host, port, _upstream_head(event, host, port, path))
 
 
 def _upstream_head(event: h11.Request, host: str, port: int, path: str) -> bytes:
