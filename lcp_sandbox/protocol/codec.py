@@ -8,7 +8,7 @@ from __future__ import annotations
 import pickle
 import struct
 import sys
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Iterable, Optional, Union
 
 import msgpack
 
@@ -141,48 +141,40 @@ class Encoder:
             raise Unsendable(f"{type(exc).__name__}: {exc}") from None
         return _HDR.pack(len(body), kind) + body
 
-    def _plain(self, v: Any, depth: int) -> Any:  # noqa: C901 (hot: one frame per container)
+    def _plain(self, v: Any, depth: int) -> Any:
         """``v`` with what msgpack would pack wrongly fixed: non-str keys, big ints.
         Returns ``v`` itself when nothing needed fixing (the common case).  Leaves
-        are checked inline (one set lookup): this runs on every message a worker sends.
-        (A loop per container type: one shared loop tested the type on every item.)"""
+        are checked inline (one set lookup): this runs on every message a worker sends."""
         t = type(v)
         if t is dict:
-            if depth > MAX_DEPTH:
-                raise Unsendable(f"nested deeper than {MAX_DEPTH} levels")
-            out = None
-            for k, x in v.items():
-                tk = type(k)
-                if tk is not str and tk is not bytes:
-                    return self._pairs(v, depth)
-                tx = type(x)
-                if tx in _SCALAR or tx is int and _INT_MIN <= x <= _INT_MAX:
-                    continue
-                y = self._plain(x, depth + 1)
-                if y is not x:
-                    if out is None:
-                        out = dict(v)
-                    out[k] = y
-            return v if out is None else out
+            return self._items(v, v.items(), True, depth)
         if t is list:
-            if depth > MAX_DEPTH:
-                raise Unsendable(f"nested deeper than {MAX_DEPTH} levels")
-            changed = None
-            for i, x in enumerate(v):
-                tx = type(x)
-                if tx in _SCALAR or tx is int and _INT_MIN <= x <= _INT_MAX:
-                    continue
-                y = self._plain(x, depth + 1)
-                if y is not x:
-                    if changed is None:
-                        changed = list(v)
-                    changed[i] = y
-            return v if changed is None else changed
+            return self._items(v, enumerate(v), False, depth)
         if t is int and not _INT_MIN <= v <= _INT_MAX:
             return msgpack.ExtType(_X_BIGINT,
                                    v.to_bytes((v.bit_length() + 8) // 8, "big", signed=True))
         # A leaf, or packed by _default.
         return v
+
+    def _items(self, v: Any, items: Iterable[tuple[Any, Any]], keyed: bool, depth: int) -> Any:
+        """A dict (``keyed``: its items) or a list (enumerate()) with each item fixed that
+        needed it, copied at the first; ``v`` itself when none did.  A dict with a key that
+        is neither str nor bytes travels as pairs."""
+        if depth > MAX_DEPTH:
+            raise Unsendable(f"nested deeper than {MAX_DEPTH} levels")
+        out = None
+        for k, x in items:
+            if keyed and type(k) is not str and type(k) is not bytes:
+                return self._pairs(v, depth)
+            tx = type(x)
+            if tx in _SCALAR or tx is int and _INT_MIN <= x <= _INT_MAX:
+                continue
+            y = self._plain(x, depth + 1)
+            if y is not x:
+                if out is None:
+                    out = dict(v) if keyed else list(v)
+                out[k] = y
+        return v if out is None else out
 
     def _pairs(self, d: dict[Any, Any], depth: int) -> msgpack.ExtType:
         return self._ext(_X_PAIRS, [[k, x] for k, x in d.items()], depth)
