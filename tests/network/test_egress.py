@@ -132,6 +132,25 @@ def test_a_worker_in_a_namespace_of_its_own_gets_no_socket_of_the_host_s_network
     assert made["other"].seen == seen
 
 
+def test_what_a_worker_offers_on_its_dialer_proves_nothing(one_port, servers, sup):
+    """The way a worker reaches the proxy is the host's record of its token: one in a
+    namespace of its own that offers every socket it holds (its channel to the supervisor
+    among them, a socket of the host's network) as a "proof" gets neither the by-port
+    listener's port nor a socket of the host's network; one sent by port gains nothing
+    by it (Landlock's TCP rules still hold its sockets to the proxy's port)."""
+    ports, made = servers
+    seen = list(made["other"].seen)
+    got = out(one_port, "tool_dialer_forged", host="127.0.0.1", port=ports["other"])
+    assert got["offered"] >= 1, got
+    if by_port(sup.stats(tenant="one-port")[0]["protections"]):
+        assert got["socket"] == "given" and got["connect"] == "PermissionError EACCES", got
+    else:
+        assert got == {"offered": got["offered"], "port": "0", "socket": "none (b'n')",
+                       "connect": ""}, got
+        assert sup.egress.by_port.listener is None
+    assert made["other"].seen == seen
+
+
 def test_the_metadata_address_is_refused_at_once(one_port):
     started = time.monotonic()
     got = out(one_port, "tool_urllib", url="http://169.254.169.254/latest/meta-data/")
@@ -739,6 +758,29 @@ def test_without_a_namespace_what_a_tool_writes_on_its_dialer_leaves_its_sockets
     for _ in range(3):
         got = out(t, "tool_urllib", url=f"http://127.0.0.1:{ports['allowed']}/dialer")
         assert got == {"status": 200, "body": "allowed /dialer"}
+
+
+def test_the_by_port_listener_is_open_only_while_a_worker_sent_by_port_lives(
+        servers, open_tmp_module):
+    """No port of the host stays open for no worker: the listener opens with the first
+    worker the host sent by port and closes with the last."""
+    ports, _ = servers
+    with Supervisor(confine=True) as s, protections_off(s, "netns"):
+        assert s.egress.by_port.listener is None
+        t = binding(s, open_tmp_module, "np-life", {"allow": [f"127.0.0.1:{ports['allowed']}"]})
+        port = proxy_port(t)
+        assert s.egress.by_port.listener is not None
+        with socket.socket() as squatter, pytest.raises(OSError) as taken:
+            squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            squatter.bind(("127.0.0.1", port))
+            squatter.listen(1)
+        assert taken.value.errno == 98                               # EADDRINUSE
+        t.close()
+        assert poll(lambda: s.egress.by_port.listener is None)
+        with socket.socket() as after:
+            after.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            after.bind(("127.0.0.1", port))
+            after.listen(1)
 
 
 @pytest.mark.parametrize("abi", [3, None], ids=["landlock_abi_3", "without_landlock"])

@@ -169,7 +169,7 @@ def prepare(init: P.Init, shared: bool = False) -> dict:
     if network is True:
         report["network"] = "host network"
     else:
-        report["network"] = SWITCHED_OFF if "netns" in disabled else isolate_network()
+        report["network"] = _own_network(conf, network, disabled)
         if isinstance(network, dict):
             report["network"] = _egress(conf, network, report["network"], disabled)
     if conf is not None:
@@ -318,6 +318,15 @@ def _cap_tenant(conf: dict, report: dict) -> None:
     tenant's process cap."""
     if conf.get("nproc") and report["privileges"].startswith("uid "):
         report["tenant_processes"] = cap_tenant_processes(conf["nproc"])
+
+
+def _own_network(conf: Any, network: Any, disabled: set) -> str:
+    """isolate_network()'s report; for a network policy the host sent by port (its egress
+    ``no_namespace``: why there is none), that reason, and no namespace is made."""
+    egress = (conf or {}).get("egress") if isinstance(network, dict) else None
+    if egress and egress.get("no_namespace"):
+        return str(egress["no_namespace"])
+    return SWITCHED_OFF if "netns" in disabled else isolate_network()
 
 
 def _egress(conf: Any, rules: dict, namespace: str, disabled: set) -> str:

@@ -11,14 +11,14 @@ In the worker's own network namespace (loopback only), before it confines itself
                            HTTP_PROXY, HTTPS_PROXY, ALL_PROXY (and their lower-case forms;
                            NO_PROXY empty), so HTTP clients use it unchanged
 
-Where it cannot have a namespace of its own (a default container refuses unshare), it is
-in the host's network, and the proxy is reached by port instead (Landlock ABI 4+):
+Where the host found it cannot make one (a default container refuses unshare: INIT's
+egress "no_namespace" says why), the worker makes none: it is in the host's network, and
+the proxy is reached by port instead (Landlock ABI 4+):
 
     dial_by_port()     connects the dialer and sends the token as above, then asks the proxy
-                       for its TCP port P (the proxy listens on it for such workers only),
-                       with a TCP socket of its own as the proof that it is in the host's
-                       network (the proxy compares its network namespace with its own)
-                       and announces http://127.0.0.1:P; the caller then applies Landlock's
+                       for its TCP port P (the proxy listens on it for such workers only:
+                       the host decided the way, and recorded it with the token), and
+                       announces http://127.0.0.1:P; the caller then applies Landlock's
                        TCP rules (connect to P only, bind nothing, landlock.restrict_tcp())
                        and the system call filter that refuses every new socket but
                        NETLINK_ROUTE (no TCP, UDP, raw, packet or unix socket of its own)
@@ -96,12 +96,16 @@ def _announce(port: int) -> str:
 
 
 def policy_network(egress: dict, rules: int, namespace: str, landlock_off: bool) -> str:
-    """A network policy's report: dial_from_namespace()'s in its own namespace (``namespace``:
-    isolate_network()'s report); where there is none, by port (dial_by_port(); BY_PORT then
-    holds the port, for hold_tcp()) if Landlock has TCP rules (ABI 4+): else neither holds,
-    and the report names both."""
-    if namespace.startswith("on"):
-        return dial_from_namespace(egress, rules)
+    """A network policy's report, the way the host chose (``egress["no_namespace"]``): in
+    a namespace of its own, dial_from_namespace()'s (``namespace``: isolate_network()'s
+    report; unavailable if it failed); by port (dial_by_port(); BY_PORT then holds the
+    port, for hold_tcp()) if Landlock has TCP rules (ABI 4+): else neither holds, and the
+    report names both."""
+    if not egress.get("no_namespace"):
+        if namespace.startswith("on"):
+            return dial_from_namespace(egress, rules)
+        return (f"unavailable (a network policy in a network namespace of its own, as the "
+                f"host found it can make: {namespace})")
     abi = 0 if landlock_off else landlock_abi()
     if abi < NET_ABI:
         landlock = (SWITCHED_OFF if landlock_off else
@@ -137,10 +141,8 @@ def dial_by_port(egress: dict) -> Union[int, str]:
         dialer.settimeout(_ANSWER_S)
         dialer.connect(egress["socket"])
         dialer.sendall(egress["token"].encode("ascii") + b"\n")
-        # with a socket of its network: the proof that it is the host's (the proxy hands
-        # sockets of the host's network to no worker in a namespace of its own)
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as proof:
-            socket.send_fds(dialer, [ASK_PORT], [proof.fileno()])
+        # (the proxy answers by the host's record of its token: sent by port)
+        dialer.sendall(ASK_PORT)
         line = b""
         while not line.endswith(b"\n") and len(line) < 8:
             got = dialer.recv(8 - len(line))
@@ -149,7 +151,7 @@ def dial_by_port(egress: dict) -> Union[int, str]:
             line += got
         port = int(line)
         if not port:
-            raise ValueError("the proxy says this worker is not in the host's network")
+            raise ValueError("the proxy did not send this worker by port")
         dialer.settimeout(None)
     except (OSError, ValueError) as exc:
         return f"the host's egress proxy cannot be reached: {exc}"

@@ -16,13 +16,17 @@
 
 The proxy's listening socket is a unix socket in a folder only the host's user may enter; a
 worker reaches it only through the dialer it opened before its confinement (its system call
-filter then refuses new unix sockets).  A worker with no network namespace of its own (a
-default container refuses unshare) is in the host's network and reaches the proxy by port
-(egress_port.py: only then does the proxy listen on the host's addresses).
+filter then refuses new unix sockets).  Where the host cannot make a network namespace for
+its workers (a default container refuses unshare), it sends a worker by port: in the host's
+network, it reaches the proxy at a TCP port (egress_port.py: only then does the proxy listen
+on the host's addresses).  Which of the two a worker is, the host decides as it gives the
+worker its token (give(): egress_port.worker_network()) and records with the token; the
+proxy answers each request by that record alone, never by what the worker sends.
 
 The worker is hostile: what it sends on its dialer may be anything (garbage, a file, a
-pipe, a connection, a flood); one listening TCP socket of a network namespace other than
-the host's (where the kernel tells: SO_NETNS_COOKIE) is taken, the first, and every other
+pipe, a connection, a flood, the host's own descriptors it holds); from a worker in a
+namespace of its own, one listening TCP socket of a network namespace other than the
+host's (where the kernel tells: SO_NETNS_COOKIE) is taken, the first, and every other
 descriptor is closed unread.  (A worker with a dialer can make no listener of the host's
 network: one in a namespace of its own makes no socket of it, one by port may not listen.)
 Connections at once are capped: MAX_PER_WORKER a worker and MAX_PER_TENANT a tenant (429
@@ -57,7 +61,7 @@ from ...metrics import Metrics
 from ..slot import Slot
 from .egress_accept import Acceptors, Serve, listening_socket
 from .egress_conn import HEAD_TIMEOUT_S, ProxyRefusal, response, serve
-from .egress_port import ByPort, Handed
+from .egress_port import ByPort, Handed, worker_network
 
 log = logging.getLogger("lcp_sandbox.egress")
 
@@ -77,10 +81,12 @@ _LOGGED_PER_WORKER = 20
 
 @dataclass
 class Identity:
-    """Whose connections come in on a dialer: the worker's tenant and library, its policy."""
+    """Whose connections come in on a dialer: the worker's tenant and library, its policy,
+    and whether the host sent it by port (else it is in a network namespace of its own)."""
     tenant: str
     library: str
     policy: Policy
+    by_port: bool = False
     active: int = 0
     refused: int = 0
 
@@ -113,12 +119,16 @@ class EgressProxy:
         self._acceptors: Optional[Acceptors] = None
         # Workers in the host's network (no namespace of their own): egress_port.py
         self.by_port: ByPort[Identity, _Connection] = ByPort(
-            self._take, lambda: self.max_per_worker, self._accept_on)
+            self._take, lambda: self.max_per_worker, self._accept_on, self._unlisten)
 
     def give(self, init: P.Init, slot: Slot) -> P.Init:
         """The INIT of ``slot``'s next worker with what it dials the proxy with: the
-        proxy's socket and the slot's token (the proxy starts now if it has not).  The
-        token names the slot's tenant, library and policy for as long as the slot lives."""
+        proxy's socket, the slot's token (the proxy starts now if it has not), and the
+        host's decision of the way it comes, ``no_namespace``: "" (it makes a network
+        namespace of its own), else why it has none (it comes by port).  The token names
+        the slot's tenant, library, policy and that way for as long as the slot lives."""
+        # (a probe of the host's, once: before the lock)
+        no_namespace = worker_network(init.disabled or ())
         with self._lock:
             if self._loop is None:
                 self._start()
@@ -127,9 +137,13 @@ class EgressProxy:
                 token = self._tokens[id(slot)] = secrets.token_hex(TOKEN_BYTES // 2)
                 rules = slot.limits.network
                 assert isinstance(rules, dict), "only a worker with a network policy dials"
-                self._ids[token] = Identity(slot.tenant, slot.library.name, policy_of(rules))
+                self._ids[token] = Identity(slot.tenant, slot.library.name, policy_of(rules),
+                                            bool(no_namespace))
                 weakref.finalize(slot, self._forget, id(slot), token)
-        egress = {"socket": self.path, "token": token}
+            else:
+                # (its worker before is gone: a slot has one at a time)
+                self._ids[token].by_port = bool(no_namespace)
+        egress = {"socket": self.path, "token": token, "no_namespace": no_namespace}
         return init._replace(confine={**(init.confine or {}), "egress": egress})
 
     def _forget(self, slot_id: int, token: str) -> None:
@@ -189,6 +203,11 @@ class EgressProxy:
         assert self._acceptors is not None, "a listener comes through a dialer"
         self._acceptors.add(listener, serve)
 
+    def _unlisten(self, listener: socket.socket) -> None:
+        """The proxy's threads accept on ``listener`` no more; it is closed."""
+        if self._acceptors is not None:
+            self._acceptors.remove(listener)
+
     # ------------------------------------------------------------ dialers
     async def _accept(self, listener: socket.socket) -> None:
         loop = asyncio.get_running_loop()
@@ -214,12 +233,12 @@ class EgressProxy:
             if ident is None:
                 return
             came: set[_Connection] = set()
-            handed: Handed[Identity, _Connection] = Handed(ident, came)
+            handed: Handed[Identity, _Connection] = Handed(ident, came, ident.by_port)
             try:
                 await self._handed(loop, dialer, handed)
             finally:
-                if handed.listener is not None and self._acceptors is not None:
-                    self._acceptors.remove(handed.listener)
+                if handed.listener is not None:
+                    self._unlisten(handed.listener)
                 with self._lock:
                     # (a connection accepted meanwhile is refused by _take())
                     handed.ended = True
@@ -258,9 +277,8 @@ class EgressProxy:
         if not data and not fds:
             # The worker ended.
             return False
-        if ASK_PORT in data and fds:
-            self.by_port.prove(handed, fds)
-        elif LISTENER in data and fds:
+        # (a descriptor that comes with anything else is closed unread: it proves nothing)
+        if LISTENER in data and fds:
             self._listener(handed, fds)
         else:
             _close(fds)
@@ -272,9 +290,10 @@ class EgressProxy:
         return True
 
     def _listener(self, handed: Handed[Identity, _Connection], fds: list[int]) -> None:
-        """(LISTENER came with ``fds``, all taken or closed here) the first, if it is the
-        dialer's first listener and one of a worker's own namespace: accepted on from now
-        until the dialer ends."""
+        """(LISTENER came with ``fds``, all taken or closed here) the first, if the host
+        gave this dialer's worker a namespace of its own and it is the dialer's first
+        listener, one of another network namespace: accepted on from now until the dialer
+        ends."""
         if handed.listener is not None or handed.by_port:
             _close(fds)
             return
