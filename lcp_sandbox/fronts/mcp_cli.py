@@ -6,6 +6,7 @@ Parsing and checks only; the ``mcp`` SDK is imported when the command runs, so
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import os
 import sys
@@ -89,6 +90,10 @@ def add_parser(sub: Any, parents: list) -> None:
                    help="http: another Host header to accept (repeatable)")
     p.add_argument("--allowed-origin", action="append", default=[], metavar="ORIGIN",
                    help="http: an Origin to accept, e.g. http://localhost:6274 (repeatable)")
+    p.add_argument("--forwarded-allow-ips", metavar="IPS", default=None,
+                   help="http: the reverse proxies (a comma list of addresses and CIDR "
+                        "networks) whose X-Forwarded-For header names the client; without it "
+                        "the header is ignored and the client is the connecting address")
     _add_load_options(p)
     p.set_defaults(fn=cmd_serve_mcp)
 
@@ -104,8 +109,10 @@ def _add_load_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-sessions-per-client", type=_positive_int,
                    default=DEFAULT_SESSIONS_PER_CLIENT, metavar="N",
                    help="live sessions at most per client: per bearer token when the server "
-                   "has one (every holder of it is one client), else per client address; past "
-                   "it a new session gets 429 with Retry-After (default: "
+                   "has one (every holder of it is one client), else per client address (all "
+                   "loopback addresses one, an IPv6 address by its /64, X-Forwarded-For only "
+                   "from --forwarded-allow-ips); past it a new session gets 429 with "
+                   "Retry-After (default: "
                    f"{DEFAULT_SESSIONS_PER_CLIENT})")
     g.add_argument("--session-idle-timeout", type=_positive_float, default=1800.0, metavar="S",
                    help="a session with no request for this long ends, as on DELETE: its "
@@ -218,6 +225,29 @@ def _network(args: argparse.Namespace, confine: object) -> "bool | dict[str, lis
     return policy
 
 
+def forwarded_allow_ips(text: Optional[str]) -> Optional[str]:
+    """--forwarded-allow-ips checked: addresses and networks only, in one spelling for
+    uvicorn.  uvicorn would take anything else as a literal that matches no peer (a typo
+    trusts nothing, silently), and "*" as trusting every peer, which then takes the
+    leftmost X-Forwarded-For entry: the one the client writes itself."""
+    if text is None:
+        return None
+    out = []
+    for item in (i.strip() for i in text.split(",")):
+        if item == "*":
+            raise _usage(f"--forwarded-allow-ips {text!r}: '*' would let every client name "
+                         f"itself any address; give the proxies' addresses or networks "
+                         f"(e.g. 10.0.0.0/8)")
+        try:
+            out.append(str(ipaddress.ip_network(item) if "/" in item
+                           else ipaddress.ip_address(item)))
+        except ValueError as exc:
+            raise _usage(f"--forwarded-allow-ips {text!r}: {item!r} is not an IP address or "
+                         f"network ({exc}); give a comma list such as "
+                         f"127.0.0.1,10.0.0.0/8") from None
+    return ",".join(out)
+
+
 def _uid_range(given: Optional[list]) -> Optional[tuple[int, int]]:
     if given is None:
         return None
@@ -233,6 +263,7 @@ def _serve(args: argparse.Namespace) -> int:
             why = "is not a folder" if os.path.exists(folder) else "does not exist"
             raise _usage(f"tools folder {folder!r} {why}")
     configs = _configs(args.config)
+    forwarded = forwarded_allow_ips(args.forwarded_allow_ips)
     token = _token(args.token_file) if args.transport == "http" else None
     try:
         from . import mcp_server, mcp_transports
@@ -262,4 +293,4 @@ def _serve(args: argparse.Namespace) -> int:
     if args.transport == "stdio":
         return mcp_transports.serve_stdio(options)
     return mcp_transports.serve_http(options, args.host, args.port, token, tuple(args.allowed_host),
-                                     tuple(args.allowed_origin))
+                                     tuple(args.allowed_origin), forwarded)

@@ -2,7 +2,7 @@
 
     new session (initialize)   the SDK's manager      over --max-sessions ─► 503 + Retry-After
                                ClientSessions.admit() over --max-sessions-per-client (per
-                                                       bearer token, else per address)
+                                                       client_of: bearer token, else address)
                                                        ─► 429 + Retry-After
     tools/call                 TokenBucket.take()     over --rate-limit   ─► 429 + Retry-After
                                (per session)           (or a JSON-RPC error with the delay)
@@ -13,6 +13,9 @@ Pure bookkeeping on the event loop's thread: no locks, the clock is passed in.
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
+import ipaddress
 import math
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -64,6 +67,34 @@ def rate_error(rate: float, wait: float) -> dict[str, Any]:
     return {"code": RATE_LIMITED, "message": f"Rate limit of {rate:g} tool calls a second: "
                                              f"retry after {after} s",
             "data": {"retryAfter": float(after)}}
+
+
+def client_of(peer: Optional[str], token: Optional[bytes], salt: bytes) -> str:
+    """The client a request counts for (its key in ClientSessions).
+
+    With a bearer token, the token: a keyed hash of it (``salt``, the server's own random
+    bytes), so no structure holds the token nor a hash that could be tried offline.
+    Without, the peer's address as uvicorn gave it: forwarded headers have rewritten it
+    only when the operator named trusted proxies (--forwarded-allow-ips).  Addresses one
+    machine can take at will count as one client: every loopback address (127.0.0.0/8,
+    ::1, ::ffff:127.x) is "loopback", an IPv6 address counts by its /64 (one host's
+    SLAAC and privacy addresses), an IPv4-mapped one as its IPv4 address."""
+    if token is not None:
+        return "token " + hmac.new(salt, token, hashlib.sha256).hexdigest()[:32]
+    if not peer:
+        return "address unknown"
+    try:
+        ip = ipaddress.ip_address(peer.strip("[]"))
+    except ValueError:
+        # (a trusted proxy's forwarded value that is no address: itself, bounded)
+        return "address " + peer[:64]
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if ip.is_loopback:
+        return "loopback"
+    if isinstance(ip, ipaddress.IPv6Address):
+        return f"address {ipaddress.IPv6Network((ip, 64), strict=False)}"
+    return f"address {ip}"
 
 
 class ClientSessions:

@@ -31,7 +31,13 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
 
 from ..backends.local import Supervisor
-from .mcp_limits import ClientSessions, rate_error, retry_after, too_many_sessions
+from .mcp_limits import (
+    ClientSessions,
+    client_of,
+    rate_error,
+    retry_after,
+    too_many_sessions,
+)
 from .mcp_server import McpFront, ServeOptions
 
 MCP_PATH = "/mcp"
@@ -121,6 +127,8 @@ class _Guard:
         self.check = TransportSecurityMiddleware(security)
         self.token = token.encode() if token else None
         self.front = front
+        # Keys the hash that names a token's client (never the token itself).
+        self._salt = os.urandom(16)
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         from starlette.requests import Request
@@ -153,12 +161,11 @@ class _Guard:
         await self.app(scope, receive, send if sid else self._cap_aware(send))
 
     def _client(self, scope: dict) -> str:
-        """Who a request comes from: the bearer token when the server has one (every
-        holder of it is one client), else the client's address."""
-        if self.token is not None:
-            return "bearer token"
+        """Who a request comes from (mcp_limits.client_of): the bearer token it passed with
+        when the server has one (the one token: every holder of it is one client), else
+        its peer's address, loopback addresses all one."""
         client = scope.get("client")
-        return f"address {client[0]}" if client else "address unknown"
+        return client_of(client[0] if client else None, self.token, self._salt)
 
     async def _new_session(self, scope: dict, receive: Callable, send: Callable,
                            clients: ClientSessions) -> None:
@@ -288,8 +295,11 @@ def _metrics_app(front: McpFront) -> Callable:
 
 
 def serve_http(options: ServeOptions, host: str, port: int, token: Optional[str] = None,
-               allowed_hosts: tuple = (), allowed_origins: tuple = ()) -> int:
-    """Serve Streamable HTTP until SIGINT / SIGTERM.  The ready line on stderr names the URL."""
+               allowed_hosts: tuple = (), allowed_origins: tuple = (),
+               forwarded_allow_ips: Optional[str] = None) -> int:
+    """Serve Streamable HTTP until SIGINT / SIGTERM.  The ready line on stderr names the URL.
+    ``forwarded_allow_ips``: the proxies whose X-Forwarded-For names the client (checked
+    by the command line); None: the header is ignored, the peer is the client."""
     import uvicorn
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # IPPROTO_TCP named: asyncio turns Nagle off (TCP_NODELAY) only on sockets whose proto
@@ -322,9 +332,13 @@ def serve_http(options: ServeOptions, host: str, port: int, token: Optional[str]
     app = http_app(front, security, token, on_ready=ready)
     # Past max_connections, uvicorn answers 503 at once: a flood gets answers, never a
     # dropped connection, and the sessions the server has keep being served.
+    # uvicorn's proxy_headers defaults to on, trusting X-Forwarded-For from 127.0.0.1 (or
+    # $FORWARDED_ALLOW_IPS): any local process could then name itself any client.
     config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on", ws="none",
                             timeout_graceful_shutdown=5, limit_concurrency=options.max_connections,
-                            backlog=max(128, options.max_connections), timeout_keep_alive=30)
+                            backlog=max(128, options.max_connections), timeout_keep_alive=30,
+                            proxy_headers=forwarded_allow_ips is not None,
+                            forwarded_allow_ips=forwarded_allow_ips or "")
     if threading.current_thread() is threading.main_thread():
         # uvicorn shuts down gracefully on SIGINT / SIGTERM, then raises the signal again
         # under the handlers it found: let that land here, so the supervisor closes too.

@@ -477,26 +477,27 @@ def test_after_a_session_flood_uids_disks_and_workspaces_are_back_where_they_wer
 
 
 def test_sessions_are_capped_per_client_address(tmp_path):
-    """--max-sessions-per-client 2, no token: a client address holding two sessions gets
-    429 with Retry-After for a third (nothing made), another address is served, and the
-    first gets a session again once it has ended one."""
-    with serving(tmp_path, "--max-sessions-per-client", "2") as srv, \
-            httpx2.Client(timeout=30) as c, \
-            httpx2.Client(timeout=30, transport=httpx2.HTTPTransport(
-                local_address="127.0.0.2")) as other:
-        held = [open_session(c, srv) for _ in range(2)]
+    """--max-sessions-per-client 2, no token, behind a proxy on 127.0.0.1
+    (--forwarded-allow-ips): a client address holding two sessions gets 429 with
+    Retry-After for a third (nothing made), another address is served, and the first gets
+    a session again once it has ended one.  (test_mcp_clients.py: who a client is.)"""
+    first, second = {"X-Forwarded-For": "192.0.2.1"}, {"X-Forwarded-For": "192.0.2.2"}
+    with serving(tmp_path, "--max-sessions-per-client", "2",
+                 "--forwarded-allow-ips", "127.0.0.1") as srv, httpx2.Client(timeout=30) as c:
+        held = [open_session(c, srv, first) for _ in range(2)]
         for h in held:
             assert call(c, srv, h, "tool_quick").status_code == 200
         made = sorted(p.name for p in srv.root.iterdir())
-        r = c.post(srv.url, headers=ACCEPT, json=INIT)
+        r = c.post(srv.url, headers={**ACCEPT, **first}, json=INIT)
         assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
         assert "mcp-session-id" not in r.headers
         error = r.json()["error"]
         assert error["code"] == -32030 and "--max-sessions-per-client" in error["message"]
         assert sorted(p.name for p in srv.root.iterdir()) == made           # nothing made
-        assert call(c, srv, open_session(other, srv), "tool_quick").status_code == 200
+        assert call(c, srv, open_session(c, srv, second), "tool_quick").status_code == 200
         c.delete(srv.url, headers=held[0])
-        assert poll(lambda: c.post(srv.url, headers=ACCEPT, json=INIT).status_code == 200)
+        assert poll(lambda: c.post(srv.url, headers={**ACCEPT, **first},
+                                   json=INIT).status_code == 200)
 
 
 def test_with_a_token_the_token_is_the_client(tmp_path):
