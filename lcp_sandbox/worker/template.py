@@ -47,7 +47,7 @@ import socket
 import struct
 import sys
 import threading
-from typing import Iterable, Literal, Optional, Union, cast
+from typing import Callable, Iterable, Literal, Optional, Union, cast
 
 from .. import protocol as P
 from ..core.policy import refused
@@ -73,10 +73,25 @@ def close_all_but(keep: Iterable[int]) -> None:
     os.closerange(low, _MAX_FD)
 
 
+#: The dispositions a fresh interpreter starts with where they are not the default: a write
+#: to a pipe or socket whose reader is gone raises BrokenPipeError instead of killing the
+#: process, a write past RLIMIT_FSIZE raises OSError, SIGINT raises KeyboardInterrupt.
+PLAIN_SIGNALS: dict[int, Union[int, signal.Handlers, Callable[..., object]]] = {
+    signal.SIGPIPE: signal.SIG_IGN, signal.SIGXFSZ: signal.SIG_IGN,
+    signal.SIGINT: signal.default_int_handler}
+
+
 def reset_signals() -> None:
+    """Every signal as a plain interpreter has it (PLAIN_SIGNALS, else the default), whatever
+    the zygote set for itself (SIGINT ignored, a SIGCHLD handler, its wake-up fd): a worker is
+    a Python process like any other (tests/engine/test_process_state.py compares them)."""
     signal.set_wakeup_fd(-1)
-    for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
-        signal.signal(sig, signal.SIG_DFL)
+    for sig in signal.valid_signals():
+        if sig in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        want = PLAIN_SIGNALS.get(sig, signal.SIG_DFL)
+        if signal.getsignal(sig) != want:
+            signal.signal(sig, want)
 
 
 def adopt(inbox: socket.socket, new_session: bool = False) -> None:
