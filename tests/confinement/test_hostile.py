@@ -322,6 +322,26 @@ def test_bytes_after_the_result_are_a_violation(hostile):
     assert "more after its RESULT" in r["error"]
 
 
+def test_descriptors_a_worker_sends_on_its_channel_never_reach_the_host(hostile):
+    """The host reads its channel as bytes: a descriptor sent with a frame (SCM_RIGHTS) is
+    dropped by the kernel, never installed in the host, and the frame is read as any other."""
+    import msgpack
+    good = msgpack.packb([{"output": "forged", "status_code": 200, "success": True}, 0, ""])
+    frame = len(good).to_bytes(4, "big") + bytes([P.RESULT]) + good
+    name = f"lcp-offered-{uuid.uuid4().hex}"
+    b = hostile()
+    r = b.execute_tool("tool_offer_descriptors", {"frame": frame.hex(), "name": name})
+    assert r == {"output": "forged", "status_code": 200, "success": True}, r
+    assert not [f for f in psutil.Process().open_files() if name in f.path]
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            held.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            pass
+    assert not [link for link in held if name in link], "a worker's descriptor is in the host"
+
+
 def test_worker_speaking_while_idle_is_replaced_before_the_next_call(hostile):
     b = hostile()
     code = ("import os, socket, stat, struct, threading, time\n"

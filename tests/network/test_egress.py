@@ -298,6 +298,61 @@ def test_what_is_sent_as_a_listener_and_refused_is_closed_once():
     assert handed.listener is None
 
 
+_LISTEN_IN_A_NAMESPACE = """import ctypes, socket, sys
+if ctypes.CDLL(None, use_errno=True).unshare(0x40000000):
+    sys.exit(3)
+with socket.socket(fileno=int(sys.argv[1])) as back:
+    tcp = socket.create_server(("127.0.0.1", 0))
+    socket.send_fds(back, [b"l"], [tcp.fileno()])
+"""
+
+
+def a_listener_of_another_namespace() -> int:
+    """A listening TCP socket made in a network namespace of its own (what a worker the
+    host gave a namespace hands over), received here: its descriptor."""
+    here, there = socket.socketpair()
+    with here, there:
+        import subprocess
+        import sys
+        done = subprocess.run([sys.executable, "-c", _LISTEN_IN_A_NAMESPACE, str(there.fileno())],
+                              pass_fds=[there.fileno()], timeout=30, check=False)
+        if done.returncode == 3:
+            pytest.skip("this host makes no network namespace (a worker here comes by port)")
+        assert done.returncode == 0
+        _, fds, _, _ = socket.recv_fds(here, 1, 1)
+    return fds[0]
+
+
+def test_a_listener_is_taken_only_from_a_worker_the_host_gave_a_namespace():
+    """The host's record of the token decides: the same listener (one of another network
+    namespace, which a worker in a namespace of its own hands over) is taken from a worker
+    the host gave a namespace, and closed unread from one it sent by port, which is in the
+    host's network and may serve nothing there."""
+    proxy = egress_proxy.EgressProxy(Metrics())
+    proxy._start()
+    try:
+        ident = egress_proxy.Identity("t", "lib", policy_of({"allow": ["example.com"]}))
+        for by_port in (True, False):
+            handed = Handed(ident, set(), by_port)
+            fd = a_listener_of_another_namespace()
+            inode = os.fstat(fd).st_ino
+            proxy._listener(handed, [fd])
+            assert (handed.listener is None) is by_port
+            assert still_open(fd, inode) is not by_port
+    finally:
+        proxy.close()
+
+
+def test_a_dialer_with_a_token_the_host_never_gave_is_closed(sup, one_port):
+    """A dialer is known by the token the host gave its worker: any other line ends it."""
+    out(one_port, "tool_env")                           # (the proxy is up)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as d:
+        d.settimeout(20)
+        d.connect(sup.egress.path)
+        d.sendall(b"0" * egress_proxy.TOKEN_BYTES + b"\n" + egress_proxy.ASK_PORT)
+        assert closed_unanswered(d)
+
+
 def test_a_connection_accepted_as_its_dialer_ended_is_closed_unserved():
     proxy = egress_proxy.EgressProxy(Metrics())
     handed = Handed(egress_proxy.Identity("t", "lib", policy_of({"allow": ["example.com"]})),
