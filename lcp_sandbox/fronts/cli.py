@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..binding.locations import bundled_tools_dir
+from ..core import strict_json
 from ..core.policy import ENGINE_DIR
 from .disks_cli import add_parser as add_disks
 from .envs_cli import add_parser as add_envs
@@ -51,7 +52,9 @@ def _folder(path: str) -> str:
 
 def _params(text: str, what: str = "--params") -> dict:
     try:
-        params = json.loads(text)
+        params = strict_json.loads(text)
+    except strict_json.DuplicateKey as exc:
+        raise UsageError(f"{what}: {exc}") from None
     except json.JSONDecodeError as exc:
         raise UsageError(f"{what} is not valid JSON: {exc}") from None
     if not isinstance(params, dict):

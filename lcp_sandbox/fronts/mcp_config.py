@@ -3,9 +3,11 @@ the server starts, before it listens.  A mistake in it is the command's (exit st
 line naming it), not the first session's first call; the checks are a binding's own.
 
     read_configs(path)     the JSON file: {"host_tool_configs": {...}} or the dict itself; a
-                           top-level key one slip from "host_tool_configs", or another key
-                           beside it, is refused (taken for a library's name, it would leave
-                           every protection of the file out)
+                           key given twice in an object (core/strict_json: JSON would keep
+                           the last silently), a top-level key one slip from
+                           "host_tool_configs", or another key beside it, is refused (taken
+                           for a library's name, it would leave every protection of the
+                           file out)
     check_configs(configs, folders, base)
         core/host_configs.check_entries   every entry a dict, each "sandbox" a dict, no key
                                           a slip of "sandbox"
@@ -29,7 +31,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..core import discovery
+from ..core import discovery, strict_json
 from ..core.host_configs import check_entries, check_names, sandbox_section
 from ..core.limits import Limits, check_together
 from ..core.spelling import closest, near_miss
@@ -46,10 +48,12 @@ def read_configs(path: str) -> dict[Any, Any]:
     wrong (not readable, not JSON, not an object of objects, a slip of the wrapper key)."""
     try:
         with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+            data = strict_json.load(f)
     except OSError as exc:
         raise ConfigError(exc.strerror or str(exc)) from None
-    except json.JSONDecodeError as exc:
+    except strict_json.DuplicateKey as exc:
+        raise ConfigError(str(exc)) from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"must hold a JSON object of library names to objects "

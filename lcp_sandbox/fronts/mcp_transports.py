@@ -4,6 +4,8 @@
     http:   uvicorn ─► Starlette /mcp ─► _Guard ─► StreamableHTTPSessionManager ─► McpFront.server
             _Guard: Host (421) and Origin (403) against the allowlists, then the bearer
             token (401), before the session manager sees the request (no session, no worker);
+            a POST body that gives a key twice in an object: 400 + JSON-RPC parse error
+            (core/strict_json; the SDK's parser would keep the last silently);
             a session's tools/call over --rate-limit: 429 + Retry-After (the body is read
             here, then handed on); a request that would open a session for a client (its
             bearer token, else its address) that holds --max-sessions-per-client: 429 +
@@ -17,7 +19,6 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
-import json
 import os
 import signal
 import socket
@@ -31,6 +32,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
 
 from ..backends.local import Supervisor
+from ..core import strict_json
 from .mcp_limits import (
     ClientSessions,
     client_of,
@@ -48,6 +50,8 @@ SESSION_HEADER = b"mcp-session-id"
 MAX_PEEK = 4 * 1024 * 1024
 # Retry-After of a new session refused at the cap.
 SESSION_CAP_RETRY_S = 5.0
+# JSON-RPC's "Parse error".
+PARSE_ERROR = -32700
 _LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
 
 
@@ -147,13 +151,19 @@ class _Guard:
             return
         if self.front is None:
             return await self.app(scope, receive, send)
+        message: Any = None
+        if scope["method"] == "POST":
+            body, receive = await _peek(receive)
+            message, twice = _message(body)
+            if twice is not None:
+                await _parse_error(twice)(scope, receive, send)
+                return
         sid = request.headers.get("mcp-session-id")
         if sid is None and self.front.clients is not None:
             return await self._new_session(scope, receive, send, self.front.clients)
         session = self.front.sessions.get(sid) if sid else None
         if session is not None and session.bucket is not None and scope["method"] == "POST":
-            body, receive = await _peek(receive)
-            wait = session.throttled() if b'"tools/call"' in body and _is_call(body) else None
+            wait = session.throttled() if _is_call(message) else None
             if wait is not None:
                 self.front.refused("rate")
                 await _rate_limited(wait, self.front.options.rate_limit)(scope, receive, send)
@@ -224,13 +234,28 @@ async def _peek(receive: Callable) -> tuple[bytes, Callable]:
     return body, again
 
 
-def _is_call(body: bytes) -> bool:
+def _message(body: bytes) -> tuple[Any, Optional[strict_json.DuplicateKey]]:
+    """A POST's JSON-RPC message (None when it is no JSON: the SDK answers that), or the
+    key it gives twice in an object.  The SDK's parser keeps the last of two keys: refused
+    here, no reader of the message can see another one than the next reader does."""
     try:
-        msg = json.loads(body)
+        return strict_json.loads(body), None
+    except strict_json.DuplicateKey as exc:
+        return None, exc
     except ValueError:
-        return False
+        return None, None
+
+
+def _is_call(msg: Any) -> bool:
     msgs = msg if isinstance(msg, list) else [msg]
     return any(isinstance(m, dict) and m.get("method") == "tools/call" for m in msgs)
+
+
+def _parse_error(twice: strict_json.DuplicateKey) -> Any:
+    """The JSON-RPC parse error (HTTP 400, as the SDK's own) of a body with a key twice."""
+    from starlette.responses import JSONResponse
+    error = {"code": PARSE_ERROR, "message": f"Parse error: {twice}"}
+    return JSONResponse({"jsonrpc": "2.0", "id": None, "error": error}, status_code=400)
 
 
 def _rate_limited(wait: float, rate: Optional[float]) -> Any:

@@ -64,6 +64,16 @@ def test_params_that_are_not_an_object_give_one_line_not_a_traceback():
             f"lcp-sandbox call: --params must be a JSON object of parameter names to values, not {kind}: {text}"]
 
 
+def test_params_that_give_a_key_twice_are_refused_naming_it():
+    """JSON keeps the last of two equal keys; the command refuses them, naming which."""
+    p = cli("call", str(TOOLS), "tool_read_file", "--params",
+            '{"file_name": "a.txt", "file_name": "b.txt"}')
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr.strip().splitlines() == [
+        "lcp-sandbox call: --params: the key 'file_name' is given twice at file_name: JSON "
+        "readers keep one of the two silently (Python's the last); give each key once"]
+
+
 # ================================================================ -v anywhere, help
 def test_verbose_works_before_and_after_the_subcommand(tmp_path):
     quiet = cli("call", str(TOOLS), "tool_list_files", "--workspace", str(tmp_path))

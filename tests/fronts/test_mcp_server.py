@@ -279,6 +279,33 @@ def test_foreign_origin_host_and_missing_token_are_refused_before_any_session(se
     assert set(os.listdir(server.root)) <= set(before)
 
 
+def test_a_request_body_that_gives_a_key_twice_is_a_parse_error(server):
+    """A JSON-RPC body with a key twice in an object gets 400 and JSON-RPC's parse error
+    naming the key, as the SDK answers a body that is no JSON: whatever reads the message
+    (the guard's rate check, the SDK) cannot take another meaning from it."""
+    base = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+            "Authorization": f"Bearer {TOKEN}"}
+    init = ('{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": '
+            '"2025-11-25", "capabilities": {}, "clientInfo": {"name": "probe", "version": "0", '
+            '"name": "twice"}}}')
+    call = ('{"jsonrpc": "2.0", "id": 2, "method": "tools/list", "method": "tools/call", '
+            '"params": {"name": "tool_echo", "arguments": {}}}')
+    with httpx2.Client(timeout=30) as http:
+        r = http.post(server.url, headers=base, content=init)
+        assert r.status_code == 400 and "mcp-session-id" not in r.headers, r.text
+        assert r.json()["error"] == {
+            "code": -32700, "message": "Parse error: the key 'name' is given twice at "
+            "params.clientInfo.name: JSON readers keep one of the two silently (Python's the "
+            "last); give each key once"}
+        opened = http.post(server.url, headers=base, content=init.replace(', "name": "twice"', ""))
+        assert opened.status_code == 200, opened.text
+        h = {**base, "mcp-session-id": opened.headers["mcp-session-id"]}
+        r = http.post(server.url, headers=h, content=call)
+        assert r.status_code == 400 and r.json()["error"]["code"] == -32700, r.text
+        assert "'method' is given twice at method" in r.json()["error"]["message"]
+        http.delete(server.url, headers=h)
+
+
 def test_a_non_loopback_bind_without_a_token_is_refused(tmp_path):
     p = subprocess.run([*SERVE, str(FRONT_LIBS), "--transport", "http", "--host", "0.0.0.0", "--port", "0",
                         "--workspace-root", str(tmp_path)], capture_output=True, text=True, timeout=60,
@@ -290,9 +317,9 @@ def test_a_non_loopback_bind_without_a_token_is_refused(tmp_path):
 
 # ---------------------------------------------------------------- --config, checked at the start
 def _start(tmp_path: Path, config, *args: str) -> tuple:
-    """Start serve-mcp on FRONT_LIBS with ``config`` as --config: (its exit status, or None
-    if it served (then stopped), what it wrote on stderr)."""
-    (tmp_path / "config.json").write_text(json.dumps(config))
+    """Start serve-mcp on FRONT_LIBS with ``config`` as --config (a str: the file's text):
+    (its exit status, or None if it served (then stopped), what it wrote on stderr)."""
+    (tmp_path / "config.json").write_text(config if isinstance(config, str) else json.dumps(config))
     proc = subprocess.Popen([*SERVE, str(FRONT_LIBS), "--workspace-root", str(tmp_path / "sessions"),
                              "--config", str(tmp_path / "config.json"), *args],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -349,6 +376,29 @@ def test_a_wrong_config_stops_the_server_before_it_serves(tmp_path, config, args
     assert err.startswith(f"lcp-sandbox serve-mcp: --config {str(tmp_path / 'config.json')!r}: "), err
     assert said in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "sessions").exists()
+
+
+@pytest.mark.parametrize("text, where", [
+    ('{"faulty": {"sandbox": {"network": false, "network": true}}}',
+     "the key 'network' is given twice at faulty.sandbox.network"),
+    ('{"faulty": {"sandbox": {"network": false}, "sandbox": {"timeout_s": 5}}}',
+     "the key 'sandbox' is given twice at faulty.sandbox"),
+    ('{"faulty": {"sandbox": {"network": false}}, "faulty": {"x": 1}}',
+     "the key 'faulty' is given twice at faulty"),
+    ('{"host_tool_configs": {"faulty": {"sandbox": {"network": false, "network": true}}}}',
+     "the key 'network' is given twice at host_tool_configs.faulty.sandbox.network"),
+    ('{"host_tool_configs": {"faulty": {"sandbox": {"network": false}}}, "host_tool_configs": {}}',
+     "the key 'host_tool_configs' is given twice at host_tool_configs"),
+], ids=["network", "sandbox", "library", "wrapped", "wrapper"])
+def test_a_key_given_twice_in_the_config_stops_the_server_before_it_serves(tmp_path, text, where):
+    """JSON keeps the last of two equal keys: "network": false then true would read as the
+    network on, the library's first entry (its protection) dropped.  Refused, naming the
+    file, the key and where it is, before anything is served."""
+    status, err = _start(tmp_path, text, *HTTP)
+    assert status == 2, err
+    assert err.startswith(f"lcp-sandbox serve-mcp: --config {str(tmp_path / 'config.json')!r}: "
+                          f"{where}: "), err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "sessions").exists()
 
 
 def test_a_config_entry_of_no_library_without_sandbox_is_a_warning_at_the_start(tmp_path):
