@@ -51,6 +51,8 @@ classes of this module are the public outcomes; the others never leave the engin
     Raised to a person at a command line (exit status 2), never by a call:
     UsageError                       fronts/cli.py
     ConfigError (ValueError)         fronts/mcp_config.py: serve-mcp's --config
+    DuplicateKey (ValueError)        core/strict_json.py: a JSON key given twice ─► ConfigError,
+                                     UsageError, or (serve-mcp's HTTP) a JSON-RPC parse error
     Missing                          fronts/settings_table.py: a setting with no description
 """
 from __future__ import annotations

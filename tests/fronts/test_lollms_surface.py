@@ -33,6 +33,7 @@ from lcp_sandbox.fronts import lollms_description, settings_table
 lcp = pytest.importorskip("lollms_client.tools_bindings.lcp")
 yaml = pytest.importorskip("yaml")
 from lollms_client.lollms_tools_binding import LollmsTOOLBindingManager  # noqa: E402
+from support import strict_yaml  # noqa: E402
 
 PROMPT_LIBS = FIXTURES / "lollms_libs" / "prompt_libs"
 PERSISTENT = "lollms_client.tools_bindings.lcp.persistent_"
@@ -210,10 +211,30 @@ def _description() -> dict:
 
 
 def test_description_yaml_is_made_from_the_settings_source():
+    """What is written is what lollms reads, every key once (PyYAML, lollms' reader, would
+    keep the last of two silently), every parameter's name once."""
     written = lollms_description.PATH.read_text(encoding="utf-8")
     assert written == settings_table.render_lollms_description(), \
         f"description.yaml is stale: run `{settings_table.COMMAND}`"
-    assert _description() == yaml.safe_load(written)
+    read = strict_yaml.load(written)
+    assert _description() == read
+    for entries in [read["global_input_parameters"],
+                    *(c["parameters"] for c in read["commands"].values())]:
+        names = [e["name"] for e in entries]
+        assert len(names) == len(set(names)), names
+
+
+def test_description_yaml_with_a_key_twice_is_refused_by_the_round_trip():
+    """The reader of the test above fails on a key the writer would give twice."""
+    head, params = lollms_description.HEAD, [{"name": "timeout_s", "type": "float"}]
+    text = lollms_description.render(params, {}, "test")
+    assert strict_yaml.load(text)["name"] == head["name"]
+    twice = text.replace('  - name: "timeout_s"\n', '  - name: "timeout_s"\n    name: "x"\n')
+    assert yaml.safe_load(twice)["global_input_parameters"][0]["name"] == "x"
+    with pytest.raises(yaml.constructor.ConstructorError, match="found the key 'name' twice"):
+        strict_yaml.load(twice)
+    with pytest.raises(yaml.constructor.ConstructorError, match="found the key 'version' twice"):
+        strict_yaml.load(text + 'version: "9"\n')
 
 
 def test_description_declares_every_keyword_and_what_upstream_declares():

@@ -14,7 +14,7 @@ from support.envs_support import VERSION_TOOL, library, offline_uv, script_block
 from lcp_sandbox import SandboxedBinding, Supervisor
 from lcp_sandbox.backends.envs import Store
 from lcp_sandbox.backends.envs.build import BuildFailed, uv_lines
-from lcp_sandbox.core.requirements import DeclarationError, normalise, requirement
+from lcp_sandbox.core.requirements import DeclarationError, declared, normalise, requirement
 
 WHEEL = "alpha-1.0-py3-none-any.whl"
 MARKER = "; python_version >= '3'"
@@ -124,3 +124,28 @@ def test_uv_reads_each_requirement_in_its_one_spelling_or_nothing():
     assert uv_lines(["Alpha_X[Fast]>=1", "b"]) == "alpha-x[fast]>=1\nb\n"
     with pytest.raises(BuildFailed, match="a file's name"):
         uv_lines(["b", WHEEL])
+
+
+@pytest.mark.parametrize("name, text, said", [
+    ("lib.py", '# /// script\n# dependencies = ["five0"]\n# dependencies = ["alpha"]\n# ///\n',
+     "Cannot overwrite a value (at line 2"),
+    ("pyproject.toml", '[project]\nname = "lib"\ndependencies = ["five0"]\n'
+                       'dependencies = ["alpha"]\n', "Cannot overwrite a value (at line 4"),
+    ("pyproject.toml", '[project]\ndependencies = ["five0"]\n[project]\n'
+                       'dependencies = ["alpha"]\n', "Cannot declare ('project',) twice (at line 3"),
+    ("pyproject.toml", '[project]\ndependencies = ["five0"]\n[tool.x]\ny = 1\n'
+                       '[project]\nname = "lib"\n', "Cannot declare ('project',) twice (at line 5"),
+], ids=["script-block", "pyproject-key", "pyproject-table", "pyproject-table-apart"])
+def test_a_toml_declaration_that_gives_a_key_twice_is_refused_naming_the_file(tmp_path, name,
+                                                                               text, said):
+    """TOML forbids a key or a table given twice, and tomllib (tomli on 3.10) refuses it:
+    a second ``dependencies`` is never read as the last."""
+    folder = tmp_path / "lib"
+    folder.mkdir()
+    primary = folder / "lib.py"
+    primary.write_text((text if name == "lib.py" else "") + "def tool_x() -> int:\n    return 1\n")
+    if name != "lib.py":
+        (folder / name).write_text(text)
+    with pytest.raises(DeclarationError) as caught:
+        declared([str(primary)], str(folder))
+    assert str(caught.value).startswith(f"{folder / name} is not valid TOML: {said}"), caught.value

@@ -5,18 +5,23 @@ Each setting (SandboxedBinding's, Supervisor's and RaySupervisor's keywords, eve
 of its name (case, separators, one letter added, dropped, changed or swapped) and values of
 the wrong type (bools for numbers, floats and strings for uids, NaN, lists for dicts...).
 Each is refused with a message naming it, or taken with exactly the meaning it asks for:
-the oracle below says, independently of the code, which values a setting holds.  A fixed
-seed and small budgets: a few seconds.
+the oracle below says, independently of the code, which values a setting holds.  Files
+too: a serve-mcp --config (and any JSON the engine reads) that gives a key twice, at any
+depth, is refused naming the key and where; one that does not is read as json.load reads
+it.  A fixed seed and small budgets: a few seconds.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import copy
 import inspect
+import json
 import math
 import os
 import re
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from conftest import LIBS
@@ -27,9 +32,10 @@ from lcp_sandbox import SandboxedBinding, Supervisor
 from lcp_sandbox.backends.ray.driver import RaySupervisor
 from lcp_sandbox.core.host_configs import config_limits
 from lcp_sandbox.core.limits import Limits, library_limits
+from lcp_sandbox.core import strict_json
 from lcp_sandbox.core.outcomes import CallFailed
 from lcp_sandbox.core.spelling import folded
-from lcp_sandbox.fronts import mcp_cli
+from lcp_sandbox.fronts import mcp_cli, mcp_config
 from lcp_sandbox.fronts.settings_table import serve_mcp_parser
 
 FIXED = settings(derandomize=True, database=None, deadline=None, max_examples=12,
@@ -481,3 +487,125 @@ def test_host_tool_configs_are_refused_naming_the_entry_or_every_sandbox_holds(
         for setting, value in entry["sandbox"].items():
             assert SANDBOX[setting](value), (setting, value)
             assert _same(setting, value, getattr(limits, setting), b.limits.confine)
+
+
+# ---------------------------------------------------------------- files: a key given twice
+@dataclasses.dataclass
+class Obj:
+    """A JSON object as its text spells it: its pairs in order (a key may come twice)."""
+    pairs: list
+
+
+def render(node) -> str:
+    """The JSON text of ``node`` (Obj, list or scalar), every pair as it is."""
+    if isinstance(node, Obj):
+        return "{" + ", ".join(f"{json.dumps(k)}: {render(v)}" for k, v in node.pairs) + "}"
+    if isinstance(node, list):
+        return "[" + ", ".join(render(v) for v in node) + "]"
+    return json.dumps(node)
+
+
+def step(path: str, key) -> str:
+    """Where the documented error says a key is: a.b for names, ["a.b"] for other keys,
+    [0] for a list's items."""
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_-]*", key):
+        return f"{path}[{json.dumps(key)}]"
+    return f"{path}.{key}" if path else key
+
+
+def objects_in(node, path: str = "", depth: int = 0):
+    """(depth, path, Obj) of every object in ``node``."""
+    if isinstance(node, Obj):
+        yield depth, path, node
+        for k, v in node.pairs:
+            yield from objects_in(v, step(path, k), depth + 1)
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from objects_in(v, step(path, i), depth + 1)
+
+
+def objects(keys, inner) -> st.SearchStrategy:
+    """Objects with each key once."""
+    return st.dictionaries(keys, inner, max_size=3).map(lambda d: Obj(list(d.items())))
+
+
+json_scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**40, 2**40),
+                         st.floats(allow_nan=False, allow_infinity=False),
+                         st.text(max_size=4), st.sampled_from(["false", 0, "off", "sandbox"]))
+names = st.one_of(st.sampled_from([*LIBRARIES, "sandbox", "network", "host_tool_configs",
+                                   "a.b", "", *SANDBOX]), st.text(max_size=4))
+json_values = st.recursive(json_scalars, lambda inner: st.one_of(
+    st.lists(inner, max_size=3), objects(names, inner)), max_leaves=6)
+sandbox_sections = objects(st.sampled_from(sorted(SANDBOX)), st.one_of(
+    st.sampled_from([False, True, 5, 0.5, {"allow": ["example.com"]}, None]), json_values))
+config_entries = objects(st.sampled_from(["sandbox", "Sandbox", "x", "network"]),
+                         st.one_of(sandbox_sections, json_values))
+config_files = st.one_of(
+    objects(st.sampled_from([*LIBRARIES, "host_tool_configs", "faults.py"]),
+            st.one_of(config_entries, json_values)),
+    objects(st.just("host_tool_configs"), objects(st.sampled_from(LIBRARIES), config_entries)),
+    objects(names, json_values))
+
+
+@st.composite
+def twice(draw, docs=config_files):
+    """(a document with one key given twice, in one object at any depth; the key; where)."""
+    doc = copy.deepcopy(draw(docs))
+    found = sorted(objects_in(doc), key=lambda t: t[0])
+    # Often the deepest object, else any.
+    depth, where, obj = draw(st.one_of(st.just(found[-1]), st.sampled_from(found)))
+    event(f"depth {depth}")
+    if obj.pairs:
+        key = draw(st.sampled_from([k for k, _ in obj.pairs]))
+    else:
+        key = draw(names)
+        obj.pairs.append((key, draw(json_values)))
+    obj.pairs.insert(draw(st.integers(0, len(obj.pairs))), (key, draw(json_values)))
+    return doc, key, step(where, key)
+
+
+@PURE
+@given(case=twice(st.one_of(config_files, objects(names, json_values))))
+def test_a_key_given_twice_at_any_depth_is_refused_naming_it_and_where(case):
+    doc, key, where = case
+    text = render(doc)
+    json.loads(text)                                    # what json.load would take
+    with pytest.raises(strict_json.DuplicateKey) as caught:
+        strict_json.loads(text)
+    assert (caught.value.key, caught.value.path) == (key, where), text
+    assert f"the key {key!r} is given twice at {where}: " in str(caught.value)
+
+
+@FIXED
+@given(case=twice())
+def test_a_serve_mcp_config_with_a_key_given_twice_is_refused_naming_the_file(case, tmp_path):
+    doc, key, where = case
+    path = tmp_path / "config.json"
+    path.write_text(render(doc), encoding="utf-8")
+    with pytest.raises(mcp_cli._Usage) as caught:
+        mcp_cli._configs(str(path))
+    assert str(caught.value).startswith(
+        f"--config {str(path)!r}: the key {key!r} is given twice at {where}: "), caught.value
+
+
+def _read(path: Path):
+    """read_configs' outcome: ("taken", the configs) or ("refused", its words)."""
+    try:
+        return "taken", mcp_config.read_configs(str(path))
+    except mcp_config.ConfigError as exc:
+        return "refused", str(exc)
+
+
+@FIXED
+@given(doc=config_files)
+def test_a_serve_mcp_config_without_a_key_twice_is_read_as_json_load_reads_it(doc, tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(render(doc), encoding="utf-8")
+    got = _read(path)
+    with mock.patch.object(mcp_config.strict_json, "load", json.load):
+        before = _read(path)
+    event(got[0])
+    assert got == before
+    assert strict_json.loads(render(doc)) == json.loads(render(doc))
