@@ -10,12 +10,13 @@
 
 A connection to (name, port), whose name resolved to ``addresses``, is admitted when:
 no deny rule matches the name or any of the addresses; an allow rule matches the name (a
-name rule for a name, an address rule for an address written as the name); and each
-address is public or is matched by an allow address rule.  So a name that resolves to
-loopback, a private, link-local (the cloud's metadata service, 169.254.169.254), multicast
-or otherwise reserved address is refused unless that address is listed, and the proxy
-connects only to addresses it checked: a name cannot be rebound to another address between
-the check and the connection.
+name rule for a name, an address rule for an address written as the name); and at least
+one address is public or is matched by an allow address rule.  The proxy connects to those
+addresses only (Decision.addresses), each in turn: an address that is loopback, private,
+link-local (the cloud's metadata service, 169.254.169.254), multicast or otherwise reserved
+is never connected to unless it is listed (``localhost`` resolving to ::1 and 127.0.0.1, with
+127.0.0.1 listed, reaches 127.0.0.1 alone), and a name cannot be rebound to another address
+between the check and the connection.
 
 One spelling of a host, from the request to the socket:
 
@@ -82,6 +83,8 @@ class Decision:
     why: str
     # The host as the rules matched it (canonical_host()): the one the proxy resolves
     host: str = ""
+    # Admitted: those of the addresses checked that may be connected to, in their order
+    addresses: tuple[Address, ...] = ()
 
 
 class Policy:
@@ -112,15 +115,14 @@ class Policy:
         if named is None:
             return Decision(False, "no allow rule", f"no allow rule matches {_join(host, port)}",
                             host)
-        for address in addresses:
-            if not address.is_global and not any(r.matches_address(address, port)
-                                                 for r in self.allow):
-                kind = _kind(address)
-                return Decision(False, f"unlisted {kind} address",
-                                f"{host} resolves to {address}, a {kind} address that no "
-                                f"allow rule lists", host)
+        reachable = tuple(a for a in addresses if a.is_global
+                          or any(r.matches_address(a, port) for r in self.allow))
+        if addresses and not reachable:
+            said = "; ".join(f"{a}, a {_kind(a)} address" for a in addresses)
+            return Decision(False, f"unlisted {_kind(addresses[0])} address",
+                            f"{host} resolves to {said} that no allow rule lists", host)
         return Decision(True, f"allow {named.text}", f"{_join(host, port)}: allow {named.text!r}",
-                        host)
+                        host, reachable)
 
 
 def policy_of(value: Any) -> Policy:

@@ -196,8 +196,34 @@ def test_a_name_resolving_to_loopback_needs_the_address_listed_per_tenant(sup, s
                      {"allow": [f"localhost:{port}", f"127.0.0.1:{port}"]})
     refused = out(by_name, "tool_urllib", url=f"http://localhost:{port}/n")
     assert refused["status"] == 403
-    assert "resolves to 127.0.0.1, a loopback address that no allow rule lists" in refused["body"]
+    # (a container's /etc/hosts names ::1 too: "resolves to ::1, a loopback address; 127...")
+    assert "127.0.0.1, a loopback address that no allow rule lists" in refused["body"]
     assert out(listed, "tool_urllib", url=f"http://localhost:{port}/n")["status"] == 200
+
+
+def test_a_name_reaches_the_one_of_its_addresses_a_rule_lists_and_no_other(
+        sup, servers, open_tmp_module, monkeypatch):
+    """localhost resolving to an unlisted loopback address first (as ::1 comes before
+    127.0.0.1 in a container's /etc/hosts) and the listed one next: the proxy connects to
+    the listed one, never to the first, where a decoy listens on the same port."""
+    ports, made = servers
+    port = ports["allowed"]
+    decoy = http.server.ThreadingHTTPServer(("127.0.0.2", port), Recorder)
+    decoy.name, decoy.seen, decoy.hosts = "decoy", [], []
+    threading.Thread(target=decoy.serve_forever, daemon=True).start()
+    resolve = egress_proxy._resolve
+    monkeypatch.setattr(egress_proxy, "_resolve", lambda host, p: [
+        ipaddress.ip_address("127.0.0.2"), ipaddress.ip_address("127.0.0.1")]
+        if host == "localhost" else resolve(host, p))
+    try:
+        t = binding(sup, open_tmp_module, "first-unlisted",
+                    {"allow": [f"localhost:{port}", f"127.0.0.1:{port}"]})
+        got = out(t, "tool_urllib", url=f"http://localhost:{port}/which")
+        assert (got["status"], got["body"]) == (200, "allowed /which"), got
+        assert decoy.seen == []
+    finally:
+        decoy.shutdown()
+        decoy.server_close()
 
 
 def test_deny_comes_first(sup, servers, open_tmp_module):
@@ -415,8 +441,11 @@ def test_policy_rules():
     assert p.check("10.9.9.9", 5432, [a("10.9.9.9")]).admitted
     # an IPv4-mapped IPv6 address is the IPv4 address it reaches
     assert not p.check("api.example.com", 443, [a("::ffff:127.0.0.1")]).admitted
-    # a name allowed, one of its addresses not: refused (no rebinding to the unlisted one)
-    assert not p.check("api.example.com", 443, [a("93.184.216.34"), a("169.254.169.254")]).admitted
+    # a name allowed, one of its addresses not: that one is never connected to (no
+    # rebinding to it); none of them allowed: refused
+    mixed = p.check("api.example.com", 443, [a("169.254.169.254"), a("93.184.216.34")])
+    assert mixed.admitted and mixed.addresses == (a("93.184.216.34"),)
+    assert not p.check("api.example.com", 443, [a("169.254.169.254"), a("10.0.0.1")]).admitted
 
 
 def test_serve_mcp_flags_make_the_policy_or_say_what_is_wrong():

@@ -385,13 +385,12 @@ class EgressProxy:
         """The addresses (host, port) may be reached at, or ProxyRefusal.  The name first: a
         name no rule admits is never resolved (no lookups on the host's resolver for
         names a tool chose); then exactly the string the rules matched is resolved, and
-        every address it resolved to is checked."""
+        every address it resolved to is checked: those a rule admits are returned."""
         named = ident.policy.check(host, port, [])
         self._decide(ident, named, host, port)
-        addresses = _resolve(named.host, port)
-        self._decide(ident, ident.policy.check(named.host, port, addresses), named.host, port,
-                     count=True)
-        return addresses
+        decision = ident.policy.check(named.host, port, _resolve(named.host, port))
+        self._decide(ident, decision, named.host, port, count=True)
+        return list(decision.addresses)
 
     def _decide(self, ident: Identity, decision: Decision, host: str, port: int,
                 count: bool = False) -> None:
