@@ -18,6 +18,13 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
 
+# The machine's record of tenants' uids (backends/local/confine/uid_record.py): a test run's
+# own, which its subprocesses inherit, so that no test writes the real one; removed at exit.
+if not os.environ.get("LCP_SANDBOX_UIDS_DIR"):
+    os.environ["LCP_SANDBOX_UIDS_DIR"] = tempfile.mkdtemp(prefix="lcp-test-uids-")
+    import atexit
+    atexit.register(shutil.rmtree, os.environ["LCP_SANDBOX_UIDS_DIR"], True)
+
 # The forced spawn run (.ci/run): LCP_SANDBOX_START_METHOD=spawn makes every Supervisor()
 # start its workers as fresh interpreters.  A test of a fork-only feature says so.
 SPAWN = os.environ.get("LCP_SANDBOX_START_METHOD") == "spawn"

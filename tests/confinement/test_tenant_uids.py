@@ -1,25 +1,39 @@
-"""run_as="per-tenant": a uid of its own per tenant, kept across supervisors; the kernel's
-own file permissions then keep tenants apart even with every other file protection off."""
+"""run_as="per-tenant": a uid of its own per tenant, kept across supervisors, from one record
+for the whole machine; the kernel's own file permissions then keep tenants apart even with
+every other file protection off."""
 from __future__ import annotations
 
 import json
 import os
 import stat
+from pathlib import Path
 
 import pytest
 from conftest import FIXTURES
 
 from lcp_sandbox import SandboxedBinding, Supervisor
-from lcp_sandbox.backends.local.confine import tenant_uids
+from lcp_sandbox.backends.local.confine import sweep, tenant_uids, uid_record
 from lcp_sandbox.backends.local.confine.tenant_uids import TenantUids
 from lcp_sandbox.core.outcomes import Unavailable
 from lcp_sandbox.testing import protections_off
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="uids are given by a root host")
 LIBS = FIXTURES / "priv_libs"
-# A range of this test process's own: a tenant's uid derives from its name, so a suite run
-# beside another (CI runs two) would otherwise share its tenants' uids and process counts.
+# A range of this test process's own: a suite run beside another (CI runs two) records its
+# uids in a record of its own (conftest.py), so the two would otherwise share uids.
 RANGE = (1_800_000_000 + os.getpid() % 997 * 1000, 1000)
+
+
+@pytest.fixture(autouse=True)
+def own_record(tmp_path, monkeypatch) -> Path:
+    """Each test's own machine-wide record (LCP_SANDBOX_UIDS_DIR): its uids start free."""
+    folder = tmp_path / "uids"
+    monkeypatch.setenv(uid_record.ENV_VAR, str(folder))
+    return folder
+
+
+def record_lines(folder: Path) -> list:
+    return [json.loads(line) for line in (folder / uid_record.RECORD).read_text().splitlines()]
 
 
 def ids(binding) -> list:
@@ -46,10 +60,13 @@ def test_each_tenant_gets_a_uid_of_its_own_and_keeps_it(open_tmp):
     for name, uid in (("a", ua[0]), ("b", ub[0])):
         st = (open_tmp / name).stat()
         assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (uid, 0o700)
-    store = open_tmp / ".lcp-sandbox-uids.jsonl"
-    assert sorted(map(json.loads, store.read_text().splitlines()), key=str) == sorted(
-        [{"tenant": "a", "uid": ua[0]}, {"tenant": "b", "uid": ub[0]}], key=str)
-    assert store.stat().st_uid == 0 and stat.S_IMODE(store.stat().st_mode) == 0o600
+    folder = Path(os.environ[uid_record.ENV_VAR])
+    assert sorted(record_lines(folder), key=str) == sorted(
+        [{"uid": ua[0], "root": str(open_tmp), "tenant": "a"},
+         {"uid": ub[0], "root": str(open_tmp), "tenant": "b"}], key=str)
+    for path, mode in ((folder, 0o700), (folder / uid_record.RECORD, 0o600)):
+        assert path.stat().st_uid == 0 and stat.S_IMODE(path.stat().st_mode) == mode
+    assert not (open_tmp / uid_record.OWN_RECORD).exists()
     with Supervisor(confine=True, run_as="per-tenant", uid_range=RANGE,
                     tenants_root=str(open_tmp)) as again:          # a restart: the same uid
         assert ids(tenant(again, open_tmp, "a")) == ua
@@ -83,23 +100,28 @@ def test_settings_are_checked():
         Supervisor(run_as="per-tenants")
 
 
-def test_the_store_is_appended_to_and_a_torn_line_is_skipped(tmp_path):
+def test_the_record_is_appended_to_and_a_torn_line_is_skipped(tmp_path, own_record):
     """One line per tenant, appended (a new tenant's first call waits for the write); a
-    line a crash tore is skipped, and the uid it held may be given again."""
+    line a crash tore is skipped."""
     first = TenantUids(RANGE, str(tmp_path))
     a, b = first.of("a"), first.of("b")
-    with open(tmp_path / tenant_uids.STORE, "a") as f:
-        f.write('{"tenant": "c", "ui')                               # torn
+    with open(own_record / uid_record.RECORD, "a") as f:
+        f.write('{"uid": 1, "root": "/x", "ten')                     # torn
     again = TenantUids(RANGE, str(tmp_path))
     assert again.of("a") == a and again.of("b") == b
     c = again.of("c")
     assert c not in (a, b) and RANGE[0] <= c[0] < RANGE[0] + RANGE[1]
-    assert TenantUids(RANGE, str(tmp_path))._uids == {"a": a[0], "b": b[0], "c": c[0]}
+    assert TenantUids(RANGE, str(tmp_path)).tenants() == ["a", "b", "c"]
+    lines = (own_record / uid_record.RECORD).read_text().splitlines()
+    assert len(lines) == 4 and lines[2] == '{"uid": 1, "root": "/x", "ten'   # (skipped)
 
 
-def test_a_host_that_is_not_root_refuses_a_uid_per_tenant(monkeypatch):
+def test_a_host_that_is_not_root_refuses_a_uid_per_tenant(monkeypatch, tmp_path):
     """It cannot give one: every tenant would keep the host's uid. Refused (503), unless
-    best effort; a fixed run_as is what it always was."""
+    best effort; a fixed run_as is what it always was.  (Where the machine's record folder
+    cannot be made, as for a host that is not root, the supervisor's own record serves.)"""
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv(uid_record.ENV_VAR, str(tmp_path / "a-file" / "uids"))
     uids = TenantUids(RANGE, None)
     monkeypatch.setattr(tenant_uids.os, "geteuid", lambda: 1000)
     with pytest.raises(Unavailable) as caught:
@@ -107,6 +129,7 @@ def test_a_host_that_is_not_root_refuses_a_uid_per_tenant(monkeypatch):
     assert caught.value.result["status_code"] == 503
     assert "needs a root host" in caught.value.result["error"] and "uid 1000" in caught.value.result["error"]
     assert uids.worker_ids("per-tenant", "a", "best-effort", "lib", "tool_x")[1] is True
+    assert uids.where.startswith("this supervisor's only (")
     assert uids.worker_ids((5151, 5252), "a", True, "lib", "tool_x") == ((5151, 5252), False)
 
 
@@ -227,23 +250,23 @@ def test_a_tenant_s_processes_are_capped_and_another_tenant_forks_on(open_tmp, s
 
 
 # ---------------------------------------------------------------- given back
-def _store(folder) -> list:
-    return [json.loads(line) for line in (folder / tenant_uids.STORE).read_text().splitlines()]
-
-
-def test_a_uid_given_back_is_given_again_and_the_store_says_so(tmp_path):
+@needs_root
+def test_a_uid_given_back_is_swept_then_given_again_and_the_record_says_so(tmp_path,
+                                                                          own_record):
     """A range of 4: a fifth tenant gets none while four hold theirs, and gets the uid of one
-    that gave it back; a restart reads the release records (the fifth tenant keeps its uid,
-    the released tenant has none)."""
+    that gave it back, once it was swept clean; a restart reads the same (the fifth tenant
+    keeps its uid, the released tenant has none)."""
     four = (RANGE[0], 4)
     uids = TenantUids(four, str(tmp_path))
     held = {t: uids.of(t)[0] for t in "abcd"}
+    assert sorted(held.values()) == list(range(RANGE[0], RANGE[0] + 4))   # in turn, no hash
     with pytest.raises(OSError, match=r"no uid left in uid_range"):
         uids.of("e")
     assert uids.release("b") == held["b"] and uids.release("b") is None
     assert uids.of("e")[0] == held["b"]
-    assert _store(tmp_path)[-2:] == [{"tenant": "b", "uid": held["b"], "released": True},
-                                     {"tenant": "e", "uid": held["b"]}]
+    assert record_lines(own_record)[-3:] == [
+        {"uid": held["b"], "released": True}, {"uid": held["b"], "clean": True},
+        {"uid": held["b"], "root": str(tmp_path), "tenant": "e"}]
     again = TenantUids(four, str(tmp_path))
     assert again.tenants() == ["a", "c", "d", "e"] and again.of("e")[0] == held["b"]
     with pytest.raises(OSError, match=r"no uid left in uid_range"):
@@ -251,9 +274,11 @@ def test_a_uid_given_back_is_given_again_and_the_store_says_so(tmp_path):
 
 
 @needs_root
-def test_a_uid_is_not_given_again_while_a_file_or_process_of_it_remains(tmp_path, monkeypatch):
+def test_a_uid_is_not_given_again_while_a_file_of_it_remains_in_the_tenants_folder(
+        tmp_path, monkeypatch):
     """Given back, the uid still owns a file under tenants_root (left in a folder any uid may
-    enter), then runs a process: either way a new tenant does not get it."""
+    enter: the host's to delete, not the sweep's): a new tenant does not get it.  A process
+    started as it after it was given back is killed when the uid is next wanted."""
     import subprocess
     monkeypatch.setattr(tenant_uids, "HELD_RECHECK_S", 0.0)
     uids = TenantUids((RANGE[0] + 10, 1), str(tmp_path))
@@ -265,31 +290,33 @@ def test_a_uid_is_not_given_again_while_a_file_or_process_of_it_remains(tmp_path
     uids.release("a")
     with pytest.raises(OSError, match="1 given back still hold something"):
         uids.of("b")
+    assert left.exists()
     left.unlink()
     sleeper = subprocess.Popen(["sleep", "60"], user=uid, group=uid)
     try:
-        with pytest.raises(OSError, match="1 given back still hold something"):
-            uids.of("b")
+        assert uids.of("b")[0] == uid                  # swept: the sleeper killed
+        assert sleeper.wait(10) == -9
     finally:
         sleeper.kill()
         sleeper.wait()
-    assert uids.of("b")[0] == uid                      # nothing of it is left
 
 
-def test_the_store_is_rewritten_once_most_of_it_says_nothing(tmp_path, monkeypatch):
-    """Tenants come and go: the store stays about as long as what it says (its live tenants
-    and the uids given back), and a restart reads the same from it."""
-    monkeypatch.setattr(tenant_uids, "holders", lambda uids, places: {})
+def test_the_record_is_rewritten_once_most_of_it_says_nothing(tmp_path, monkeypatch,
+                                                             own_record):
+    """Tenants come and go: the record stays about as long as what it says (a line per
+    uid), and a restart reads the same from it."""
+    monkeypatch.setattr(tenant_uids.sweeping, "sweep", lambda uid, keep: sweep.Left())
+    monkeypatch.setattr(tenant_uids, "_process_uids", set)
     uids = TenantUids((RANGE[0], 8), str(tmp_path))
     uids.of("kept")
-    for i in range(6000):
+    for i in range(3000):
         uids.of(f"t{i}")
         uids.release(f"t{i}")
-    lines = _store(tmp_path)
-    assert len(lines) < 5000, len(lines)
+    lines = record_lines(own_record)
+    assert len(lines) < 4200, len(lines)
     again = TenantUids((RANGE[0], 8), str(tmp_path))
     assert again.tenants() == ["kept"] and again.of("kept") == uids.of("kept")
-    assert again._returned == uids._returned and len(again._returned) >= 1
+    assert again.record.entries == uids.record.entries
 
 
 @needs_root

@@ -391,15 +391,11 @@ UID_FIRST = 1_801_000_000 + os.getpid() % 997 * 1000
 
 
 def _live_tenants(root: Path) -> set:
-    """The tenants that hold a uid, as the server's store in ``root`` says."""
-    live: dict = {}
-    for line in (root / ".lcp-sandbox-uids.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        if rec.get("released"):
-            live.pop(rec.get("tenant"), None)
-        else:
-            live[rec["tenant"]] = rec["uid"]
-    return set(live)
+    """The tenants of the server of ``root`` that hold a uid, as the machine's uid record
+    (the test run's: conftest.py) says."""
+    from lcp_sandbox.backends.local.confine.uid_record import UidRecord
+    with UidRecord(str(root)).locked() as rec:
+        return {t for owner, t in rec.given if owner == f"root {os.path.realpath(root)}"}
 
 
 def _host_state(root: Path) -> tuple:

@@ -83,7 +83,7 @@ import threading
 import time
 import weakref
 from concurrent.futures import Future
-from typing import Any, Callable, NoReturn, Optional, Union
+from typing import Any, Callable, NoReturn, Optional, Union, cast
 
 from ... import protocol as P
 from ...core.keywords import checked_keywords
@@ -143,6 +143,11 @@ def _close_all() -> None:
 
 
 class NotConfined(Exception):
+def _remove_tmpdir_of(proc: WorkerProcess, library: str) -> None:
+    """Remove the temp dir of a worker of ``library`` that is gone."""
+    remove_tmpdir(cast(str, proc.tmpdir), f"worker {proc.known_pid} of {library}")
+
+
     """Raised by Supervisor._ready: a protection the worker was asked for is not in force.
     The call is not sent and the worker is stopped; the text says what is missing."""
 
@@ -226,6 +231,8 @@ class Supervisor(Closing):
         self.templates.on_idle = self._watchdog.tick_at
         self._warned: set[str] = set()
         # Set by tests only, through lcp_sandbox.testing.
+        # pid -> the worker detached while it still ran, whose temp dir goes at its end
+        self._tmp_at_exit: dict[int, tuple[WorkerProcess, str]] = {}
         self.protections_off: frozenset[str] = frozenset()
         # The counters of metrics(), kept as events happen.
         self.counters = Metrics()
@@ -484,7 +491,23 @@ class Supervisor(Closing):
             self.pool.release(slot.tenant)
             self.templates.released(slot.template)
             if proc.tmpdir:
-                remove_tmpdir(proc.tmpdir, f"worker {proc.known_pid} of {slot.library.name}")
+                self._remove_tmpdir_when_gone(proc, slot.library.name)
+
+    def _remove_tmpdir_when_gone(self, proc: WorkerProcess, library: str) -> None:
+        """Remove ``proc``'s temp dir once the process is gone: a worker still ending (or
+        still starting: a fresh one makes its own root's mount point there as root) could
+        add to a folder while it is removed, which would then stay behind."""
+        pid, zyg = proc.known_pid, proc.zygote
+        if proc.exit_status is None and pid is not None and zyg.alive and not zyg.reaped(pid):
+            with self._lock:
+                self._tmp_at_exit[pid] = (proc, library)
+            # (its end may have been told meanwhile)
+            if not zyg.reaped(pid) and zyg.alive:
+                return
+            with self._lock:
+                if self._tmp_at_exit.pop(pid, None) is None:
+                    return
+        _remove_tmpdir_of(proc, library)
 
     def _on_exit(self, pid: int, status: int) -> None:
         """The zygote or the spawner says process ``pid`` ended: a worker, or a template."""
@@ -500,6 +523,10 @@ class Supervisor(Closing):
         self._zyg()
 
     def _zyg(self) -> tuple[Union[ZygoteClient, Spawner], Optional[OutputPump]]:
+        with self._lock:
+            ended = self._tmp_at_exit.pop(pid, None)
+        if ended is not None:
+            _remove_tmpdir_of(*ended)
         """The zygote (or the spawner), started if need be, and the pump of its workers'
         output; a spawned worker's output has a thread of its own."""
         with self._lock:
@@ -712,7 +739,8 @@ class Supervisor(Closing):
             calls[slot.tenant] = calls.get(slot.tenant, 0) + slot.calls
         return {**self.pool.stats(calls), "templates": self.templates.stats()
                 if self.start_method == "zygote" else "fork-only",
-                "open_files": self.open_files, "start_method": self.start_method}
+                "open_files": self.open_files, "start_method": self.start_method,
+                "uid_record": self.uids.where}
 
     def metrics(self) -> dict[str, Any]:
         """The engine's numbers for a host to export: ``calls`` (library, tool, status,
@@ -756,10 +784,7 @@ class Supervisor(Closing):
         for proc in idle:
             proc.shut_down("the supervisor was closed")
         if self._zygote is not None:
-            deadline = time.monotonic() + 1.0
-            for proc in idle:
-                if proc.known_pid is not None:
-                    proc.zygote.wait_exit(proc.pid, max(0.0, deadline - time.monotonic()))
+            self._end_workers(idle)
             self._zygote.close()
         for slot in list(self._slots.values()):
             if slot.proc is not None:
@@ -770,3 +795,27 @@ class Supervisor(Closing):
         self.templates.close()
         self.extras.close()
         _live_supervisors.discard(self)
+        with self._lock:
+            left, self._tmp_at_exit = list(self._tmp_at_exit.values()), {}
+        for proc, library in left:
+            _remove_tmpdir_of(proc, library)
+
+    def _end_workers(self, idle: list[WorkerProcess]) -> None:
+        """(Closing) the idle workers, asked to exit, get a second; then every worker
+        still running is killed, and its end waited for (a few seconds at most): the
+        zygote's own end kills them without waiting, and a worker still starting could
+        add to its temp dir while it is removed."""
+        deadline = time.monotonic() + 1.0
+        for proc in idle:
+            if proc.known_pid is not None:
+                proc.zygote.wait_exit(proc.pid, max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            live = [proc for proc, _ in self._tmp_at_exit.values()]
+        live += [slot.proc for slot in list(self._slots.values()) if slot.proc is not None]
+        live = [proc for proc in live if proc.known_pid is not None and proc.zygote.alive
+                and proc.exit_status is None and not proc.zygote.reaped(proc.pid)]
+        for proc in live:
+            proc.zygote.kill(proc.pid)
+        deadline = time.monotonic() + 5.0
+        for proc in live:
+            proc.zygote.wait_exit(proc.pid, max(0.0, deadline - time.monotonic()))

@@ -16,9 +16,11 @@ tenants and from the host by the kernel's permission checks on uids:
                    for every worker of its tenant's own uid);
                    the folder holding the tenants' roots must not list them to it; the
                    engine and the Python installation must not be writable by it.
-                   /tmp, /var/tmp and /dev/shm stay writable by every uid: each must carry
-                   the sticky bit (no one removes or renames another's files), and what a
-                   tool makes there is 0600; its TMPDIR (tempfile) is its private temp dir.
+                   /tmp, /var/tmp, /dev/shm and the rest of core/shared_places.py stay
+                   writable by every uid: each must carry the sticky bit (no one removes or
+                   renames another's files), and what a tool makes there is 0600; its
+                   TMPDIR (tempfile) is its private temp dir.  What its uid leaves there is
+                   swept before the uid serves another tenant (backends/local/confine/sweep.py).
 
 Each check is read back from the kernel after the uid was taken; a report starts with
 "on" only when all of it holds, and says what failed otherwise.
@@ -29,10 +31,9 @@ import os
 import stat
 from typing import Iterable, Sequence
 
+from ...core.shared_places import SHARED_WRITABLE
 from ..libc import libc
 
-#: The places every uid may write on a usual system (a container's image too).
-SHARED_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm")
 _PRIVATE_UMASK = 0o077
 
 
@@ -87,7 +88,7 @@ def files_by_uid(root: str, tmp: str, engine: Sequence[str], open_siblings: Sequ
         return f"unavailable (a uid of its tenant's own, but {'; '.join(wrong)})"
     return ("on (a uid of its tenant's own: its root and temp dir are its uid's, mode 0700, "
             "what it creates 0600 (umask 077); other tenants' roots closed to it by theirs; "
-            "/tmp, /var/tmp, /dev/shm writable by every uid but sticky)")
+            f"{', '.join(SHARED_WRITABLE)} writable by every uid but sticky)")
 
 
 def _own_private(path: str, what: str) -> list[str]:

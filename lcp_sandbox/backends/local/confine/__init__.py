@@ -7,6 +7,8 @@ confinement stands on, and gives it back when the worker or its tenant is gone:
     temp_dirs.py    its temp dir: made and given through descriptors, one made ahead
     confined.py     confined templates: which confined workers may share one, their INIT
     tenant_uids.py  run_as="per-tenant": a uid of its own per tenant, kept, given back
+    uid_record.py   the record of given uids, one for the whole machine, under a lock
+    sweep.py        what a uid left, removed before it serves another tenant (or retired)
     extras.py       what a confined worker may get beyond its root: disk, cgroup, egress
     cgroups.py      a confined worker's pids cgroup (max_processes)
     disks.py        a tenant's root as a file system of its own (disk_mb)
