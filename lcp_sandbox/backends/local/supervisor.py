@@ -142,12 +142,12 @@ def _close_all() -> None:
         sup.close()
 
 
-class NotConfined(Exception):
 def _remove_tmpdir_of(proc: WorkerProcess, library: str) -> None:
     """Remove the temp dir of a worker of ``library`` that is gone."""
     remove_tmpdir(cast(str, proc.tmpdir), f"worker {proc.known_pid} of {library}")
 
 
+class NotConfined(Exception):
     """Raised by Supervisor._ready: a protection the worker was asked for is not in force.
     The call is not sent and the worker is stopped; the text says what is missing."""
 
@@ -224,6 +224,8 @@ class Supervisor(Closing):
         self._zygote: Optional[Union[ZygoteClient, Spawner]] = None
         self._pump: Optional[OutputPump] = None
         self._closed = False
+        # pid -> the worker detached while it still ran, whose temp dir goes at its end
+        self._tmp_at_exit: dict[int, tuple[WorkerProcess, str]] = {}
         self.templates = Templates(idle_timeout_s, tenants_root)
         self.open_files = raise_open_files_limit()
         self._watchdog = Watchdog(self._retire, idle_timeout_s, watch_interval_s,
@@ -231,8 +233,6 @@ class Supervisor(Closing):
         self.templates.on_idle = self._watchdog.tick_at
         self._warned: set[str] = set()
         # Set by tests only, through lcp_sandbox.testing.
-        # pid -> the worker detached while it still ran, whose temp dir goes at its end
-        self._tmp_at_exit: dict[int, tuple[WorkerProcess, str]] = {}
         self.protections_off: frozenset[str] = frozenset()
         # The counters of metrics(), kept as events happen.
         self.counters = Metrics()
@@ -511,6 +511,10 @@ class Supervisor(Closing):
 
     def _on_exit(self, pid: int, status: int) -> None:
         """The zygote or the spawner says process ``pid`` ended: a worker, or a template."""
+        with self._lock:
+            ended = self._tmp_at_exit.pop(pid, None)
+        if ended is not None:
+            _remove_tmpdir_of(*ended)
         slot = self._by_pid.pop(pid, None)
         if slot is not None and slot.proc is not None and slot.proc.pid == pid:
             slot.proc.exited(status)
@@ -523,10 +527,6 @@ class Supervisor(Closing):
         self._zyg()
 
     def _zyg(self) -> tuple[Union[ZygoteClient, Spawner], Optional[OutputPump]]:
-        with self._lock:
-            ended = self._tmp_at_exit.pop(pid, None)
-        if ended is not None:
-            _remove_tmpdir_of(*ended)
         """The zygote (or the spawner), started if need be, and the pump of its workers'
         output; a spawned worker's output has a thread of its own."""
         with self._lock:
@@ -790,15 +790,15 @@ class Supervisor(Closing):
             if slot.proc is not None:
                 slot.proc.conn.close()
                 self._detach(slot, slot.proc)
+        with self._lock:
+            left, self._tmp_at_exit = list(self._tmp_at_exit.values()), {}
+        for proc, library in left:
+            _remove_tmpdir_of(proc, library)
         if self._pump is not None:
             self._pump.close()
         self.templates.close()
         self.extras.close()
         _live_supervisors.discard(self)
-        with self._lock:
-            left, self._tmp_at_exit = list(self._tmp_at_exit.values()), {}
-        for proc, library in left:
-            _remove_tmpdir_of(proc, library)
 
     def _end_workers(self, idle: list[WorkerProcess]) -> None:
         """(Closing) the idle workers, asked to exit, get a second; then every worker
