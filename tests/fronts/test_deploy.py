@@ -30,6 +30,7 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -178,8 +179,13 @@ def cmd_option(args: list[str], name: str) -> Optional[str]:
 
 # ---------------------------------------------------------------- static checks
 def test_the_image_builds_from_a_tagged_python_and_runs_as_a_user_on_its_port():
+    """From python:3.X-slim unless the build names another base (--build-arg BASE, as a
+    machine without a registry does); the health check runs the module that asks the
+    server where its command says it serves."""
     df = dockerfile()
-    base = df.one("FROM")
+    arg, _, base = df.instructions[0][1].partition("=")
+    assert df.instructions[0][0] == "ARG" and arg == "BASE", df.instructions[0]
+    assert df.one("FROM") == "${BASE}"
     assert re.fullmatch(r"python:3\.\d+-slim", base), base
     assert "@" not in base
     assert image_user()[0] != 0, "the image's user is not root"
@@ -188,12 +194,26 @@ def test_the_image_builds_from_a_tagged_python_and_runs_as_a_user_on_its_port():
     assert df.one("EXPOSE") == cmd_option(cmd, "--port")
     parsed = build_parser().parse_args(["serve-mcp", *cmd])
     assert parsed.transport == "http" and parsed.metrics and parsed.token_file
-    health = df.one("HEALTHCHECK").split(" CMD ", 1)[1]
-    assert f":{parsed.port}{HEALTH_PATH}" in health
+    health = json.loads(df.one("HEALTHCHECK").split(" CMD ", 1)[1])
+    assert health == ["python", "-m", "lcp_sandbox.fronts.healthcheck"], health
     copies = [args for word, args in df.instructions if word == "COPY"]
     assert copies == [". /tmp/lcp-sandbox-src"], copies
     assert any('pip install "/tmp/lcp-sandbox-src[mcp]"' in args
                for word, args in df.instructions if word == "RUN")
+
+
+def ignore_rules(path: Path) -> list[str]:
+    return [line.strip() for line in path.read_text(encoding="utf-8").splitlines()
+            if line.strip() and not line.startswith("#")]
+
+
+def test_the_build_context_is_the_same_with_or_without_buildkit():
+    """BuildKit reads deploy/Dockerfile.dockerignore; the legacy builder (Docker without
+    buildx, as Debian's docker.io) reads only .dockerignore at the context's root: the two
+    hold the same rules, so either builder is sent the same files."""
+    rules = ignore_rules(DEPLOY / "Dockerfile.dockerignore")
+    assert rules[0] == "*" and "!lcp_sandbox/" in rules
+    assert ignore_rules(REPO / ".dockerignore") == rules
 
 
 def all_capabilities() -> set[str]:
@@ -381,7 +401,11 @@ def console_commands() -> list[list[str]]:
 
 def test_the_pages_commands_use_the_files_and_names_of_deploy():
     commands = console_commands()
-    assert {c[0] for c in commands} == {"docker", "kubectl"}, commands
+    # (the recipe without a registry: a base made by debootstrap, imported, named as BASE)
+    assert {c[0] for c in commands} == {"docker", "kubectl", "debootstrap", "ln", "printf",
+                                        "tar"}, commands
+    (imported,) = [c[c.index("import") + 2] for c in commands if c[0] == "tar"]
+    assert any(f"BASE={imported}" in c for c in commands if c[:2] == ["docker", "build"])
     images = set()
     for argv in commands:
         if argv[:2] == ["docker", "build"]:
@@ -599,14 +623,15 @@ def _pump(stream, log: list, ready: queue.Queue) -> None:
 
 
 def serve(image: Image, args: list[str], env: dict, cwd: str,
-          container: Optional[Container]) -> Server:
-    """The container's command (ENTRYPOINT + ``args``) on a free loopback port."""
+          container: Optional[Container], port: int = 0) -> Server:
+    """The container's command (ENTRYPOINT + ``args``) on a loopback port: ``port``, or one
+    the kernel chooses."""
     args = [image.mapped(a) for a in args]
     for i, a in enumerate(args):
         if a.startswith("--host=") or a.startswith("--port="):
-            args[i] = a.split("=")[0] + ("=127.0.0.1" if a.startswith("--host") else "=0")
+            args[i] = a.split("=")[0] + ("=127.0.0.1" if a.startswith("--host") else f"={port}")
         elif i and args[i - 1] in ("--host", "--port"):
-            args[i] = "127.0.0.1" if args[i - 1] == "--host" else "0"
+            args[i] = "127.0.0.1" if args[i - 1] == "--host" else str(port)
     argv = [*dockerfile().exec_form("ENTRYPOINT"), *args]
     argv[0] = str(image.venv / "bin" / argv[0])
     if container is not None:
@@ -712,8 +737,53 @@ def tools_with_probe(image: Image, where: Path) -> Path:
     return tools
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def fake_server():
+    """A process whose command line is a serve-mcp command's (``argv`` after it), idle."""
+    procs = []
+
+    def start(*argv: str) -> int:
+        procs.append(subprocess.Popen([sys.executable, "-c",
+                                       "import time; print('up', flush=True); time.sleep(120)",
+                                       "serve-mcp", "/srv/tools", *argv],
+                                      stdout=subprocess.PIPE, text=True))
+        assert procs[-1].stdout.readline() == "up\n"       # its command line is the one
+        return procs[-1].pid
+    yield start
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+def test_the_health_check_asks_where_the_servers_command_says_it_serves(fake_server, capsys):
+    """Not the image's default port: the port and address of the server's own command line,
+    read from the kernel and parsed by serve-mcp's parser; nothing serving there is
+    unhealthy, and so is a command the check cannot ask."""
+    from lcp_sandbox.fronts import healthcheck
+    port = free_port()
+    pid = fake_server("--transport", "http", f"--port={port}", "--host", "0.0.0.0")
+    assert healthcheck.served_url(pid) == f"http://127.0.0.1:{port}{HEALTH_PATH}"
+    pid6 = fake_server("--transport=http", "--host", "::", "--port", "8123")
+    assert healthcheck.served_url(pid6) == f"http://[::1]:8123{HEALTH_PATH}"
+    assert healthcheck.main([str(pid)]) == 1
+    assert f"127.0.0.1:{port}" in capsys.readouterr().err
+    for argv, why in ((("--transport", "http", "--port", "0"), "--port 0"),
+                      ((), "serves over stdio"), (("--transport", "http", "--bogus"), "parse")):
+        with pytest.raises(ValueError, match=why):
+            healthcheck.served_url(fake_server(*argv))
+    with pytest.raises(ValueError, match="is not lcp-sandbox serve-mcp"):
+        healthcheck.served_url(os.getpid())
+
+
 def test_the_image_command_serves_and_answers_its_probe(image, open_tmp):
-    """The image's command, run plainly by this test's user: the probe, the HEALTHCHECK,
+    """The image's command, run plainly by this test's user, on a port that is not the
+    image's: the probe, the HEALTHCHECK (asked of the server's pid, PID 1 in the container),
     the token, a session."""
     shutil.copytree(image.root / "srv", open_tmp / "srv")
     token = open_tmp / "run/secrets/mcp-token"
@@ -721,10 +791,10 @@ def test_the_image_command_serves_and_answers_its_probe(image, open_tmp):
     token.write_text(TOKEN + "\n")
     root = Image(image.venv, open_tmp, image.env)
     server = serve(root, dockerfile().exec_form("CMD"), image.env,
-                   str(open_tmp / "srv/lcp-sandbox"), None)
-    health = dockerfile().one("HEALTHCHECK").split(" CMD ", 1)[1]
-    probe = [a.replace(":8000/", f":{server.port}/") for a in json.loads(health)]
+                   str(open_tmp / "srv/lcp-sandbox"), None, port=free_port())
+    probe = [*json.loads(dockerfile().one("HEALTHCHECK").split(" CMD ", 1)[1]), str(server.pid)]
     try:
+        assert server.port != int(dockerfile().one("EXPOSE"))
         checked = subprocess.run(probe, env=image.env, capture_output=True, text=True, timeout=60)
         assert checked.returncode == 0, checked.stderr
         assert "workers confined" in "".join(server.log)
