@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURES, SPAWN, SUPPORT
 
+from lcp_sandbox import SandboxedBinding, Supervisor
 from lcp_sandbox.backends.local.confine import sweep
+from lcp_sandbox.backends.local.confine.tenant_uids import TenantUids
 
 if os.geteuid() != 0:
     pytest.skip("a uid per tenant is given by a root host", allow_module_level=True)
@@ -85,3 +87,90 @@ def test_without_the_sweep_the_next_holder_finds_it(open_tmp):
         assert all(isinstance(v, int) for v in got["ipc"].values()), got
     finally:
         assert not sweep.sweep(FIRST + 1), "what the control run left was not removed"
+
+
+def _confined(sup: Supervisor, root: Path, tenant: str, **sandbox) -> SandboxedBinding:
+    (root / tenant).mkdir()
+    return SandboxedBinding(tools_folders=[LIBS], supervisor=sup, tenant=tenant,
+                            workspace=str(root / tenant), workspace_root=str(root / tenant),
+                            host_tool_configs={"leaver": {"sandbox": sandbox}} if sandbox
+                            else None)
+
+
+def test_a_worker_makes_no_key_no_system_v_object_and_no_posix_queue(open_tmp):
+    """Keyrings outlive their uid's processes (the kernel keeps a uid's user keyring): the
+    system call filter refuses them to every confined worker, and a library cannot lift
+    that without allow_dangerous.  System V IPC and POSIX message queues are refused too,
+    unless the library names the calls (then the sweep removes the System V objects)."""
+    with Supervisor(confine=True, tenants_root=str(open_tmp), uid_range=(FIRST + 10, 5)) as sup:
+        t = _confined(sup, open_tmp, "t")
+        for tool in ("tool_add_key", "tool_shmget", "tool_mq_open"):
+            assert t.execute_tool(tool)["output"] == "Operation not permitted", tool
+        lifted = _confined(sup, open_tmp, "u", syscalls={"allow": ["add_key", "keyctl"]})
+        refused = lifted.execute_tool("tool_add_key")
+        assert refused["status_code"] == 500 and "allow_dangerous" in refused["error"]
+        uid = sup.uids.of("t")[0]
+        t.close()
+        assert sup.remove_tenant("t", str(open_tmp / "t")) == uid
+        assert sup.uids.record.entries[uid].state == "clean"
+
+
+def test_a_uid_that_holds_kernel_keys_is_retired(tmp_path, monkeypatch):
+    """A key made as the uid (outside the engine: no worker may) cannot be removed by the
+    host: the uid given back is retired, never given again."""
+    monkeypatch.setenv("LCP_SANDBOX_UIDS_DIR", str(tmp_path / "uids"))
+    uids = TenantUids((FIRST + 20, 2), str(tmp_path))
+    uid = uids.of("a")[0]
+    add_key = ("import ctypes, os; n = 248 if os.uname().machine == 'x86_64' else 217;"
+               "assert ctypes.CDLL(None).syscall(n, b'user', b'k', b'v', 1, ctypes.c_int(-4)) > 0")
+    subprocess.run(["/usr/bin/python3", "-c", add_key], user=uid, group=uid, check=True)
+    assert any("kernel keys" in s for s in sweep.look(uid).stuck)
+    uids.release("a")
+    assert uids.record.entries[uid].state == "retired"
+    assert uids.of("b")[0] == uid + 1
+    assert "kernel keys are its" in uids.record.entries[uid].why
+
+
+def test_the_sweep_removes_only_what_the_uid_owns_never_through_a_link(tmp_path, monkeypatch):
+    """In a shared place (here /tmp): the uid's files, its folders, its links (not what
+    they point to) are removed; another uid's file in a folder of the uid's stays, and so
+    does that folder (then the uid is stuck: retired); the tenants' folder (``keep``), even
+    in /tmp, is looked in, never swept.  A walk past its budget is stuck too."""
+    import tempfile
+    uid, other = FIRST + 30, FIRST + 31
+    shared = Path(tempfile.mkdtemp(prefix="lcp-sweep-test-"))
+    shared.chmod(0o1777)
+    target = tmp_path / "root-s-file"
+    target.write_text("root's")
+    made = {"file": shared / "file", "folder": shared / "folder",
+            "inner": shared / "folder" / "inner", "link": shared / "link",
+            "open": shared / "open", "others": shared / "open" / "others",
+            "in_open": shared / "open" / "mine", "tenants": shared / "tenants",
+            "root": shared / "tenants" / "a"}
+    try:
+        made["file"].write_text("x")
+        made["folder"].mkdir()
+        made["inner"].write_text("x")
+        made["link"].symlink_to(target)
+        made["open"].mkdir(mode=0o777)
+        made["others"].write_text("x")
+        made["in_open"].write_text("x")
+        made["tenants"].mkdir()
+        made["tenants"].chmod(0o711)
+        made["root"].mkdir()
+        for key in ("file", "folder", "inner", "open", "in_open", "root"):
+            os.chown(made[key], uid, uid)
+        os.lchown(made["link"], uid, uid)
+        os.chown(made["others"], other, other)
+        left = sweep.sweep(uid, [str(made["tenants"])])
+        assert not made["file"].exists() and not made["folder"].exists()
+        assert not made["link"].is_symlink() and target.read_text() == "root's"
+        assert made["others"].exists() and made["open"].exists()
+        assert not made["in_open"].exists() and made["root"].exists()
+        assert left.stuck == [f"{made['open']} is its"], left
+        assert left.held == [f"{made['root']} is its"], left
+        monkeypatch.setattr(sweep, "WALK_BUDGET", 3)
+        assert "the walk passed 3 entries" in sweep.look(uid).stuck
+    finally:
+        import shutil
+        shutil.rmtree(shared, ignore_errors=True)

@@ -128,3 +128,85 @@ def _made_ahead(sup, other_than: str = "") -> str:
             return made[0]
         assert time.monotonic() < deadline, "no temp dir made ahead within 30 s"
         time.sleep(0.005)
+
+
+# ---------------------------------------------------------------- none left behind
+LEFTOVER_LIBS = FIXTURES / "leftover_libs"
+
+
+def _mine(uids: set) -> set:
+    """The workers' temp dirs (and their templates' folders) in the system's temp dir
+    that are of ``uids``."""
+    import glob
+    import tempfile
+    found = set()
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), "lcp-sandbox-*")):
+        inside = glob.glob(os.path.join(path, "lcp-sandbox-*"))
+        for each in (path, *inside):
+            try:
+                if os.lstat(each).st_uid in uids:
+                    found.add(each)
+            except OSError:
+                pass
+    return found
+
+
+@needs_root
+def test_a_worker_that_writes_as_it_ends_leaves_no_temp_dir(open_tmp):
+    """Its temp dir is removed once it is gone, not while it still writes there (it
+    would then stay behind, with what was written after the removal began)."""
+    from lcp_sandbox import SandboxedBinding, Supervisor
+    with Supervisor(confine=True, uid_range=(1_850_000_000 + os.getpid() % 997 * 100, 100),
+                    tenants_root=str(open_tmp)) as sup:
+        (open_tmp / "a").mkdir()
+        a = SandboxedBinding(tools_folders=[LEFTOVER_LIBS], supervisor=sup, tenant="a",
+                             workspace=str(open_tmp / "a"), workspace_root=str(open_tmp / "a"))
+        tmp = a.execute_tool("tool_temp_dir")["output"]
+        assert os.path.isdir(tmp)
+        a.close()                                   # its worker asked to stop: it writes on
+        assert not os.path.lexists(tmp)
+
+
+@needs_root
+def test_no_temp_dir_is_left_after_close_with_per_tenant_templates(open_tmp):
+    """Confined workers of a uid per tenant, forked from templates, one of them
+    SIGKILLed, one tenant's first worker starting while the supervisor closes: once it
+    is closed, nothing of theirs is left in the system's temp dir."""
+    import signal
+    import threading
+
+    from lcp_sandbox import SandboxedBinding, Supervisor
+    libs = FIXTURES / "uid_libs"
+    sup = Supervisor(confine=True, uid_range=(1_850_100_000 + os.getpid() % 997 * 100, 100),
+                     tenants_root=str(open_tmp))
+
+    def tenant(name: str) -> SandboxedBinding:
+        (open_tmp / name).mkdir()
+        return SandboxedBinding(tools_folders=[libs], supervisor=sup, tenant=name,
+                                workspace=str(open_tmp / name),
+                                workspace_root=str(open_tmp / name))
+    try:
+        made = {t: tenant(t) for t in "abc"}
+        for b in made.values():
+            assert b.execute_tool("tool_ids")["status_code"] == 200
+        deadline = time.monotonic() + 60
+        while any(t["state"] == "starting" for t in sup.pool_stats()["templates"]):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        for b in made.values():
+            b.restart_library("uidprobe")
+            assert b.execute_tool("tool_ids")["status_code"] == 200
+        assert {sup.stats(tenant=t)[0]["start"] for t in made} == {"template"}
+        uids = {sup.uids.of(t)[0] for t in made} | {sup.uids.of("late")[0]}
+        parents = {t.tmp_parent for t in sup.templates._by_key.values() if t.tmp_parent}
+        os.kill(sup.stats(tenant="a")[0]["pid"], signal.SIGKILL)
+        assert made["a"].execute_tool("tool_ids")["status_code"] in (200, 500)
+        assert _mine(uids) and all(os.path.isdir(p) for p in parents)
+        late = tenant("late")
+        racing = threading.Thread(target=late.execute_tool, args=("tool_ids",))
+        racing.start()
+    finally:
+        sup.close()
+    racing.join(60)
+    assert _mine(uids) == set()
+    assert not any(os.path.lexists(p) for p in parents)

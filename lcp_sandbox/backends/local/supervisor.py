@@ -118,7 +118,7 @@ from .confine import cgroups
 from .confine.confined import compiled_by_host
 from .confine.extras import WorkerExtras
 from .confine.handover import hand_over_root
-from .confine.temp_dirs import private_tmpdir, remove_tmpdir
+from .confine.temp_dirs import Leaving, private_tmpdir, remove_tmpdir
 from .confine.tenant_uids import TenantUids
 from .descriptors import out_of_descriptors, raise_open_files_limit
 from .output import OutputPump
@@ -140,11 +140,6 @@ _live_supervisors: "weakref.WeakSet[Supervisor]" = weakref.WeakSet()
 def _close_all() -> None:
     for sup in list(_live_supervisors):
         sup.close()
-
-
-def _remove_tmpdir_of(proc: WorkerProcess, library: str) -> None:
-    """Remove the temp dir of a worker of ``library`` that is gone."""
-    remove_tmpdir(cast(str, proc.tmpdir), f"worker {proc.known_pid} of {library}")
 
 
 class NotConfined(Exception):
@@ -224,8 +219,8 @@ class Supervisor(Closing):
         self._zygote: Optional[Union[ZygoteClient, Spawner]] = None
         self._pump: Optional[OutputPump] = None
         self._closed = False
-        # pid -> the worker detached while it still ran, whose temp dir goes at its end
-        self._tmp_at_exit: dict[int, tuple[WorkerProcess, str]] = {}
+        # The temp dirs of workers detached while they still ran: removed at their end
+        self._leaving = Leaving()
         self.templates = Templates(idle_timeout_s, tenants_root)
         self.open_files = raise_open_files_limit()
         self._watchdog = Watchdog(self._retire, idle_timeout_s, watch_interval_s,
@@ -498,23 +493,18 @@ class Supervisor(Closing):
         still starting: a fresh one makes its own root's mount point there as root) could
         add to a folder while it is removed, which would then stay behind."""
         pid, zyg = proc.known_pid, proc.zygote
+        path, whose = cast(str, proc.tmpdir), f"worker {pid} of {library}"
         if proc.exit_status is None and pid is not None and zyg.alive and not zyg.reaped(pid):
-            with self._lock:
-                self._tmp_at_exit[pid] = (proc, library)
+            self._leaving.hold(pid, path, whose, proc)
             # (its end may have been told meanwhile)
-            if not zyg.reaped(pid) and zyg.alive:
-                return
-            with self._lock:
-                if self._tmp_at_exit.pop(pid, None) is None:
-                    return
-        _remove_tmpdir_of(proc, library)
+            if zyg.reaped(pid) or not zyg.alive:
+                self._leaving.gone(pid)
+            return
+        remove_tmpdir(path, whose)
 
     def _on_exit(self, pid: int, status: int) -> None:
         """The zygote or the spawner says process ``pid`` ended: a worker, or a template."""
-        with self._lock:
-            ended = self._tmp_at_exit.pop(pid, None)
-        if ended is not None:
-            _remove_tmpdir_of(*ended)
+        self._leaving.gone(pid)
         slot = self._by_pid.pop(pid, None)
         if slot is not None and slot.proc is not None and slot.proc.pid == pid:
             slot.proc.exited(status)
@@ -708,8 +698,20 @@ class Supervisor(Closing):
                 proc = slot.proc
                 if proc is not None:
                     self._retire(slot, proc, "stop", "stopped by the host")
-                    proc.wait_gone(2.0)
+                    self._wait_gone(proc, 2.0)
         self._unmount_unused(roots)
+
+    def _wait_gone(self, proc: WorkerProcess, timeout: float) -> None:
+        """Wait for ``proc``'s end (killed if it lingers); once it is gone, its temp dir
+        goes at once (the zygote's word of that end may still be on its way to
+        _on_exit)."""
+        zyg = proc.zygote
+        status = zyg.wait_exit(proc.pid, timeout)
+        if status is None:
+            proc.kill()
+            status = zyg.wait_exit(proc.pid, timeout)
+        if status is not None:
+            self._leaving.gone(proc.pid, wait=True)
 
     def _unmount_unused(self, roots: set[str]) -> None:
         """The disks of ``roots`` that no slot uses any more are unmounted, under the
@@ -790,10 +792,7 @@ class Supervisor(Closing):
             if slot.proc is not None:
                 slot.proc.conn.close()
                 self._detach(slot, slot.proc)
-        with self._lock:
-            left, self._tmp_at_exit = list(self._tmp_at_exit.values()), {}
-        for proc, library in left:
-            _remove_tmpdir_of(proc, library)
+        self._leaving.close()
         if self._pump is not None:
             self._pump.close()
         self.templates.close()
@@ -809,8 +808,7 @@ class Supervisor(Closing):
         for proc in idle:
             if proc.known_pid is not None:
                 proc.zygote.wait_exit(proc.pid, max(0.0, deadline - time.monotonic()))
-        with self._lock:
-            live = [proc for proc, _ in self._tmp_at_exit.values()]
+        live = [cast(WorkerProcess, proc) for proc in self._leaving.workers()]
         live += [slot.proc for slot in list(self._slots.values()) if slot.proc is not None]
         live = [proc for proc in live if proc.known_pid is not None and proc.zygote.alive
                 and proc.exit_status is None and not proc.zygote.reaped(proc.pid)]

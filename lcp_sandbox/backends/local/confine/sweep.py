@@ -95,7 +95,7 @@ def sweep(uid: int, keep: Iterable[str] = ()) -> Left:
     budget = [WALK_BUDGET]
     try:
         for place in places():
-            _walk(place, uid, True, budget)
+            _walk(place, uid, True, budget, _kept(keep))
     except _Budget:
         # (look() says so)
         pass
@@ -108,11 +108,12 @@ def look(uid: int, keep: Iterable[str] = ()) -> Left:
     left.held += _processes(uid)
     left.stuck += _ipc_of(uid) + _keys_of(uid) + _sockets_of(uid)
     budget = [WALK_BUDGET]
+    kept = _kept(keep)
     try:
         for place in places():
-            left.stuck += _walk(place, uid, False, budget)
+            left.stuck += _walk(place, uid, False, budget, kept)
         for place in keep:
-            left.held += _walk(os.path.realpath(place), uid, False, budget)
+            left.held += _walk(os.path.realpath(place), uid, False, budget, set())
     except _Budget:
         left.stuck.append(f"the walk passed {WALK_BUDGET} entries")
     return left
@@ -196,21 +197,43 @@ def _wait_readable(fds: list[int], timeout: float) -> None:
 
 
 # ---------------------------------------------------------------- files
-def _walk(place: str, uid: int, remove: bool, budget: list[int]) -> list[str]:
-    """What ``uid`` owns (or its gid, the same number) under ``place``: with ``remove``,
-    what it owns is removed first, and the list says what could not be."""
+def _kept(keep: Iterable[str]) -> set[tuple[int, int]]:
+    """(device, inode) of the folders in ``keep``: a walk of a shared place skips them (a
+    tenants' folder in /tmp is the host's, looked at on its own)."""
+    found = set()
+    for path in keep:
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        found.add((st.st_dev, st.st_ino))
+    return found
+
+
+def _walk(place: str, uid: int, remove: bool, budget: list[int],
+          kept: set[tuple[int, int]]) -> list[str]:
+    """What ``uid`` owns (or its gid, the same number) under ``place``, but in ``kept``:
+    with ``remove``, what it owns is removed first, and the list says what could not be."""
     try:
         fd = os.open(place, _DIR)
     except OSError:
         return []
     try:
-        return _clear(fd, place, uid, remove, budget, False)
+        return _clear(fd, place, _Walk(uid, remove, budget, kept), False)
     finally:
         os.close(fd)
 
 
-def _clear(dfd: int, where: str, uid: int, remove: bool, budget: list[int],
-           its_own: bool) -> list[str]:
+@dataclass
+class _Walk:
+    """What one walk looks for, and its budget (entries left)."""
+    uid: int
+    remove: bool
+    budget: list[int]
+    kept: set[tuple[int, int]]
+
+
+def _clear(dfd: int, where: str, walk: _Walk, its_own: bool) -> list[str]:
     """_walk() of the folder ``dfd`` (``its_own``: a folder of the uid's)."""
     left: list[str] = []
     try:
@@ -218,27 +241,28 @@ def _clear(dfd: int, where: str, uid: int, remove: bool, budget: list[int],
     except OSError:
         return left
     for entry in entries:
-        budget[0] -= 1
-        if budget[0] < 0:
+        walk.budget[0] -= 1
+        if walk.budget[0] < 0:
             raise _Budget()
         try:
             st = entry.stat(follow_symlinks=False)
         except OSError:
             continue
-        left += _entry(dfd, entry.name, st, os.path.join(where, entry.name), uid, remove,
-                       budget, its_own)
+        if (st.st_dev, st.st_ino) not in walk.kept:
+            left += _entry(dfd, entry.name, st, os.path.join(where, entry.name), walk, its_own)
     return left
 
 
-def _entry(dfd: int, name: str, st: os.stat_result, path: str, uid: int, remove: bool,
-           budget: list[int], its_own: bool) -> list[str]:
+def _entry(dfd: int, name: str, st: os.stat_result, path: str, walk: _Walk,
+           its_own: bool) -> list[str]:
     """One entry of a folder walked: what of the uid's stays there."""
+    uid, remove = walk.uid, walk.remove
     mine = st.st_uid == uid
     if not stat.S_ISDIR(st.st_mode):
         if mine and remove and _unlink(dfd, name):
             return []
         return [f"{path} is its"] if mine or st.st_gid == uid else []
-    inside = _enter(dfd, name, st, path, uid, remove, budget) if _enterable(st, uid) else []
+    inside = _enter(dfd, name, st, path, walk) if _enterable(st, uid) else []
     if mine:
         if remove and not inside and _rmdir(dfd, name):
             return []
@@ -250,8 +274,7 @@ def _entry(dfd: int, name: str, st: os.stat_result, path: str, uid: int, remove:
     return [*inside, *([f"{path} is its group's"] if st.st_gid == uid else [])]
 
 
-def _enter(dfd: int, name: str, st: os.stat_result, path: str, uid: int, remove: bool,
-           budget: list[int]) -> list[str]:
+def _enter(dfd: int, name: str, st: os.stat_result, path: str, walk: _Walk) -> list[str]:
     """_clear() of the folder ``name`` of ``dfd``, opened without following a link and
     only if it is still the folder ``st`` describes."""
     try:
@@ -262,7 +285,7 @@ def _enter(dfd: int, name: str, st: os.stat_result, path: str, uid: int, remove:
         now = os.fstat(sub)
         if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
             return []
-        return _clear(sub, path, uid, remove, budget, now.st_uid == uid)
+        return _clear(sub, path, walk, now.st_uid == walk.uid)
     finally:
         os.close(sub)
 

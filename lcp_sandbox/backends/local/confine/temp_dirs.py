@@ -210,3 +210,62 @@ def _open_unreplaced(path: str, flags: int = DIR_FLAGS) -> int:
 def _replaced(path: str) -> PermissionError:
     return PermissionError(f"{path} was replaced (by a link, or a folder not the host's) "
                            "before its worker got it: not used")
+
+
+class _Pending:
+    __slots__ = ("path", "whose", "worker", "taken", "done")
+
+    def __init__(self, path: str, whose: str, worker: object) -> None:
+        self.path, self.whose, self.worker = path, whose, worker
+        self.taken = False
+        self.done = threading.Event()
+
+
+class Leaving:
+    """The temp dirs of workers let go while they still ran (asked to stop, or killed):
+    each is removed once its worker is gone, by whichever thread learns that first, and
+    once.  A worker still ending (an atexit handler) or still starting (a fresh one makes
+    its own root's mount point there, as root) could add to its folder while it is
+    removed, which would then stay behind.
+
+        hold(pid, path, whose, worker)  removed when gone(pid) is told
+        gone(pid, wait)                 its worker is gone: removed now (``wait``: if
+                                        another thread removes it, wait for that)
+        workers()                       the workers still held (to kill at close)
+        close()                         (every worker is gone) remove what is left
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: dict[int, _Pending] = {}
+
+    def hold(self, pid: int, path: str, whose: str, worker: object) -> None:
+        with self._lock:
+            self._pending[pid] = _Pending(path, whose, worker)
+
+    def gone(self, pid: int, wait: bool = False) -> None:
+        with self._lock:
+            entry = self._pending.get(pid)
+            if entry is None:
+                return
+            mine, entry.taken = not entry.taken, True
+        if not mine:
+            if wait:
+                entry.done.wait(60.0)
+            return
+        try:
+            remove_tmpdir(entry.path, entry.whose)
+        finally:
+            with self._lock:
+                self._pending.pop(pid, None)
+            entry.done.set()
+
+    def workers(self) -> list[object]:
+        with self._lock:
+            return [e.worker for e in self._pending.values()]
+
+    def close(self) -> None:
+        with self._lock:
+            pids = list(self._pending)
+        for pid in pids:
+            self.gone(pid, wait=True)
