@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Protocol, TypeVar, Union, runtime_checkable
+from typing import Any, Callable, Mapping, Optional, Protocol, TypeVar, Union, runtime_checkable
 
 from .. import protocol as P
 from ..core.discovery import Library
@@ -58,6 +58,9 @@ class WorkerSpec:
     # Confinement root ("" when not confined)
     root: str
     init: Callable[[], P.Init] = field(compare=False, repr=False)
+    # The binding's own secrets (core/secrets.py), by name, over the backend's: values
+    # that stay in the host (its egress proxy puts them in requests)
+    secrets: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
     key: tuple = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -79,6 +82,10 @@ class Backend(Protocol):
     confine: Union[bool, str]
     #: The network of bindings that do not choose: True, False or a policy (core/egress_rules.py)
     network: Union[bool, dict[str, Any]] = True
+
+    @property
+    def secret_names(self) -> frozenset[str]:
+        """The names of the secrets it holds (core/secrets.py; values never leave it)."""
 
     def start(self) -> None:
         """Get ready now rather than at the first call."""

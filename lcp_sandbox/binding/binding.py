@@ -34,7 +34,8 @@ from ..backends.local.supervisor import Supervisor
 from ..core import discovery, normalize
 from ..core.host_configs import config_limits
 from ..core.limits import Limits, check_together
-from ..core.outcomes import SandboxEvent
+from ..core.outcomes import CallFailed, SandboxEvent
+from ..core.secrets import host_secrets, settled
 from ..protocol import HANDLER_CONFIRM, HANDLER_UI, HOST_PARAMS
 from .lcp_surface import LcpSurface
 from .locations import as_paths, bundled_tools_dir, lollms_default_tools_dir
@@ -103,6 +104,10 @@ class SandboxedBinding(LcpSurface):
         Its libraries' network: True (the host's), False (loopback only), or for confined
         workers a policy, ``{"allow": [rules], "deny": [rules]}`` (core/egress_rules.py),
         held by the supervisor's egress proxy.  Default: the supervisor's (True).
+    secrets
+        ``{"NAME": "value"}``, over the supervisor's: a policy's ``"secrets"`` binds a name
+        to hosts, and the egress proxy puts the value in requests to them; the worker holds
+        a placeholder only (core/secrets.py, docs/network.md).  Default: none of its own.
     other keywords
         Load flags, as ``LCPBinding``: a library declaring ``TOOL_LIBRARY_LOAD_FLAG = "X"``
         loads only when ``X=True`` is given here or in its ``host_tool_configs`` entry.
@@ -140,8 +145,11 @@ class SandboxedBinding(LcpSurface):
                  timeout_s: Optional[float] = 60.0, memory_mb: Optional[float] = None,
                  supervisor: Optional[Backend] = None, confine: Optional[Union[bool, str]] = None,
                  workspace_root: Optional[PathLike] = None,
-                 network: Union[bool, dict[str, Any], None] = None, **kwargs: Any) -> None:
+                 network: Union[bool, dict[str, Any], None] = None,
+                 secrets: Optional[dict[str, str]] = None, **kwargs: Any) -> None:
         check_arguments(locals(), kwargs)
+        # (values stay in the host: the supervisor's egress proxy puts them in requests)
+        self._secrets: Mapping[str, str] = host_secrets(secrets, "SandboxedBinding: secrets")
         self.binding_name = "sandboxed"
         self.host_tool_configs: dict = host_tool_configs if host_tool_configs is not None else {}
         self.confirm_handler = confirm_handler
@@ -254,6 +262,11 @@ class SandboxedBinding(LcpSurface):
         lim = self._lib_limits.get(lib.key)
         if lim is None:
             lim = config_limits(self.limits, self.host_tool_configs, lib.name, self._reachable)
+            try:
+                settled(lim.network, self.host_tool_configs.get(lib.name),
+                        {*self.supervisor.secret_names, *self._secrets}, lib.name)
+            except ValueError as exc:
+                raise CallFailed(f"[{lib.name}] not run: {exc}") from None
             self._lib_limits[lib.key] = lim
         return lim
 
@@ -270,7 +283,8 @@ class SandboxedBinding(LcpSurface):
             if len(self._specs) >= 4096:
                 self._specs.clear()
             spec = self._specs[(lib.key, root)] = WorkerSpec(
-                self.tenant, lib, limits, root, functools.partial(self._init, lib, limits, root))
+                self.tenant, lib, limits, root, functools.partial(self._init, lib, limits, root),
+                self._secrets)
         return spec
 
     def _init(self, lib: discovery.Library, limits: Limits, root: str) -> P.Init:

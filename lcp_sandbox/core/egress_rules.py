@@ -1,6 +1,7 @@
 """A network policy as data: which hosts a confined worker may reach through the host's proxy.
 
-    "sandbox": {"network": {"allow": [rule, ...], "deny": [rule, ...]}}
+    "sandbox": {"network": {"allow": [rule, ...], "deny": [rule, ...],
+                            "secrets": {"NAME": ["host:port", ...]}}}   (core/secrets.py)
 
     rule         host            example.com (that name only, any port)
                  host:port       example.com:443
@@ -46,6 +47,10 @@ _LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
 _NUMBER = re.compile(r"[0-9]+|0x[0-9a-f]*")
 _PORT = re.compile(r"[0-9]{1,5}")
 _NAME_MAX = 253
+#: A secret's name (core/secrets.py): an environment variable's
+_SECRET_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+#: (host, port) a secret may be sent to
+Bound = tuple[str, int]
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,8 @@ class Policy:
     def __init__(self, allow: tuple[Rule, ...], deny: tuple[Rule, ...]) -> None:
         self.allow, self.deny = allow, deny
         self.size = len(allow) + len(deny)
+        # each secret's name: the (host, port) it may be sent to (core/secrets.py)
+        self.secrets: dict[str, frozenset[Bound]] = {}
 
     def check(self, host: str, port: int, addresses: list[Address]) -> Decision:
         """Whether (``host``, ``port``), resolved to ``addresses``, may be reached; a host
@@ -131,9 +138,10 @@ def policy_of(value: Any) -> Policy:
     if not isinstance(value, dict):
         raise TypeError(f"'network' must be true, false or a dict of rules "
                         f"({{\"allow\": [...], \"deny\": [...]}}), not {value!r}")
-    unknown = [k for k in value if k not in _KEYS]
+    unknown = [k for k in value if k not in (*_KEYS, "secrets")]
     if unknown:
-        raise ValueError(f"'network' has {unknown[0]!r}: its keys are 'allow' and 'deny'")
+        raise ValueError(f"'network' has {unknown[0]!r}: its keys are 'allow', 'deny' and "
+                         f"'secrets'")
     lists = {}
     for key in _KEYS:
         entries = value.get(key, [])
@@ -141,7 +149,54 @@ def policy_of(value: Any) -> Policy:
             raise TypeError(f"'network' {key!r} must be a list of rules (strings), not "
                             f"{entries!r}")
         lists[key] = tuple(rule_of(e, key) for e in entries)
-    return Policy(lists["allow"], lists["deny"])
+    policy = Policy(lists["allow"], lists["deny"])
+    policy.secrets = bindings_of(value.get("secrets"), policy)
+    return policy
+
+
+def secret_name(name: Any, where: str) -> str:
+    """A secret's name checked: an environment variable's (ValueError/TypeError naming
+    ``where``)."""
+    if not isinstance(name, str):
+        raise TypeError(f"{where}: a secret's name is a string, not {name!r}")
+    if not _SECRET_NAME.fullmatch(name):
+        raise ValueError(f"{where}: the secret name {name[:80]!r} is not an environment "
+                         f"variable's name (letters, digits, _; at most 64)")
+    return name
+
+
+def bindings_of(value: Any, policy: Policy) -> dict[str, frozenset[Bound]]:
+    """A policy's ``"secrets"`` entry checked against its own rules: each name bound to
+    at least one "host:port" that an allow rule admits by name (and no deny rule refuses).
+    ValueError/TypeError naming the secret and the host."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise TypeError(f"'network' 'secrets' is a dict of secret names to lists of "
+                        f"\"host:port\", not {value!r}")
+    bound = {}
+    for name, hosts in value.items():
+        secret_name(name, "'network' 'secrets'")
+        if not isinstance(hosts, (list, tuple)) or not hosts or not all(
+                isinstance(h, str) for h in hosts):
+            raise ValueError(f"'network' 'secrets': the secret {name} is bound to no host: "
+                             f"give a list of \"host:port\" it may be sent to")
+        bound[name] = frozenset(_bound(name, text, policy) for text in hosts)
+    return bound
+
+
+def _bound(name: str, text: str, policy: Policy) -> Bound:
+    """One "host:port" of a secret's binding, admitted by the policy's rules by name."""
+    try:
+        host, port = authority_of(text)
+    except ValueError as exc:
+        raise ValueError(f"'network' 'secrets': the secret {name} is bound to {text!r}, which "
+                         f"is not host:port ({exc})") from None
+    decision = policy.check(host, port, [])
+    if not decision.admitted:
+        raise ValueError(f"'network' 'secrets': the secret {name} is bound to {text!r}, which "
+                         f"no allow rule admits ({decision.why})")
+    return host, port
 
 
 def rule_of(text: str, key: str = "allow") -> Rule:

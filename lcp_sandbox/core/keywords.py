@@ -18,12 +18,13 @@ from typing import Any, Callable, Mapping
 from .kinds import check_kind
 from .limits import Limits, confine_setting, network_setting
 from .policy import run_as_setting, uid_range_setting
+from .secrets import host_secrets
 from .spelling import near_miss
 
 #: Settings with a checker of their own (None: the owner's default, where it has one).
 _OWN: dict[str, Callable[[Any], Any]] = {
     "confine": confine_setting, "network": network_setting, "run_as": run_as_setting,
-    "uid_range": uid_range_setting}
+    "uid_range": uid_range_setting, "secrets": lambda v: host_secrets(v, "secrets")}
 
 #: SandboxedBinding's keywords (``tools_folder_path``: LCPBinding's other name of
 #: ``tools_folders``; ``supervisor``: whatever has a Backend's methods).
@@ -32,14 +33,16 @@ BINDING = {"host_tool_configs": "dict|None", "tools_folders": "folders|None",
            "confirm_handler": "callable|None", "user_interaction_handler": "callable|None",
            "workspace": "path|None", "tenant": "str", "timeout_s": "number|None",
            "memory_mb": "number|None", "supervisor": "backend|None", "confine": "confine|None",
-           "workspace_root": "path|None", "network": "network|None"}
+           "workspace_root": "path|None", "network": "network|None",
+           "secrets": "secrets|None"}
 
 SUPERVISOR = {"max_workers": "count|None", "max_workers_per_tenant": "count|None",
               "idle_timeout_s": "number|None", "confine": "confine", "on_event": "callable|None",
               "crash_policy": "CrashPolicy|None", "watch_interval_s": "positive",
               "run_as": "run_as|None", "tenants_root": "path|None", "start_method": "str|None",
               "uid_range": "uid_range", "max_processes_per_tenant": "count|None",
-              "network": "network", "envs_dir": "path|None", "env_wait_s": "number"}
+              "network": "network", "envs_dir": "path|None", "env_wait_s": "number",
+              "secrets": "secrets|None", "upstream_ca_file": "path|None"}
 
 RAY_SUPERVISOR = {"address": "str|None", "max_workers_per_node": "count|None",
                   "max_workers_per_tenant": "count|None", "idle_timeout_s": "number|None",

@@ -37,6 +37,8 @@ classes of this module are the public outcomes; the others never leave the engin
                                      ─► CallFailed naming it
     ProxyRefusal                     backends/local/confine/egress_conn.py: a connection the
                                      egress proxy does not make ─► an HTTP answer to the tool
+    SecretMisuse                     core/secrets.py: a placeholder sent to a host its secret
+                                     is not bound to ─► ProxyRefusal (403), counted, logged
     HostGone                         backends/ray/relay.py: the driver gave up ─► the Ray
                                      agent ends the call as the driver said
 

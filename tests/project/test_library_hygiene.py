@@ -101,7 +101,7 @@ def test_the_class_docstring_describes_every_constructor_keyword():
     doc = inspect.getdoc(SandboxedBinding)
     params = [p for p in inspect.signature(SandboxedBinding.__init__).parameters.values()
               if p.name != "self" and p.kind is not p.VAR_KEYWORD]
-    assert len(params) == 13
+    assert len(params) == 14
     for p in params:
         assert f"\n{p.name}\n    " in doc, p.name
     assert "\nother keywords\n    " in doc                        # **kwargs: the load flags

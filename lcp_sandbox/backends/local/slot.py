@@ -26,7 +26,7 @@ import collections
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 from ... import protocol as P
 from ...core.discovery import Library
@@ -140,6 +140,8 @@ class Slot:
     mem_at: float = 0.0
     # Its last worker's pids cgroup (max_processes)
     cgroup: Optional[str] = None
+    # Its binding's own secrets (WorkerSpec.secrets): for its workers' egress proxy
+    secrets: Mapping[str, str] = field(default_factory=dict)
     # Its warm calls' spin windows.
     spin: SpinPolicy = field(default_factory=SpinPolicy)
 
@@ -148,9 +150,10 @@ class Slot:
         return max(0, self.starts - 1)
 
     # ------------------------------------------------------------ calls
-    def configure(self, limits: Limits) -> None:
+    def configure(self, limits: Limits, secrets: Mapping[str, str]) -> None:
         """The library's settings as the call that arrives says them."""
         self.limits = limits
+        self.secrets = secrets
 
     def begin_call(self) -> None:
         """Its worker is about to get a call from this thread."""

@@ -186,6 +186,11 @@ class Supervisor(Closing):
             LCP_SANDBOX_ENVS_DIR, else the user's cache folder.
         env_wait_s: how long a call waits for its library's environment to be built;
             the wait does not count against the call's timeout.
+        secrets: {name: value} the egress proxy puts in the requests of workers whose
+            policy binds the name to the request's host; the workers hold placeholders
+            (core/secrets.py, confine/egress_secrets.py).
+        upstream_ca_file: the CAs the proxy checks the servers of bound hosts against
+            (None: the system's trust store).
     """
 
     def __init__(self, max_workers: Optional[int] = None,
@@ -198,9 +203,10 @@ class Supervisor(Closing):
                  uid_range: tuple[int, int] = DEFAULT_UID_RANGE,
                  max_processes_per_tenant: Optional[int] = DEFAULT_TENANT_PROCESSES,
                  network: Union[bool, dict[str, Any]] = True, envs_dir: Optional[str] = None,
-                 env_wait_s: float = 600.0) -> None:
+                 env_wait_s: float = 600.0, secrets: Optional[dict[str, str]] = None,
+                 upstream_ca_file: Optional[str] = None) -> None:
         """Check every setting (the class's Args say what each is); start nothing."""
-        checked_keywords("Supervisor", locals())
+        checked = checked_keywords("Supervisor", locals())
         self.start_method = start_method_of(start_method)
         self.crash_policy = crash_policy or CrashPolicy()
         self.confine = confine_setting(confine)
@@ -234,6 +240,7 @@ class Supervisor(Closing):
         # What a confined worker may get beyond its root: pids cgroups, disks, egress proxy.
         self.extras = WorkerExtras(self.counters)
         self.egress = self.extras.egress
+        self.egress.secrets.hold(checked.get("secrets") or {}, upstream_ca_file)
         self.environments = Environments(envs_dir, env_wait_s)
         _live_supervisors.add(self)
 
@@ -257,7 +264,7 @@ class Supervisor(Closing):
         slot = self._slots.get(spec.key) or self._slot(spec)
         # A binding keeps its specs: new limits for a slot are seldom.
         if slot.limits is not spec.limits:
-            slot.configure(spec.limits)
+            slot.configure(spec.limits, spec.secrets)
         try:
             if not slot.lock.acquire(timeout=timeout if timeout else None):
                 raise Unavailable.not_run(spec.library.name, tool, f"its worker stayed busy "
@@ -317,7 +324,7 @@ class Supervisor(Closing):
         """The slot of ``spec``'s key, made on its first call."""
         with self._lock:
             return self._slots.setdefault(spec.key, Slot(spec.tenant, spec.library, spec.limits,
-                                                         spec.root))
+                                                         spec.root, secrets=spec.secrets))
 
     def _worker_for(self, slot: Slot, spec: WorkerSpec, tool: str,
                     queue_deadline: Optional[float], now: float) -> WorkerProcess:
@@ -653,6 +660,16 @@ class Supervisor(Closing):
         keys = [k for k in list(self._slots) if k[0] == tenant and k[1] == library_key]
         self._stop_slots(keys)
         return bool(keys)
+
+    @property
+    def secret_names(self) -> frozenset[str]:
+        """(Backend) the names of the secrets it holds; their values never leave it."""
+        return frozenset(self.egress.secrets.values)
+
+    def set_secret(self, name: str, value: str) -> None:
+        """Hold ``value`` as the secret ``name``: each worker started from now on puts it in
+        its requests (one that runs keeps the value it started with)."""
+        self.egress.secrets.set(name, value)
 
     def remove_tenant(self, tenant: str, root: Optional[str] = None) -> Optional[int]:
         """Stop every worker of ``tenant``; with ``root`` (the tenant's workspace root),

@@ -128,6 +128,9 @@ class RaySupervisor(Closing):
     #: The network of bindings that do not choose (Backend.network): the host's.  A
     #: binding's or a library's own setting travels in its WorkerSpec's limits.
     network: Union[bool, dict] = True
+    #: (Backend.secret_names) none: a node's proxy holds no secret of the driver's, so a
+    #: policy that binds one is refused there (503, naming it)
+    secret_names: frozenset[str] = frozenset()
 
     def __init__(self, address: Optional[str] = None,
                  max_workers_per_node: Optional[int] = None,

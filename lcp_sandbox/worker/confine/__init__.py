@@ -85,7 +85,7 @@ from .apart import (
     processes_by_uid,
 )
 from .caps import cap_tenant_processes, disk_state, join_pids_cgroup
-from .egress_dial import BY_PORT, hold_tcp, policy_network, start_supply
+from .egress_dial import BY_PORT, hold_placeholders, hold_tcp, policy_network, start_supply
 from .guard import REPORT as GUARD_REPORT
 from .guard import install as install_guard
 from .guard import installed as guard_installed
@@ -172,6 +172,9 @@ def prepare(init: P.Init, shared: bool = False) -> dict:
         report["network"] = _own_network(conf, network, disabled)
         if isinstance(network, dict):
             report["network"] = _egress(conf, network, report["network"], disabled)
+            if report["network"].startswith("policy") and init.tmpdir:
+                report["network"] += hold_placeholders((conf or {}).get("egress") or {},
+                                                       init.tmpdir)
     if conf is not None:
         _confine(init, report, disabled, shared)
         if shared:

@@ -53,6 +53,8 @@ from ...protocol.dialer import A_SOCKET, ASK_PORT, ASK_SOCKET, LISTENER, NO_SOCK
 from .landlock import NET_ABI, landlock_abi, restrict_tcp
 
 _PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
+#: Where Python's ssl (and so urllib, httpx), requests and curl look for the CAs to trust
+_CA_VARIABLES = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
 #: (in its own namespace) the dialer, open while the worker lives: its end tells the proxy
 #: that the worker's connections end
 _DIALER: list[socket.socket] = []
@@ -204,6 +206,27 @@ def _init(self: socket.socket, family: int = -1, type: int = -1, proto: int = -1
     _PLAIN_INIT(self, *supply(family, type, proto, fileno))
     if fileno is None and type != -1 and type & socket.SOCK_NONBLOCK:
         self.setblocking(False)
+
+
+def hold_placeholders(egress: dict, tmpdir: str) -> str:
+    """(A policy that binds secrets) each secret's placeholder in the environment under its
+    name, and the CAs the worker trusts (the system's and the proxy's, which signs the
+    certificates of the hosts its secrets are bound to) in a file of its temp dir, named
+    by SSL_CERT_FILE and REQUESTS_CA_BUNDLE: what stats() adds to the network's report
+    ("" when there is no secret)."""
+    placeholders = egress.get("secrets") or {}
+    if not placeholders:
+        return ""
+    for name, placeholder in placeholders.items():
+        os.environ[name] = placeholder
+    bundle = os.path.join(tmpdir, "lcp-sandbox-ca-bundle.pem")
+    with open(bundle, "w", encoding="ascii") as f:
+        f.write(egress["ca_bundle"])
+    os.chmod(bundle, 0o644)
+    for name in _CA_VARIABLES:
+        os.environ[name] = bundle
+    return (f"; secrets {', '.join(sorted(placeholders))}: placeholders only, swapped by the "
+            f"host's proxy")
 
 
 def start_supply() -> None:

@@ -16,5 +16,6 @@ confinement stands on, and gives it back when the worker or its tenant is gone:
     egress_accept.py its threads: each accepts a connection and serves it
     egress_conn.py  one connection through the egress proxy: head, decision, relay
     egress_port.py  the egress proxy by port, for workers with no network namespace
+    egress_secrets.py secrets on the way out: TLS for the bound hosts, placeholders swapped
     pid_guard.py    the guard of processes where all tenants share one uid (seccomp notify)
 """

@@ -27,11 +27,12 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional, Union
+from typing import Callable, Optional, Protocol, Union
 
 import h11
 
 from ....core.egress_rules import Address, authority_of
+from ....core.secrets import Headers, SecretMisuse, Swap
 
 HEAD_LIMIT = 64 * 1024
 HEAD_TIMEOUT_S = 10.0
@@ -63,6 +64,21 @@ class ProxyRefusal(Exception):
         self.retry_after = retry_after
 
 
+class Secrets(Protocol):
+    """A worker's secrets, as a connection sees them (egress_secrets.WorkerSecrets)."""
+    swap: Swap
+
+    def intercepts(self, host: str, port: int) -> bool:
+        """Whether a tunnel to (host, port) is opened (a secret is bound to it)."""
+
+    def refuse(self, exc: SecretMisuse, host: str, port: int) -> "ProxyRefusal":
+        """``exc`` counted and logged: the refusal to answer."""
+
+    def intercept(self, client: socket.socket, upstream: socket.socket, host: str,
+                  port: int, rest: bytes) -> None:
+        """A tunnel to a bound host, opened: each request swapped on its way."""
+
+
 @dataclass(frozen=True)
 class ProxyRequest:
     """Where a request goes: ``host`` as canonical_host() spells it, ``port``, and
@@ -73,12 +89,13 @@ class ProxyRequest:
 
 
 def serve(client: socket.socket, admit: Admit, head_timeout_s: float = HEAD_TIMEOUT_S,
-          track: Optional[Track] = None) -> None:
+          track: Optional[Track] = None, secrets: Optional[Secrets] = None) -> None:
     """One connection, to its end (the caller closes ``client``).  ``track`` is told the
     server's socket once it is connected, and None before it is closed: the proxy ends
-    a connection from outside by shutting both sockets down."""
+    a connection from outside by shutting both sockets down.  ``secrets``: the worker's,
+    swapped in its request heads (egress_secrets.py)."""
     try:
-        request, rest = read_request(client, head_timeout_s)
+        request, rest = read_request(client, head_timeout_s, secrets)
         upstream = connect(admit(request.host, request.port), request.port)
     except ProxyRefusal as exc:
         client.sendall(response(exc.status, str(exc), exc.retry_after))
@@ -86,6 +103,10 @@ def serve(client: socket.socket, admit: Admit, head_timeout_s: float = HEAD_TIME
     if track is not None:
         track(upstream)
     try:
+        if (request.upstream is None and secrets is not None
+                and secrets.intercepts(request.host, request.port)):
+            secrets.intercept(client, upstream, request.host, request.port, rest)
+            return
         if request.upstream is None:
             client.sendall(_ESTABLISHED)
         else:
@@ -99,7 +120,8 @@ def serve(client: socket.socket, admit: Admit, head_timeout_s: float = HEAD_TIME
         upstream.close()
 
 
-def read_request(client: socket.socket, timeout_s: float) -> tuple[ProxyRequest, bytes]:
+def read_request(client: socket.socket, timeout_s: float,
+                 secrets: Optional[Secrets] = None) -> tuple[ProxyRequest, bytes]:
     """(the request ``client`` sent, what came after its head): the head parsed by h11 as
     it arrives, all of it within ``timeout_s`` (one deadline for the whole head, not one a
     read: a head trickled a byte at a time ends there too), at most HEAD_LIMIT bytes (the
@@ -120,7 +142,7 @@ def read_request(client: socket.socket, timeout_s: float) -> tuple[ProxyRequest,
             except h11.RemoteProtocolError as exc:
                 raise ProxyRefusal(400, f"not an HTTP/1 request head: {exc}") from None
             if isinstance(event, h11.Request):
-                return request_of(event), parser.trailing_data[0]
+                return request_of(event, secrets), parser.trailing_data[0]
             if event is not h11.NEED_DATA:
                 raise ProxyRefusal(400, "the connection ended before its request head")
     finally:
@@ -147,18 +169,26 @@ def _receive(client: socket.socket, deadline: float, size: int, timeout_s: float
         raise ProxyRefusal(400, f"no complete request head within {timeout_s:g} s") from None
 
 
-def request_of(event: h11.Request) -> ProxyRequest:
+def request_of(event: h11.Request, secrets: Optional[Secrets] = None) -> ProxyRequest:
     """Where an h11 request goes: CONNECT host:port, or an absolute http:// URL (its
-    head rewritten for the server: origin-form, its own Host, ``Connection: close``)."""
+    head rewritten for the server: origin-form, its own Host, ``Connection: close``, and
+    the worker's placeholders swapped: ``secrets``).  A CONNECT head carries none."""
     if event.http_version not in _VERSIONS:
         raise ProxyRefusal(400, f"HTTP/{event.http_version.decode()} is not HTTP/1.0 or 1.1")
     # h11 admits visible ASCII only in a request target
     target = event.target.decode("ascii")
     if event.method == b"CONNECT":
         try:
-            return ProxyRequest(*authority_of(target), None)
+            host, port = authority_of(target)
         except ValueError as exc:
             raise ProxyRefusal(400, f"CONNECT needs host:port: {exc}") from None
+        if secrets is not None:
+            try:
+                secrets.swap.refuse_any(host, port, bytes(event.target),
+                                        *(b for pair in event.headers.raw_items() for b in pair))
+            except SecretMisuse as exc:
+                raise secrets.refuse(exc, host, port) from None
+        return ProxyRequest(host, port, None)
     if target[:len(_HTTP)].lower() != _HTTP:
         raise ProxyRefusal(400, f"a plain-HTTP request through the proxy names an absolute http:// "
                            f"URL, not {target[:200]!r} (https goes through CONNECT)")
@@ -172,21 +202,30 @@ def request_of(event: h11.Request) -> ProxyRequest:
     except ValueError as exc:
         raise ProxyRefusal(400, f"the URL {target[:200]!r} names no host this proxy reaches: "
                            f"{exc}") from None
-    return ProxyRequest(host, port, _upstream_head(event, host, port, path))
+    origin = path if path.startswith("/") else "/" + path
+    headers: Headers = list(event.headers.raw_items())
+    if secrets is not None:
+        try:
+            swapped = secrets.swap.head(host, port, origin.encode("ascii"), headers)
+        except SecretMisuse as exc:
+            raise secrets.refuse(exc, host, port) from None
+        if swapped is not None:
+            origin, headers = swapped[0].decode("ascii", "replace"), swapped[1]
+    return ProxyRequest(host, port, _upstream_head(event, host, port, origin, headers))
 
 
-def _upstream_head(event: h11.Request, host: str, port: int, path: str) -> bytes:
+def _upstream_head(event: h11.Request, host: str, port: int, origin: str,
+                   headers: Headers) -> bytes:
     """The head a plain-HTTP request is forwarded with: origin-form, the Host of its URL
     (a proxy replaces the client's), no hop-by-hop header, ``Connection: close``."""
     # (names as sent; h11 checked them, and lower() is what its own iteration gives)
-    raw = [(name, name.lower(), value) for name, value in event.headers.raw_items()]
+    raw = [(name, name.lower(), value) for name, value in headers]
     named = {t.strip().lower() for _, low, value in raw if low == b"connection"
              for t in value.split(b",")}
     authority = f"[{host}]" if ":" in host else host
     if port != 80:
         authority = f"{authority}:{port}"
-    origin = path if path.startswith("/") else "/" + path
-    lines = [b"%s %s HTTP/%s" % (event.method, origin.encode("ascii"), event.http_version),
+    lines = [b"%s %s HTTP/%s" % (event.method, origin.encode("latin-1"), event.http_version),
              b"Host: " + authority.encode("ascii")]
     lines += [name + b": " + value for name, low, value in raw
               if low not in _HOP_BY_HOP and low not in named]

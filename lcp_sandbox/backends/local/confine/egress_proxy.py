@@ -17,27 +17,22 @@
 The proxy's listening socket is a unix socket in a folder only the host's user may enter; a
 worker reaches it only through the dialer it opened before its confinement (its system call
 filter then refuses new unix sockets).  Where the host cannot make a network namespace for
-its workers (a default container refuses unshare), it sends a worker by port: in the host's
-network, it reaches the proxy at a TCP port (egress_port.py: only then does the proxy listen
-on the host's addresses).  Which of the two a worker is, the host decides as it gives the
-worker its token (give(): egress_port.worker_network()) and records with the token; the
-proxy answers each request by that record alone, never by what the worker sends.
+its workers (a default container refuses unshare), a worker comes by port (egress_port.py).
+Which way, the host decides as it gives the worker its token (give()) and records with the
+token: the proxy answers by that record alone, never by what the worker sends.  A worker's
+secrets are put in its requests on their way out (egress_secrets.py).
 
 The worker is hostile: what it sends on its dialer may be anything (garbage, a file, a
-pipe, a connection, a flood, the host's own descriptors it holds); from a worker in a
-namespace of its own, one listening TCP socket of a network namespace other than the
-host's (where the kernel tells: SO_NETNS_COOKIE) is taken, the first, and every other
-descriptor is closed unread.  (A worker with a dialer can make no listener of the host's
-network: one in a namespace of its own makes no socket of it, one by port may not listen.)
-Connections at once are capped: MAX_PER_WORKER a worker and MAX_PER_TENANT a tenant (429
-beyond them), MAX_CONNECTIONS the host (503), each answered at once with ``Retry-After``; a
-tenant's cap is a thirty-second of the host's, so no fewer than thirty-two tenants fill the
-host.  A whole request head comes within HEAD_TIMEOUT_S (one deadline, not one a read) and
+pipe, a flood, the host's own descriptors it holds); from a worker in a namespace of its
+own, one listening TCP socket of another network namespace (SO_NETNS_COOKIE) is taken, the
+first, and every other descriptor is closed unread.  Connections at once are capped:
+MAX_PER_WORKER a worker and MAX_PER_TENANT (a thirty-second of the host's) a tenant (429
+beyond them), MAX_CONNECTIONS the host (503), each answered at once with ``Retry-After``.
+A whole request head comes within HEAD_TIMEOUT_S (one deadline, not one a read) and
 HEAD_LIMIT bytes.  Plain HTTP requests are forwarded with ``Connection: close``, so a
-kept-alive connection cannot carry a second request to another host.
-A connection lives no longer than the worker it came from: when a worker's dialer ends (the
-worker stopped, was killed, its session ended), the proxy shuts down both ends of each of its
-connections, so a server that never closes (a long poll) keeps no slot of a worker that is gone.
+kept-alive connection cannot carry a second request to another host.  A connection lives
+no longer than the worker it came from: when a worker's dialer ends, the proxy shuts down
+both ends of each of its connections (a long poll keeps no slot of a worker that is gone).
 """
 from __future__ import annotations
 
@@ -56,12 +51,14 @@ from typing import Any, Coroutine, Optional
 
 from .... import protocol as P
 from ....core.egress_rules import Address, Decision, Policy, canonical_host, policy_of
+from ....core.secrets import with_placeholders
 from ....protocol.dialer import ASK_PORT, ASK_SOCKET, LISTENER
 from ...metrics import Metrics
 from ..slot import Slot
 from .egress_accept import Acceptors, Serve, listening_socket
 from .egress_conn import HEAD_TIMEOUT_S, ProxyRefusal, response, serve
 from .egress_port import ByPort, Handed, worker_network
+from .egress_secrets import Keeper, WorkerSecrets
 
 log = logging.getLogger("lcp_sandbox.egress")
 
@@ -87,6 +84,8 @@ class Identity:
     library: str
     policy: Policy
     by_port: bool = False
+    # its worker's secrets, if its policy binds any (egress_secrets.py)
+    secrets: Optional[WorkerSecrets] = None
     active: int = 0
     refused: int = 0
 
@@ -101,6 +100,8 @@ class EgressProxy:
         self.max_per_tenant = MAX_PER_TENANT
         self.max_connections = MAX_CONNECTIONS
         self.head_timeout_s = HEAD_TIMEOUT_S
+        # The host's secrets, put in its workers' requests (egress_secrets.py)
+        self.secrets = Keeper(metrics, lambda: self._folder)
         self._ids: dict[str, Identity] = {}
         # id(slot): its token, while it lives.
         self._tokens: dict[int, str] = {}
@@ -122,12 +123,10 @@ class EgressProxy:
             self._take, lambda: self.max_per_worker, self._accept_on, self._unlisten)
 
     def give(self, init: P.Init, slot: Slot) -> P.Init:
-        """The INIT of ``slot``'s next worker with what it dials the proxy with: the
-        proxy's socket, the slot's token (the proxy starts now if it has not), and the
-        host's decision of the way it comes, ``no_namespace``: "" (it makes a network
-        namespace of its own), else why it has none (it comes by port).  The token names
-        the slot's tenant, library, policy and that way for as long as the slot lives."""
-        # (a probe of the host's, once: before the lock)
+        """The INIT of ``slot``'s next worker with the proxy's socket, the slot's token (the
+        proxy starts now if it has not), the way it comes (``no_namespace``: "", its own
+        namespace, else why it comes by port) and its secrets' placeholders.  The token
+        names the slot's tenant, library, policy and way for as long as the slot lives."""
         no_namespace = worker_network(init.disabled or ())
         with self._lock:
             if self._loop is None:
@@ -137,13 +136,17 @@ class EgressProxy:
                 token = self._tokens[id(slot)] = secrets.token_hex(TOKEN_BYTES // 2)
                 rules = slot.limits.network
                 assert isinstance(rules, dict), "only a worker with a network policy dials"
-                self._ids[token] = Identity(slot.tenant, slot.library.name, policy_of(rules),
-                                            bool(no_namespace))
+                self._ids[token] = Identity(slot.tenant, slot.library.name, policy_of(rules))
                 weakref.finalize(slot, self._forget, id(slot), token)
-            else:
-                # (its worker before is gone: a slot has one at a time)
-                self._ids[token].by_port = bool(no_namespace)
-        egress = {"socket": self.path, "token": token, "no_namespace": no_namespace}
+            ident = self._ids[token]
+            # (its worker before is gone: a slot has one at a time)
+            ident.by_port = bool(no_namespace)
+        egress: dict[str, Any] = {"socket": self.path, "token": token,
+                                  "no_namespace": no_namespace}
+        ident.secrets, placeholders = self.secrets.of(slot.secrets, ident.policy, init.configs)
+        if ident.secrets is not None:
+            egress.update(secrets=placeholders, ca_bundle=ident.secrets.authority.bundle)
+            init = init._replace(configs=with_placeholders(init.configs, placeholders))
         return init._replace(confine={**(init.confine or {}), "egress": egress})
 
     def _forget(self, slot_id: int, token: str) -> None:
@@ -371,7 +374,7 @@ class EgressProxy:
         try:
             sock.setblocking(True)
             serve(sock, lambda host, port: self._admit(ident, host, port), self.head_timeout_s,
-                  lambda upstream: self._track(conn, upstream))
+                  lambda upstream: self._track(conn, upstream), ident.secrets)
         except OSError:
             pass
         except Exception:                                   # noqa: BLE001 (a bug: say it)

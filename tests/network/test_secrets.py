@@ -1,0 +1,298 @@
+"""Secrets the worker never holds: the host's egress proxy puts a secret's value in the
+requests of a worker whose policy binds it to their host; the worker holds a placeholder.
+A local HTTPS server with a CA of the test's own stands for the API; every server records
+what reached it, and none of them echoes a key back."""
+from __future__ import annotations
+
+import datetime
+import http.server
+import ipaddress
+import json
+import logging
+import re
+import ssl
+import threading
+import uuid
+
+import psutil
+import pytest
+from conftest import FIXTURES
+
+from lcp_sandbox import SandboxedBinding, Supervisor
+from lcp_sandbox.core.secrets import (
+    PLACEHOLDER_PREFIX,
+    SecretMisuse,
+    Swap,
+    host_secrets,
+    new_placeholder,
+)
+
+LIBS = FIXTURES / "secret_libs"
+VALUE = "sk-live-" + uuid.uuid4().hex           # never in a worker, a log or a result
+
+
+class Recorder(http.server.BaseHTTPRequestHandler):
+    """Records the key it got (header, query, body) and answers whether it was the value."""
+
+    def _answer(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length).decode() if length else ""
+        if self.path.startswith("/redirect"):
+            self.send_response(302)
+            self.send_header("Location", self.server.redirect_to)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        seen = " ".join([self.headers.get("X-Api-Key") or "", self.path, body])
+        self.server.seen.append(seen)
+        answer = json.dumps({"server": self.server.name, "value": self.server.value in seen,
+                             "placeholder": PLACEHOLDER_PREFIX in seen}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
+    do_GET = do_POST = _answer                      # noqa: N815 (the base class's names)
+
+    def log_message(self, *args):
+        pass
+
+
+def make_ca(tmp):
+    """A CA of the test's own and a server certificate for 127.0.0.1 it signed: (CA file,
+    server cert+key file)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test upstream CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
+          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+          .not_valid_before(now - datetime.timedelta(hours=1))
+          .not_valid_after(now + datetime.timedelta(days=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+          .sign(ca_key, hashes.SHA256()))
+    leaf = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
+            .issuer_name(ca_name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(hours=1))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+            .sign(ca_key, hashes.SHA256()))
+    ca_file, server_file = tmp / "ca.pem", tmp / "server.pem"
+    ca_file.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    server_file.write_bytes(leaf.public_bytes(serialization.Encoding.PEM) + key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+    return str(ca_file), str(server_file)
+
+
+def serve(name: str, tls: ssl.SSLContext = None):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    server.name, server.seen, server.value, server.redirect_to = name, [], VALUE, ""
+    if tls is not None:
+        server.socket = tls.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """The API (HTTPS, bound), another HTTPS host and a plain-HTTP host (not bound)."""
+    ca_file, server_file = make_ca(tmp_path_factory.mktemp("ca"))
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(server_file)
+    made = {"api": serve("api", tls), "other": serve("other", tls), "plain": serve("plain")}
+    made["api"].redirect_to = f"http://127.0.0.1:{made['plain'].server_address[1]}/landed"
+    yield ca_file, made
+    for server in made.values():
+        server.shutdown()
+        server.server_close()
+
+
+def port(world, name: str) -> int:
+    return world[1][name].server_address[1]
+
+
+def url(world, name: str, path: str = "/") -> str:
+    scheme = "http" if name == "plain" else "https"
+    return f"{scheme}://127.0.0.1:{port(world, name)}{path}"
+
+
+def policy(world, bound: str = "api") -> dict:
+    return {"allow": [f"127.0.0.1:{port(world, n)}" for n in ("api", "other", "plain")],
+            "secrets": {"API_KEY": [f"127.0.0.1:{port(world, bound)}"]}}
+
+
+@pytest.fixture(scope="module")
+def sup(world):
+    with Supervisor(confine=True, secrets={"API_KEY": VALUE}, upstream_ca_file=world[0]) as s:
+        yield s
+
+
+def binding(sup, root, tenant: str, network, **configs) -> SandboxedBinding:
+    ws = root / tenant
+    ws.mkdir(exist_ok=True)
+    return SandboxedBinding(tools_folders=[LIBS], supervisor=sup, tenant=tenant,
+                            workspace=str(ws), workspace_root=str(ws),
+                            host_tool_configs={"secretprobe": {"sandbox": {"network": network},
+                                                               **configs}})
+
+
+def out(t: SandboxedBinding, tool: str, **params):
+    got = t.execute_tool(tool, params)
+    assert got["success"], got
+    assert VALUE not in json.dumps(got)
+    return got["output"]
+
+
+@pytest.fixture(scope="module")
+def api(sup, world, open_tmp_module):
+    return binding(sup, open_tmp_module, "api-user", policy(world), key={"secret": "API_KEY"})
+
+
+def answer(got: dict) -> dict:
+    assert got["status"] == 200, got
+    return json.loads(got["body"])
+
+
+@pytest.mark.parametrize("client", ["requests", "httpx", "urllib"])
+@pytest.mark.parametrize("where", ["header", "query"])
+def test_the_bound_host_gets_the_value_and_the_worker_holds_a_placeholder(api, world, client,
+                                                                         where):
+    held = out(api, "tool_placeholder")
+    assert held.startswith(PLACEHOLDER_PREFIX) and VALUE not in held
+    got = answer(out(api, "tool_call", url=url(world, "api", "/v1"), client=client, where=where))
+    assert got == {"server": "api", "value": True, "placeholder": False}
+
+
+def test_a_config_reference_is_the_same_placeholder(api, world):
+    assert out(api, "tool_placeholder", source="config") == out(api, "tool_placeholder")
+    got = answer(out(api, "tool_call", url=url(world, "api"), source="config"))
+    assert got["value"] is True
+
+
+def test_a_body_is_never_swapped(api, world):
+    got = answer(out(api, "tool_call", url=url(world, "api", "/echo"), where="body"))
+    assert got == {"server": "api", "value": False, "placeholder": True}
+
+
+def test_another_host_never_gets_the_value(api, world, caplog):
+    """Over HTTPS to a host the secret is not bound to, the tunnel is not opened: the
+    server gets the meaningless placeholder.  Over plain HTTP the proxy sees it and refuses
+    (403), counts and logs the secret's name, never its value."""
+    got = answer(out(api, "tool_call", url=url(world, "other"), verify=False))
+    assert got == {"server": "other", "value": False, "placeholder": True}
+    seen = list(world[1]["plain"].seen)
+    with caplog.at_level(logging.WARNING, logger="lcp_sandbox.egress"):
+        refused = out(api, "tool_call", url=url(world, "plain", "/leak"), client="urllib")
+    assert refused["status"] == 403 and "API_KEY" in refused["body"], refused
+    assert world[1]["plain"].seen == seen
+    assert any("API_KEY" in r.getMessage() for r in caplog.records)
+    assert not any(VALUE in r.getMessage() for r in caplog.records)
+
+
+def test_a_kept_alive_session_to_another_host_gets_no_value(api, world):
+    first, second = out(api, "tool_session", first=url(world, "api", "/one"),
+                        second=url(world, "other", "/two"), verify_second=False)
+    assert json.loads(first["body"])["value"] is True
+    assert json.loads(second["body"]) == {"server": "other", "value": False, "placeholder": True}
+
+
+def test_a_redirect_is_followed_by_the_tool_and_the_secret_stays_behind(api, world):
+    seen = list(world[1]["plain"].seen)
+    got = out(api, "tool_call", url=url(world, "api", "/redirect"), client="httpx")
+    assert got["status"] == 403 and "API_KEY" in got["body"], got
+    assert world[1]["plain"].seen == seen
+
+
+def test_each_worker_has_its_own_placeholder_and_another_s_means_nothing(sup, api, world,
+                                                                         open_tmp_module):
+    other = binding(sup, open_tmp_module, "other-user", policy(world))
+    mine, theirs = out(api, "tool_placeholder"), out(other, "tool_placeholder")
+    assert mine != theirs
+    # (the other tenant's worker sends this one's placeholder: not its own, not swapped)
+    before = sum(1 for s in world[1]["api"].seen if mine in s)
+    got = answer(out(other, "tool_call", url=url(world, "api") + "?stolen=" + mine,
+                     where="query"))
+    assert got["value"] is True                        # its own key, in the query too
+    assert sum(1 for s in world[1]["api"].seen if mine in s) == before + 1
+
+
+def test_nothing_of_the_value_is_in_a_worker(api, world):
+    """As root: the worker's environment, arguments and memory hold no byte of it."""
+    out(api, "tool_call", url=url(world, "api"))
+    pid = next(s["pid"] for s in api.stats() if s["library"] == "secretprobe")
+    needle = VALUE.encode()
+    proc = psutil.Process(pid)
+    try:
+        environ = open(f"/proc/{pid}/environ", "rb").read()
+    except PermissionError:
+        pytest.skip("reading another uid's /proc/<pid>/environ and mem needs CAP_SYS_PTRACE, "
+                    "which this host kind (Docker's default capabilities) does not give")
+    assert needle not in environ
+    assert VALUE not in " ".join(proc.cmdline())
+    with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb", 0) as mem:
+        for line in maps:
+            span, perms = line.split()[:2]
+            if "r" not in perms:
+                continue
+            start, end = (int(x, 16) for x in span.split("-"))
+            try:
+                mem.seek(start)
+                assert needle not in mem.read(end - start), line
+            except (OSError, ValueError, OverflowError):
+                continue
+
+
+def test_a_secret_changed_on_the_host_reaches_the_next_worker(world, open_tmp_module):
+    new = "sk-rotated-" + uuid.uuid4().hex
+    with Supervisor(confine=True, secrets={"API_KEY": "sk-old"}, upstream_ca_file=world[0]) as s:
+        t = binding(s, open_tmp_module, "rotating", policy(world))
+        assert answer(out(t, "tool_call", url=url(world, "api")))["value"] is False
+        s.set_secret("API_KEY", VALUE)
+        assert answer(out(t, "tool_call", url=url(world, "api")))["value"] is False
+        t.restart_library("secretprobe")
+        assert answer(out(t, "tool_call", url=url(world, "api")))["value"] is True
+        with pytest.raises(ValueError):
+            s.set_secret("API_KEY", new + "\r\nX-Injected: 1")
+
+
+def test_settings_that_would_send_a_secret_wrong_are_refused_naming_it(sup, world, open_tmp):
+    allow = [f"127.0.0.1:{port(world, 'api')}"]
+    cases = [({"allow": allow, "secrets": {"API_KEY": ["127.0.0.1:1"]}}, {},
+              "no allow rule admits"),
+             ({"allow": allow, "secrets": {"API_KEY": []}}, {}, "bound to no host"),
+             ({"allow": allow, "secrets": {"NOT_HELD": allow}}, {}, "holds no value"),
+             ({"allow": allow}, {"key": {"secret": "API_KEY"}}, "binds to no host")]
+    for network, configs, said in cases:
+        t = binding(sup, open_tmp, f"wrong-{uuid.uuid4().hex[:6]}", network, **configs)
+        got = t.execute_tool("tool_placeholder", {})
+        assert got["status_code"] == 500 and said in got["error"], (network, got)
+    for bad in ({"BAD-NAME": "x"}, {"K": ""}, {"K": "a\nb"}, {"K": 7}, ["K"]):
+        with pytest.raises((TypeError, ValueError)):
+            host_secrets(bad, "secrets")
+        with pytest.raises((TypeError, ValueError)):
+            Supervisor(secrets=bad)
+
+
+def test_the_swap_of_a_head():
+    """Swap in a header value and in the query only; a placeholder anywhere else, or for a
+    host its secret is not bound to, is refused."""
+    swap = Swap([("lcp-secret-aa", "K", "v1", frozenset({("api.example", 443)}))])
+    assert swap.head("api.example", 443, b"/p?k=lcp-secret-aa",
+                     [(b"Authorization", b"Bearer lcp-secret-aa")]) == (
+        b"/p?k=v1", [(b"Authorization", b"Bearer v1")])
+    assert swap.head("api.example", 443, b"/p", [(b"A", b"b")]) is None
+    for host, target, headers in (("other.example", b"/", [(b"X", b"lcp-secret-aa")]),
+                                  ("other.example", b"/?k=lcp-secret-aa", []),
+                                  ("api.example", b"/lcp-secret-aa", []),
+                                  ("api.example", b"/", [(b"lcp-secret-aa", b"x")])):
+        with pytest.raises(SecretMisuse) as refused:
+            swap.head(host, 443, target, headers)
+        assert refused.value.name == "K" and "v1" not in str(refused.value)
+    assert re.fullmatch(r"lcp-secret-[0-9a-f]{32}", new_placeholder())
