@@ -133,7 +133,7 @@ def test_a_uid_that_holds_kernel_keys_is_retired(tmp_path, monkeypatch):
 
 def test_the_sweep_removes_only_what_the_uid_owns_never_through_a_link(tmp_path, monkeypatch):
     """In a shared place (here /tmp): the uid's files, its folders, its links (not what
-    they point to) are removed; another uid's file in a folder of the uid's stays, and so
+    they point to) are removed, deep in folders of others too; another uid's file in a folder of the uid's stays, and so
     does that folder (then the uid is stuck: retired); the tenants' folder (``keep``), even
     in /tmp, is looked in, never swept.  A walk past its budget is stuck too."""
     import tempfile
@@ -146,7 +146,8 @@ def test_the_sweep_removes_only_what_the_uid_owns_never_through_a_link(tmp_path,
             "inner": shared / "folder" / "inner", "link": shared / "link",
             "open": shared / "open", "others": shared / "open" / "others",
             "in_open": shared / "open" / "mine", "tenants": shared / "tenants",
-            "root": shared / "tenants" / "a"}
+            "root": shared / "tenants" / "a", "closed": shared / "closed",
+            "deep": shared / "closed" / "deep", "in_deep": shared / "closed" / "deep" / "mine"}
     try:
         made["file"].write_text("x")
         made["folder"].mkdir()
@@ -158,7 +159,11 @@ def test_the_sweep_removes_only_what_the_uid_owns_never_through_a_link(tmp_path,
         made["tenants"].mkdir()
         made["tenants"].chmod(0o711)
         made["root"].mkdir()
-        for key in ("file", "folder", "inner", "open", "in_open", "root"):
+        made["closed"].mkdir(mode=0o755)
+        made["deep"].mkdir()
+        made["deep"].chmod(0o777)
+        made["in_deep"].write_text("x")
+        for key in ("file", "folder", "inner", "open", "in_open", "root", "in_deep"):
             os.chown(made[key], uid, uid)
         os.lchown(made["link"], uid, uid)
         os.chown(made["others"], other, other)
@@ -167,6 +172,7 @@ def test_the_sweep_removes_only_what_the_uid_owns_never_through_a_link(tmp_path,
         assert not made["link"].is_symlink() and target.read_text() == "root's"
         assert made["others"].exists() and made["open"].exists()
         assert not made["in_open"].exists() and made["root"].exists()
+        assert not made["in_deep"].exists()             # in a folder it could write, deeper
         assert left.stuck == [f"{made['open']} is its"], left
         assert left.held == [f"{made['root']} is its"], left
         monkeypatch.setattr(sweep, "WALK_BUDGET", 3)

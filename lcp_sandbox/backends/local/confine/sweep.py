@@ -14,8 +14,9 @@ tenant can leave behind"):
                    private temp dirs): what the uid owns is removed, walked by descriptors
                    (each folder opened without following a link, each entry unlinked by
                    its folder's descriptor); a folder is entered only where the uid could
-                   have entered it; what another uid owns is left, and remains when it lies
-                   in a folder of the uid's (the folder stays)
+                   have entered it, and of one it could not write only the folders are
+                   looked at (it made no file there); what another uid owns is left, and
+                   remains when it lies in a folder of the uid's (the folder stays)
     ``keep``       folders only looked in (the tenants' folder: a tenant's root is deleted
                    by Supervisor.remove_tenant, or kept on purpose by the host)
     System V IPC   /proc/sysvipc/{shm,sem,msg}: owner or creator the uid: IPC_RMID by id
@@ -47,8 +48,8 @@ from typing import Iterable, Optional
 
 from ....core.shared_places import SHARED_WRITABLE
 
-#: Entries one sweep reads at most in the folders it walks: past it the uid is stuck.
-WALK_BUDGET = 50_000
+#: Entries one walk reads at most in the folders it walks: past it the uid is stuck.
+WALK_BUDGET = 200_000
 #: Rounds of SIGKILL to the uid's processes (a fork between two looks is killed next round).
 KILL_ROUNDS = 5
 #: How long one round waits for the processes it killed.
@@ -113,7 +114,7 @@ def look(uid: int, keep: Iterable[str] = ()) -> Left:
         for place in places():
             left.stuck += _walk(place, uid, False, budget, kept)
         for place in keep:
-            left.held += _walk(os.path.realpath(place), uid, False, budget, set())
+            left.held += _walk(os.path.realpath(place), uid, False, budget, set(), True)
     except _Budget:
         left.stuck.append(f"the walk passed {WALK_BUDGET} entries")
     return left
@@ -211,15 +212,16 @@ def _kept(keep: Iterable[str]) -> set[tuple[int, int]]:
 
 
 def _walk(place: str, uid: int, remove: bool, budget: list[int],
-          kept: set[tuple[int, int]]) -> list[str]:
+          kept: set[tuple[int, int]], every_file: bool = False) -> list[str]:
     """What ``uid`` owns (or its gid, the same number) under ``place``, but in ``kept``:
-    with ``remove``, what it owns is removed first, and the list says what could not be."""
+    with ``remove``, what it owns is removed first, and the list says what could not be.
+    ``every_file``: files in folders the uid could not write are looked at too."""
     try:
         fd = os.open(place, _DIR)
     except OSError:
         return []
     try:
-        return _clear(fd, place, _Walk(uid, remove, budget, kept), False)
+        return _clear(fd, place, _Walk(uid, remove, budget, kept, every_file), os.fstat(fd))
     finally:
         os.close(fd)
 
@@ -231,11 +233,16 @@ class _Walk:
     remove: bool
     budget: list[int]
     kept: set[tuple[int, int]]
+    every_file: bool
 
 
-def _clear(dfd: int, where: str, walk: _Walk, its_own: bool) -> list[str]:
-    """_walk() of the folder ``dfd`` (``its_own``: a folder of the uid's)."""
+def _clear(dfd: int, where: str, walk: _Walk, folder: os.stat_result) -> list[str]:
+    """_walk() of the folder ``dfd`` (``folder``: its stat).  In a folder the uid could
+    not write, only folders are looked at (the uid could have made no file there; a
+    folder deeper may be one it could write)."""
     left: list[str] = []
+    its_own = folder.st_uid == walk.uid
+    writable = walk.every_file or _writable(folder, walk.uid)
     try:
         entries = list(os.scandir(dfd))
     except OSError:
@@ -244,6 +251,8 @@ def _clear(dfd: int, where: str, walk: _Walk, its_own: bool) -> list[str]:
         walk.budget[0] -= 1
         if walk.budget[0] < 0:
             raise _Budget()
+        if not writable and not entry.is_dir(follow_symlinks=False):
+            continue
         try:
             st = entry.stat(follow_symlinks=False)
         except OSError:
@@ -285,9 +294,16 @@ def _enter(dfd: int, name: str, st: os.stat_result, path: str, walk: _Walk) -> l
         now = os.fstat(sub)
         if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
             return []
-        return _clear(sub, path, walk, now.st_uid == walk.uid)
+        return _clear(sub, path, walk, now)
     finally:
         os.close(sub)
+
+
+def _writable(st: os.stat_result, uid: int) -> bool:
+    """Whether a process of ``uid`` (no capabilities) could add to this folder."""
+    mode = st.st_mode
+    return bool(st.st_uid == uid or mode & stat.S_IWOTH and mode & stat.S_IXOTH or
+                st.st_gid == uid and mode & stat.S_IWGRP and mode & stat.S_IXGRP)
 
 
 def _enterable(st: os.stat_result, uid: int) -> bool:
