@@ -125,9 +125,9 @@ class Policy:
         reachable = tuple(a for a in addresses if a.is_global
                           or any(r.matches_address(a, port) for r in self.allow))
         if addresses and not reachable:
-            said = "; ".join(f"{a}, a {_kind(a)} address" for a in addresses)
-            return Decision(False, f"unlisted {_kind(addresses[0])} address",
-                            f"{host} resolves to {said} that no allow rule lists", host)
+            said = "; ".join(f"{host} resolves to {a}, a {_kind(a)} address that no allow "
+                             f"rule lists" for a in addresses)
+            return Decision(False, f"unlisted {_kind(addresses[0])} address", said, host)
         return Decision(True, f"allow {named.text}", f"{_join(host, port)}: allow {named.text!r}",
                         host, reachable)
 

@@ -197,7 +197,7 @@ def test_a_name_resolving_to_loopback_needs_the_address_listed_per_tenant(sup, s
                      {"allow": [f"localhost:{port}", f"127.0.0.1:{port}"]})
     refused = out(by_name, "tool_urllib", url=f"http://localhost:{port}/n")
     assert refused["status"] == 403
-    # (a container's /etc/hosts names ::1 too: "resolves to ::1, a loopback address; 127...")
+    # (a container's /etc/hosts names ::1 too: one such sentence for each address)
     assert "127.0.0.1, a loopback address that no allow rule lists" in refused["body"]
     assert out(listed, "tool_urllib", url=f"http://localhost:{port}/n")["status"] == 200
 
