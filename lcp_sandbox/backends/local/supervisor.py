@@ -83,7 +83,7 @@ import threading
 import time
 import weakref
 from concurrent.futures import Future
-from typing import Any, Callable, NoReturn, Optional, Union, cast
+from typing import Any, Callable, NoReturn, Optional, Union
 
 from ... import protocol as P
 from ...core.keywords import checked_keywords
@@ -493,21 +493,7 @@ class Supervisor(Closing):
             self.pool.release(slot.tenant)
             self.templates.released(slot.template)
             if proc.tmpdir:
-                self._remove_tmpdir_when_gone(proc, slot.library.name)
-
-    def _remove_tmpdir_when_gone(self, proc: WorkerProcess, library: str) -> None:
-        """Remove ``proc``'s temp dir once the process is gone: a worker still ending (or
-        still starting: a fresh one makes its own root's mount point there as root) could
-        add to a folder while it is removed, which would then stay behind."""
-        pid, zyg = proc.known_pid, proc.zygote
-        path, whose = cast(str, proc.tmpdir), f"worker {pid} of {library}"
-        if proc.exit_status is None and pid is not None and zyg.alive and not zyg.reaped(pid):
-            self._leaving.hold(pid, path, whose, proc)
-            # (its end may have been told meanwhile)
-            if zyg.reaped(pid) or not zyg.alive:
-                self._leaving.gone(pid)
-            return
-        remove_tmpdir(path, whose)
+                self._leaving.when_gone(proc, f"worker {proc.known_pid} of {slot.library.name}")
 
     def _on_exit(self, pid: int, status: int) -> None:
         """The zygote or the spawner says process ``pid`` ended: a worker, or a template."""
@@ -715,20 +701,8 @@ class Supervisor(Closing):
                 proc = slot.proc
                 if proc is not None:
                     self._retire(slot, proc, "stop", "stopped by the host")
-                    self._wait_gone(proc, 2.0)
+                    self._leaving.wait_gone(proc, 2.0)
         self._unmount_unused(roots)
-
-    def _wait_gone(self, proc: WorkerProcess, timeout: float) -> None:
-        """Wait for ``proc``'s end (killed if it lingers); once it is gone, its temp dir
-        goes at once (the zygote's word of that end may still be on its way to
-        _on_exit)."""
-        zyg = proc.zygote
-        status = zyg.wait_exit(proc.pid, timeout)
-        if status is None:
-            proc.kill()
-            status = zyg.wait_exit(proc.pid, timeout)
-        if status is not None:
-            self._leaving.gone(proc.pid, wait=True)
 
     def _unmount_unused(self, roots: set[str]) -> None:
         """The disks of ``roots`` that no slot uses any more are unmounted, under the
@@ -803,7 +777,8 @@ class Supervisor(Closing):
         for proc in idle:
             proc.shut_down("the supervisor was closed")
         if self._zygote is not None:
-            self._end_workers(idle)
+            self._leaving.end(idle, [slot.proc for slot in list(self._slots.values())
+                                     if slot.proc is not None])
             self._zygote.close()
         for slot in list(self._slots.values()):
             if slot.proc is not None:
@@ -815,22 +790,3 @@ class Supervisor(Closing):
         self.templates.close()
         self.extras.close()
         _live_supervisors.discard(self)
-
-    def _end_workers(self, idle: list[WorkerProcess]) -> None:
-        """(Closing) the idle workers, asked to exit, get a second; then every worker
-        still running is killed, and its end waited for (a few seconds at most): the
-        zygote's own end kills them without waiting, and a worker still starting could
-        add to its temp dir while it is removed."""
-        deadline = time.monotonic() + 1.0
-        for proc in idle:
-            if proc.known_pid is not None:
-                proc.zygote.wait_exit(proc.pid, max(0.0, deadline - time.monotonic()))
-        live = [cast(WorkerProcess, proc) for proc in self._leaving.workers()]
-        live += [slot.proc for slot in list(self._slots.values()) if slot.proc is not None]
-        live = [proc for proc in live if proc.known_pid is not None and proc.zygote.alive
-                and proc.exit_status is None and not proc.zygote.reaped(proc.pid)]
-        for proc in live:
-            proc.zygote.kill(proc.pid)
-        deadline = time.monotonic() + 5.0
-        for proc in live:
-            proc.zygote.wait_exit(proc.pid, max(0.0, deadline - time.monotonic()))

@@ -7,6 +7,8 @@
                                     of that parent starts (a new tenant's first call
                                     then makes none)
     remove_tmpdir(path, whose)      removed with all it holds, or a warning says what stayed
+    Leaving()                       the temp dirs of workers let go while they still ran:
+                                    each removed once its worker is gone, never before
 
 The folder a template's workers' temp dirs are made in is that template's uid's
 (confined.tmp_parent()), and with it of its workers where they share that uid: a worker
@@ -24,7 +26,8 @@ import shutil
 import sys
 import tempfile
 import threading
-from typing import Optional
+import time
+from typing import Any, Optional
 
 from ....core.policy import DEFAULT_RUN_AS, run_as_ids
 
@@ -215,7 +218,7 @@ def _replaced(path: str) -> PermissionError:
 class _Pending:
     __slots__ = ("path", "whose", "worker", "taken", "done")
 
-    def __init__(self, path: str, whose: str, worker: object) -> None:
+    def __init__(self, path: str, whose: str, worker: Any) -> None:
         self.path, self.whose, self.worker = path, whose, worker
         self.taken = False
         self.done = threading.Event()
@@ -226,22 +229,34 @@ class Leaving:
     each is removed once its worker is gone, by whichever thread learns that first, and
     once.  A worker still ending (an atexit handler) or still starting (a fresh one makes
     its own root's mount point there, as root) could add to its folder while it is
-    removed, which would then stay behind.
+    removed, which would then stay behind.  A worker is a backends/local/process.py
+    WorkerProcess: its pid, its parent (the zygote's client) and its exit status.
 
-        hold(pid, path, whose, worker)  removed when gone(pid) is told
-        gone(pid, wait)                 its worker is gone: removed now (``wait``: if
-                                        another thread removes it, wait for that)
-        workers()                       the workers still held (to kill at close)
-        close()                         (every worker is gone) remove what is left
+        when_gone(worker, whose)     its temp dir removed now if it is gone, else at gone()
+        gone(pid, wait)              its worker is gone (the zygote said so): removed now
+                                     (``wait``: if another thread removes it, wait for that)
+        wait_gone(worker, timeout)   wait for its end (killed if it lingers), then gone()
+        end(idle, running)           (closing) the idle get a second to exit, the rest are
+                                     killed, and their ends waited for (the zygote's own end
+                                     kills them without waiting)
+        close()                      (every worker is gone) remove what is left
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._pending: dict[int, _Pending] = {}
 
-    def hold(self, pid: int, path: str, whose: str, worker: object) -> None:
-        with self._lock:
-            self._pending[pid] = _Pending(path, whose, worker)
+    def when_gone(self, worker: Any, whose: str) -> None:
+        pid, parent, path = worker.known_pid, worker.zygote, worker.tmpdir
+        if worker.exit_status is None and pid is not None and parent.alive and \
+                not parent.reaped(pid):
+            with self._lock:
+                self._pending[pid] = _Pending(path, whose, worker)
+            # (its end may have been told meanwhile)
+            if parent.reaped(pid) or not parent.alive:
+                self.gone(pid)
+            return
+        remove_tmpdir(path, whose)
 
     def gone(self, pid: int, wait: bool = False) -> None:
         with self._lock:
@@ -260,9 +275,29 @@ class Leaving:
                 self._pending.pop(pid, None)
             entry.done.set()
 
-    def workers(self) -> list[object]:
+    def wait_gone(self, worker: Any, timeout: float) -> None:
+        parent = worker.zygote
+        status = parent.wait_exit(worker.pid, timeout)
+        if status is None:
+            worker.kill()
+            status = parent.wait_exit(worker.pid, timeout)
+        if status is not None:
+            self.gone(worker.pid, wait=True)
+
+    def end(self, idle: list[Any], running: list[Any]) -> None:
+        deadline = time.monotonic() + 1.0
+        for worker in idle:
+            if worker.known_pid is not None:
+                worker.zygote.wait_exit(worker.pid, max(0.0, deadline - time.monotonic()))
         with self._lock:
-            return [e.worker for e in self._pending.values()]
+            held = [e.worker for e in self._pending.values()]
+        live = [w for w in (*held, *running) if w.known_pid is not None and w.zygote.alive
+                and w.exit_status is None and not w.zygote.reaped(w.pid)]
+        for worker in live:
+            worker.zygote.kill(worker.pid)
+        deadline = time.monotonic() + 5.0
+        for worker in live:
+            worker.zygote.wait_exit(worker.pid, max(0.0, deadline - time.monotonic()))
 
     def close(self) -> None:
         with self._lock:

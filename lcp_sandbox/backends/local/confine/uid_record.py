@@ -100,21 +100,22 @@ def owner_gone(owner: str) -> bool:
     return _start_time(int(parts[1])) != parts[2]
 
 
-class NotOurs(OSError):
-    """The record folder is there, but not root's alone: never used."""
-
-
-def _own_folder(path: str) -> None:
-    """Make ``path`` (and its parents) root's record folder, mode 0700, or check the one
-    there is: a folder of this process's uid that no one else may write (OSError)."""
+def _make_folder(path: str) -> None:
+    """Make ``path`` (and its parents), mode 0700, unless it is there (OSError: it cannot
+    be made)."""
     os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
         pass
+
+
+def _check_folder(path: str) -> None:
+    """PermissionError unless ``path`` is a folder of this process's uid that no one else
+    may write or read: a record anyone else could change is never used."""
     st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
-        raise NotOurs(
+        raise PermissionError(
             errno.EPERM, f"the uid record folder {path} is not a folder of uid {os.geteuid()} "
             f"with mode 0700 (uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}): not used; "
             f"remove it, or name another in {ENV_VAR}")
@@ -135,15 +136,15 @@ class UidRecord:
         self._torn = False
         folder = record_folder()
         try:
-            _own_folder(folder)
-            self.folder: Optional[str] = folder
-            self.path: Optional[str] = os.path.join(folder, RECORD)
-            self.machine = True
-            self.where = f"machine-wide ({folder})"
-        except NotOurs:
-            raise
+            _make_folder(folder)
         except OSError as exc:
             self._fallback(folder, exc)
+            return
+        _check_folder(folder)
+        self.folder: Optional[str] = folder
+        self.path: Optional[str] = os.path.join(folder, RECORD)
+        self.machine = True
+        self.where = f"machine-wide ({folder})"
 
     def _fallback(self, folder: str, exc: OSError) -> None:
         """The machine's folder cannot be made: this engine's own record."""
