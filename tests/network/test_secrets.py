@@ -32,7 +32,9 @@ VALUE = "sk-live-" + uuid.uuid4().hex           # never in a worker, a log or a 
 
 
 class Recorder(http.server.BaseHTTPRequestHandler):
-    """Records the key it got (header, query, body) and answers whether it was the value."""
+    """Records the key it got (header, query, body) and answers whether it was the value;
+    keeps connections alive (HTTP/1.1)."""
+    protocol_version = "HTTP/1.1"
 
     def _answer(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
@@ -194,6 +196,12 @@ def test_another_host_never_gets_the_value(api, world, caplog):
     assert world[1]["plain"].seen == seen
     assert any("API_KEY" in r.getMessage() for r in caplog.records)
     assert not any(VALUE in r.getMessage() for r in caplog.records)
+
+
+def test_each_request_of_a_kept_alive_connection_is_swapped(api, world):
+    """The proxy reads request after request on one connection to a bound host."""
+    got = out(api, "tool_session", first=url(world, "api", "/a"), second=url(world, "api", "/b"))
+    assert [json.loads(g["body"])["value"] for g in got] == [True, True]
 
 
 def test_a_kept_alive_session_to_another_host_gets_no_value(api, world):

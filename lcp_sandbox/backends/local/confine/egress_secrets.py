@@ -317,7 +317,9 @@ class _Requests:
                                + b"\r\n")
                 rest, _ = self._parser.trailing_data
                 self._parser = h11.Connection(h11.SERVER, max_incomplete_event_size=HEAD_LIMIT)
-                self._parser.receive_data(rest)
+                if rest:
+                    # (b"" would tell h11 the connection ended)
+                    self._parser.receive_data(rest)
             else:
                 # PAUSED: an Upgrade (or CONNECT) asked of the server itself
                 self._raw = True
