@@ -29,7 +29,7 @@ LIBS = FIXTURES / "leftover_libs"
 FIRST = 1_830_000_000 + os.getpid() % 997 * 1000
 
 
-def on_docker_default(tmp: Path, n: int, unswept: bool = False) -> dict:
+def on_docker_default(tmp: Path, n: int, unswept: bool = False, come_back: bool = False) -> dict:
     """Run left_behind_host.py in an emulated default container without Landlock."""
     work = tmp / f"host-{n}"
     work.mkdir(mode=0o755)
@@ -39,7 +39,7 @@ def on_docker_default(tmp: Path, n: int, unswept: bool = False) -> dict:
     base.mkdir(mode=0o711)
     base.chmod(0o711)
     config = {"first_uid": FIRST + n, "key": 0x4C430000 + os.getpid() % 997 * 16 + n,
-              "unswept": unswept}
+              "unswept": unswept, "come_back": come_back}
     cmd = [sys.executable, str(SUPPORT / "without_landlock.py"), "--docker-default",
            sys.executable, str(SUPPORT / "left_behind_host.py"), str(work / "libs"),
            str(base), json.dumps(config)]
@@ -87,6 +87,16 @@ def test_without_the_sweep_the_next_holder_finds_it(open_tmp):
         assert all(isinstance(v, int) for v in got["ipc"].values()), got
     finally:
         assert not sweep.sweep(FIRST + 1), "what the control run left was not removed"
+
+
+@pytest.mark.skipif(SPAWN, reason="fork-only (zygote path): the emulated container's workers")
+def test_a_worker_s_temp_dir_is_removed_once_it_is_gone_not_before(open_tmp):
+    """Without Landlock a worker may write /tmp: one that makes its temp dir again as it
+    ends, once the host removed it, would leave it behind were it removed while the worker
+    still ran (its tenant's binding closed: the worker asked to stop)."""
+    out = on_docker_default(open_tmp, 2, come_back=True)
+    assert out["come_back"]["status_code"] == 200, out["come_back"]
+    assert out["came_back"] is False
 
 
 def _confined(sup: Supervisor, root: Path, tenant: str, **sandbox) -> SandboxedBinding:

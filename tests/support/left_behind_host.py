@@ -8,7 +8,9 @@ uid (a range of one), looks for it.  Prints one JSON line.
     python left_behind_host.py LIBS TENANTS_ROOT CONFIG_JSON
     CONFIG_JSON: {"first_uid": int, "key": int, "unswept": bool (the sweep switched off:
                   what b would find without it; a leaves no process then, which would
-                  keep its uid from b)}
+                  keep its uid from b), "come_back": bool (instead: a worker that makes
+                  its temp dir again as it ends, once the host removed it; whether it is
+                  there once its tenant's binding is closed)}
 """
 import json
 import os
@@ -38,6 +40,15 @@ def tenant(name: str) -> SandboxedBinding:
 
 
 out = {}
+if config.get("come_back"):
+    c = tenant("c")
+    out["come_back"] = c.execute_tool("tool_come_back")
+    c.close()
+    out["came_back"] = os.path.lexists(out["come_back"]["output"])
+    sup.remove_tenant("c", os.path.join(base, "c"))
+    sup.close()
+    print(json.dumps(out, default=str))
+    sys.exit(0)
 a = tenant("a")
 out["left"] = a.execute_tool("tool_leave", {"key": config["key"],
                                             "process": not config.get("unswept")})
