@@ -14,7 +14,7 @@ from typing import Any, Optional, Union
 
 from ..core.egress_rules import policy_of
 from ..core.limits import Limits, check_together
-from ..core.policy import DEFAULT_UID_RANGE, uid_range_setting
+from ..core.policy import DEFAULT_RUN_AS, DEFAULT_UID_RANGE, uid_range_setting
 from .mcp_config import ConfigError, check_configs, read_configs
 
 log = logging.getLogger("lcp_sandbox.mcp")
@@ -257,6 +257,19 @@ def _uid_range(given: Optional[list]) -> Optional[tuple[int, int]]:
         raise _usage(f"--uid-range: {exc}") from None
 
 
+def _check_reach(args: argparse.Namespace, folders: list[str]) -> None:
+    """A root server whose workers run as other uids and can make no mount namespace (a
+    container's default): a tools folder, the environment or the interpreter they could
+    not reach is said now, naming the folder in the way, not at each session's first call."""
+    from ..backends.local.confine.handover import reach_refusal
+    uid = ((_uid_range(args.uid_range) or DEFAULT_UID_RANGE)[0] if args.transport == "http"
+           else DEFAULT_RUN_AS[0])
+    for folder in folders:
+        why = reach_refusal(uid, uid, [folder])
+        if why:
+            raise _usage(f"the confined workers could not reach their tools: {why}")
+
+
 def _serve(args: argparse.Namespace) -> int:
     for folder in args.folders:
         if not os.path.isdir(folder):
@@ -278,6 +291,8 @@ def _serve(args: argparse.Namespace) -> int:
     network = _network(args, confine)
     folders = [os.path.realpath(f) for f in args.folders]
     _check_configs(args, configs, folders, confine, network)
+    if confine:
+        _check_reach(args, folders)
     options = mcp_server.ServeOptions(
         folders=folders, host_tool_configs=configs,
         workspace=args.workspace, workspace_root=os.path.realpath(args.workspace_root),

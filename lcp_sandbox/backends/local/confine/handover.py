@@ -36,7 +36,7 @@ from typing import Iterable, Optional
 
 from .... import protocol as P
 from ....core.outcomes import Refused, Unavailable
-from ....core.policy import BEST_EFFORT, may_hand_over
+from ....core.policy import BEST_EFFORT, ENGINE_DIR, may_hand_over, python_paths
 from ....core.policy import path_within as _within
 from ....system import capabilities
 from .temp_dirs import DIR_FLAGS, open_dir_path
@@ -86,6 +86,72 @@ def check_capabilities(library: str, tool: str, uid: int, best_effort: bool,
     raise Unavailable.not_run(library, tool, " ".join(said), "host_capabilities")
 
 
+def check_reachable(library: str, tool: str, uid: int, gid: int,
+                    read_paths: Iterable[str]) -> None:
+    """Before a confined worker of ``uid``:``gid`` starts on a root host that can give it no
+    mount namespace (a filter refuses namespaces: a container's default): 503 naming the
+    first folder that uid may not pass on its way to the library's folder, the Python
+    environment, the interpreter or the engine, and what to change.  Elsewhere the worker
+    covers such a folder itself (worker/confine/mounts.py); here it would fail to import
+    its library with a bare PermissionError."""
+    why = reach_refusal(uid, gid, read_paths)
+    if why:
+        raise Unavailable.not_run(library, tool, why + " Nothing was run.", "unreachable")
+
+
+def reach_refusal(uid: int, gid: int, read_paths: Iterable[str]) -> str:
+    """unreachable(), asked only where it matters: a root host whose workers of another
+    uid can make no mount namespace; "" elsewhere."""
+    if (os.geteuid() != 0 or uid == 0 or not sys.platform.startswith("linux")
+            or not _namespaces_refused()):
+        return ""
+    return unreachable(uid, gid, read_paths)
+
+
+def unreachable(uid: int, gid: int, read_paths: Iterable[str]) -> str:
+    """"" if ``uid``:``gid`` may pass every folder above the library's folder (the first of
+    ``read_paths``), the other read paths, the Python environment, the interpreter and the
+    engine; else which it cannot reach, the folder in its way and what to change."""
+    read = list(read_paths)
+    # (the library's folder first: the one a user most often places)
+    named = {**{p: "the library's folder" for p in read[:1]},
+             **{p: "a folder it reads" for p in read[1:]},
+             **{p: "the Python environment" for p in python_paths()},
+             os.path.dirname(os.path.realpath(sys.executable)): "the interpreter",
+             ENGINE_DIR: "the sandbox engine"}
+    for path, what in named.items():
+        above = _closed_above(path, uid, gid)
+        if above is None:
+            continue
+        st = os.stat(above)
+        return (f"uid {uid} cannot reach {what} {path}: it may not pass through {above} "
+                f"(mode {stat.S_IMODE(st.st_mode):04o}, uid {st.st_uid}'s), and on this host "
+                f"(a filter refuses namespaces, as a container's default seccomp profile "
+                f"does) a worker cannot be given a view past it. Let every uid pass that "
+                f"folder (chmod o+x {above}), or put what the workers read below folders "
+                f"every uid may pass (a checkout or a virtualenv under /srv or /opt, not "
+                f"in /root).")
+    return ""
+
+
+def _closed_above(path: str, uid: int, gid: int) -> Optional[str]:
+    """The first folder above ``path`` (real) that ``uid``:``gid``, with no other group,
+    may not pass by its mode bits; None if there is none (or ``path`` is not there)."""
+    real = os.path.realpath(path)
+    parts = real.strip(os.sep).split(os.sep)
+    for i in range(1, len(parts)):
+        above = os.sep + os.sep.join(parts[:i])
+        try:
+            st = os.stat(above)
+        except OSError:
+            return None
+        bit = (stat.S_IXUSR if st.st_uid == uid else stat.S_IXGRP if st.st_gid == gid
+               else stat.S_IXOTH)
+        if not st.st_mode & bit:
+            return above if os.path.exists(real) else None
+    return None
+
+
 def _caps(names: list[str]) -> str:
     return ", ".join(f"CAP_{name}" for name in names)
 
@@ -101,6 +167,7 @@ def hand_over_root(init: P.Init, run_as: tuple[int, int], library: str, tool: st
     root = confine["root"]
     check_capabilities(library, tool, run_as[0],
                        (init.limits or {}).get("confine") == BEST_EFFORT)
+    check_reachable(library, tool, *run_as, confine.get("read_paths", ()))
     real = os.path.realpath(root)
     if not may_hand_over(real):
         # A confined tool could rewrite code that later runs unconfined (the zygote).
