@@ -2,7 +2,8 @@
 (deploy/kubernetes.yaml: a uid per tenant; deploy/kubernetes-restricted.yaml: one uid for all),
 and docs/deploy.md says what they hold.
 
-No container runtime runs here, so what one would do is done without it:
+No container runtime runs in this suite (.ci/containers runs the image in a real one, Docker,
+in CI), so what one would do is done without it:
 
     docker build    the build context as Dockerfile.dockerignore leaves it, built into a wheel
                     and installed into a fresh virtualenv of the system's Python (the same
