@@ -1,9 +1,9 @@
 """run_as="per-tenant": a uid (and the same gid) of its own for each tenant, given back.
 
-    of(tenant)       its uid: the one the record says it holds, else the next free uid in
-                     uid_range (never from its name: a name cannot aim at another's uid);
-                     free: never given, or given back and found clean, and no process
-                     runs as it
+    of(tenant)       its uid: the one the record says it holds, else the next uid of
+                     uid_range never given, else one given back and found clean that no
+                     process runs as (never from its name: a name cannot aim at another's
+                     uid)
     release(tenant)  its uid given back (Supervisor.remove_tenant, once the tenant's root
                      is gone), swept at once (sweep.py): what the uid left where a worker
                      could leave something is removed, then looked for again.  Nothing
@@ -160,10 +160,12 @@ class TenantUids:
     def _free(self, rec: UidRecord, tenant: str) -> int:
         """The next free uid of the range (the module's docstring); a given-back one is
         swept first."""
-        running = _process_uids()
         for uid in range(self.first, self.first + self.count):
-            entry = rec.entries.get(uid)
-            if (entry is None or entry.state == CLEAN) and uid not in running:
+            if uid not in rec.entries:
+                return uid
+        running = _process_uids()
+        for uid, entry in sorted(rec.entries.items()):
+            if self._in_range(uid) and entry.state == CLEAN and uid not in running:
                 return uid
         now = time.monotonic()
         dirty = [u for u, e in sorted(rec.entries.items()) if self._in_range(u) and (
