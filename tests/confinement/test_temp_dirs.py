@@ -7,7 +7,7 @@ import stat
 import time
 
 import pytest
-from conftest import FIXTURES
+from conftest import FIXTURES, fork_only
 from support.confined_kinds import Confined
 
 from lcp_sandbox.backends.local.confine.temp_dirs import MadeAhead
@@ -168,6 +168,7 @@ def test_a_worker_that_writes_as_it_ends_leaves_no_temp_dir(open_tmp):
 
 
 @needs_root
+@fork_only("confined templates")
 def test_no_temp_dir_is_left_after_close_with_per_tenant_templates(open_tmp):
     """Confined workers of a uid per tenant, forked from templates, one of them
     SIGKILLed, one tenant's first worker starting while the supervisor closes: once it
