@@ -466,7 +466,9 @@ class Supervisor(Closing):
         reason = proc.kill_reason
         slot.ended(how if reason is None else reason.why)
         self.counters.ended("crash" if reason is None else reason.cause)
-        self._detach(slot, proc)
+        # reaped: gone, unless its kill was refused or its zygote died
+        self._detach(slot, proc, ended=proc.zygote.alive and (
+            reason is None or reason.cause != "kill refused"))
         if reason is None or reason.counts:
             self._event("crash", slot, pid=proc.pid, reason=how)
             backoff = slot.record_death(self.crash_policy, fresh=not served_a_call)
@@ -485,15 +487,17 @@ class Supervisor(Closing):
         self.counters.ended(kind)
         self._event(kind, slot, pid=proc.pid, reason=why)
 
-    def _detach(self, slot: Slot, proc: WorkerProcess) -> None:
-        """``proc`` no longer serves ``slot``: give its room back to the pool."""
+    def _detach(self, slot: Slot, proc: WorkerProcess, ended: bool = False) -> None:
+        """``proc`` no longer serves ``slot``: give its room back to the pool (``ended``:
+        it is gone, its temp dir goes now; else once it is)."""
         if slot.detach(proc):
             # A worker still ending keeps its cgroup; a later start or close removes it.
             cgroups.remove(slot.cgroup)
             self.pool.release(slot.tenant)
             self.templates.released(slot.template)
             if proc.tmpdir:
-                self._leaving.when_gone(proc, f"worker {proc.known_pid} of {slot.library.name}")
+                self._leaving.when_gone(proc, f"worker {proc.known_pid} of {slot.library.name}",
+                                        ended)
 
     def _on_exit(self, pid: int, status: int) -> None:
         """The zygote or the spawner says process ``pid`` ended: a worker, or a template."""

@@ -90,6 +90,8 @@ class Templates:
         self._seen: set[TemplateKey] = set()
         # Confined, no longer listed, workers live.
         self._gone: set[_Template] = set()
+        # close() ran: a template made meanwhile drops its temp-dir parent itself
+        self._closed = False
         # tick(at) may retire one.
         self.on_idle: Callable[[float], None] = lambda at: None
 
@@ -336,6 +338,11 @@ class Templates:
             its_sock.close()
             conn.close()
             tpl.ready.set()
+        with self._lock:
+            closed = self._closed
+        if closed:
+            # (close() did not see the parent this thread was making)
+            self._drop_parent(tpl)
         if tpl.state == "ok":
             # Its first worker may have gone fresh.
             self._idle_from(tpl, tpl.idle_since)
@@ -448,6 +455,7 @@ class Templates:
     def close(self) -> None:
         """(The supervisor closed: every worker is gone) remove the temp-dir parents."""
         with self._lock:
+            self._closed = True
             tpls = [*self._by_key.values(), *self._gone]
             self._gone.clear()
         for tpl in tpls:

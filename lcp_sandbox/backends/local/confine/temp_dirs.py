@@ -232,7 +232,8 @@ class Leaving:
     removed, which would then stay behind.  A worker is a backends/local/process.py
     WorkerProcess: its pid, its parent (the zygote's client) and its exit status.
 
-        when_gone(worker, whose)     its temp dir removed now if it is gone, else at gone()
+        when_gone(worker, whose, ended)  its temp dir removed now if it is gone (``ended``:
+                                     the caller reaped it), else at gone()
         gone(pid, wait)              its worker is gone (the zygote said so): removed now
                                      (``wait``: if another thread removes it, wait for that)
         wait_gone(worker, timeout)   wait for its end (killed if it lingers), then gone()
@@ -246,10 +247,10 @@ class Leaving:
         self._lock = threading.Lock()
         self._pending: dict[int, _Pending] = {}
 
-    def when_gone(self, worker: Any, whose: str) -> None:
+    def when_gone(self, worker: Any, whose: str, ended: bool = False) -> None:
         pid, parent, path = worker.known_pid, worker.zygote, worker.tmpdir
-        if worker.exit_status is None and pid is not None and parent.alive and \
-                not parent.reaped(pid):
+        if not ended and worker.exit_status is None and pid is not None and parent.alive \
+                and not parent.reaped(pid):
             with self._lock:
                 self._pending[pid] = _Pending(path, whose, worker)
             # (its end may have been told meanwhile)
