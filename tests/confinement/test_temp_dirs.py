@@ -213,4 +213,3 @@ def test_no_temp_dir_is_left_after_close_with_per_tenant_templates(open_tmp):
     racing.join(60)
     assert _mine(uids) == set()
     assert not any(os.path.lexists(p) for p in parents)
-
