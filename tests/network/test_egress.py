@@ -239,24 +239,30 @@ def test_deny_comes_first(sup, servers, open_tmp_module):
 def test_a_flood_is_bounded_per_worker_and_others_still_get_through(sup, servers, one_port,
                                                                     open_tmp_module):
     ports, _ = servers
-    target = f"127.0.0.1:{ports['allowed']}"
+    # the tunnels' far end: a listener whose backlog holds them all, handshakes done by the
+    # kernel (a server's usual backlog of 5 drops SYNs under load: connects take seconds)
+    sink = socket.create_server(("127.0.0.1", 0), backlog=4 * egress_proxy.MAX_PER_WORKER)
+    target = f"127.0.0.1:{sink.getsockname()[1]}"
     flood = binding(sup, open_tmp_module, "flood", {"allow": [target]})
     release = open_tmp_module / "flood" / "release"
+    answered = open_tmp_module / "flood" / "answered"
     n = egress_proxy.MAX_PER_WORKER + 40
     result = {}
     # (each connection a tunnel, so the share stays taken until the release, whatever the
-    # machine's load: the tool waits for every answer, not for a time)
+    # machine's load: the tool waits for every answer, not for a time, and says when)
     worker = threading.Thread(target=lambda: result.update(out=flood.execute_tool(
-        "tool_flood", {"n": n, "release": str(release), "target": target},
-        timeout_s=120)))
+        "tool_flood", {"n": n, "release": str(release), "target": target,
+                       "answered": str(answered)}, timeout_s=150)))
     worker.start()
     try:
-        assert poll(lambda: sup.egress.connections >= egress_proxy.MAX_PER_WORKER)
+        assert poll(answered.exists, 120), "the flood's connections were not all answered"
+        assert sup.egress.connections >= egress_proxy.MAX_PER_WORKER
         assert out(one_port, "tool_urllib",
                    url=f"http://127.0.0.1:{ports['allowed']}/during")["status"] == 200
     finally:
         release.touch()
         worker.join(90)
+        sink.close()
     # its share established, each beyond it turned away with 429
     assert result["out"]["output"] == {"200": egress_proxy.MAX_PER_WORKER, "429": 40,
                                        "unanswered": 0}, result
