@@ -60,7 +60,8 @@ class BenchConfig:
 
 
 SKIPPABLE = ("floor", "pickle", "inprocess", "ppe", "subprocess", "spawn", "spawn_path", "breakdown", "routing",
-             "density", "throughput", "memory", "discovery", "templates", "syscalls", "confined", "compiled", "egress", "mcp",
+             "density", "throughput", "memory", "discovery", "templates", "syscalls", "confined", "compiled", "egress",
+             "secrets", "mcp",
              "ray", "envs")
 
 TARGETS = {
@@ -77,6 +78,8 @@ TARGETS = {
     "confined_plain_ratio": 1.2, "confined_density_uss_mb": 1536.0,
     "confined_namespaces_ratio": 1.5, "compiled_open": 0.5, "compiled_confined": 0.5,
     "egress_ratio": 1.2, "egress_added_ms": 0.2, "egress_bulk": 0.9,
+    # a secret put in by the proxy (benchmarks/secrets.py)
+    "secrets_added_ms": 1.0, "secrets_bulk": 0.5,
     # the spawn start path (Supervisor(start_method="spawn"), what macOS and Windows run)
     "spawn_path_cold_vs_spawn": 0.25, "spawn_path_warm_vs_zygote": 1.2, "spawn_path_burst_vs_spawn": 0.25,
     # a library with its own environment (benchmarks/envs.py) vs the same without one

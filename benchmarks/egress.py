@@ -98,6 +98,7 @@ class _Slot:
         self.library = type("L", (), {"name": "bench_egress"})()
         self.limits = type("Lim", (), {"network": {"allow": [f"127.0.0.1:{port}",
                                                              "*.example.com:443"]}})()
+        self.secrets: dict = {}
 
 
 def _memory(sup: Supervisor, port: int, n: int = 1000) -> dict:

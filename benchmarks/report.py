@@ -322,6 +322,9 @@ def render_table(result: dict) -> str:
     if result.get("egress"):
         from .egress import render as render_egress
         lines += ["", render_egress(result["egress"])]
+    if result.get("secrets"):
+        from .secrets import render as render_secrets
+        lines += ["", render_secrets(result["secrets"])]
     if result.get("mcp"):
         lines += ["", *_mcp_lines(result["mcp"])]
     return "\n".join(lines)

@@ -11,6 +11,7 @@
       confined    confined.py (a new tenant's first call confined vs not; 200 confined tenants)
       compiled    compiled.py (a library without a .pyc: the host's compiled code vs the worker's)
       egress      egress.py (a GET through a network policy's proxy vs direct; its memory)
+      secrets     secrets.py (a request whose secret the proxy puts in vs a tunnel, direct)
       mcp         mcp_section.py (serve-mcp beside a bare MCP SDK server; the mcp extra)
       envs        envs.py (a library with its own environment vs without; a 5-wheel build)
       ray         ray_section.py (the ray extra; --skip ray)
@@ -34,8 +35,9 @@ from typing import Any, Callable, Optional
 
 from lcp_sandbox import SandboxedBinding, Supervisor
 
-from . import (breakdown, cold, compiled, confined, density, discovery, egress, envs, mcp_section, memory,
-               ray_section, routing, spawn_burst, syscalls, targets, templates, throughput, warm)
+from . import (breakdown, cold, compiled, confined, density, discovery, egress, envs, mcp_section,
+               memory, ray_section, routing, secrets, spawn_burst, syscalls, targets, templates,
+               throughput, warm)
 from .config import TARGETS, BenchConfig
 from .harness import LIBS, Progress, cpu_busy_jiffies, pin_thread, stop_resource_tracker_if_new, timer_overhead_ns
 from .report import render_table, write_json, write_plot
@@ -179,6 +181,8 @@ class Context:
             n += 1
         if "egress" not in cfg.skip:
             n += 1
+        if "secrets" not in cfg.skip:
+            n += 1
         if "envs" not in cfg.skip:
             n += 1
         if "mcp" not in cfg.skip:
@@ -228,6 +232,7 @@ class Context:
                 self.section("confined", lambda: confined.run(self, prog), catch=True)
                 self.section("compiled", lambda: compiled.run(self, prog), catch=True)
                 self.section("egress", lambda: egress.run(self, prog), catch=True)
+                self.section("secrets", lambda: secrets.run(self, prog), catch=True)
                 self.section("mcp", lambda: mcp_section.run(self, prog), catch=True)
                 self.section("envs", lambda: envs.run(self, prog), catch=True)
                 self.section("ray", lambda: ray_section.run(self, prog), catch=True)

@@ -171,6 +171,17 @@ def run(ctx: Any) -> None:
         "direct, GB/s (median of interleaved rounds)", bulk.get("ratio"), T["egress_bulk"], ">=",
         note="" if not bulk else "GB/s: direct {direct:.2f}, proxy {policy:.2f}".format(
             **bulk["gb_per_s"]))
+    sc = res.get("secrets") or {}
+    kept = (sc.get("rows") or {}).get("kept") or {}
+    add("secrets_added_ms", "an HTTPS GET on a kept-alive connection whose secret the proxy puts "
+        "in: time added to the same GET through a tunnel, p50",
+        None if kept.get("added_us") is None else kept["added_us"] / 1e3,
+        T["secrets_added_ms"], "<=", "ms")
+    sbulk = sc.get("bulk") or {}
+    add("secrets_bulk", f"a {sbulk.get('mb', 50)} MB HTTPS body through interception / direct, "
+        "GB/s (median of interleaved rounds)", sbulk.get("ratio"), T["secrets_bulk"], ">=",
+        note="" if not sbulk else "GB/s: direct {direct:.2f}, tunnel {tunnel:.2f}, "
+        "intercepted {intercepted:.2f}".format(**sbulk["gb_per_s"]))
     environments(res.get("envs") or {}, add)
     mcp = (res.get("mcp") or {}).get("warm_ms", {})
     for client, label in (("sdk", "the SDK's client"), ("plain", "a kept-alive plain HTTP client")):

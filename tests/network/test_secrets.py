@@ -39,6 +39,15 @@ class Recorder(http.server.BaseHTTPRequestHandler):
     def _answer(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length).decode() if length else ""
+        if self.path.startswith("/big/"):
+            size = int(self.path.rsplit("/", 1)[1])
+            self.send_response(200)
+            self.send_header("Content-Length", str(size))
+            self.end_headers()
+            for _ in range(size >> 20):
+                self.wfile.write(bytes(1 << 20))
+            self.wfile.write(bytes(size % (1 << 20)))
+            return
         if self.path.startswith("/redirect"):
             self.send_response(302)
             self.send_header("Location", self.server.redirect_to)
@@ -170,6 +179,14 @@ def test_the_bound_host_gets_the_value_and_the_worker_holds_a_placeholder(api, w
     assert held.startswith(PLACEHOLDER_PREFIX) and VALUE not in held
     got = answer(out(api, "tool_call", url=url(world, "api", "/v1"), client=client, where=where))
     assert got == {"server": "api", "value": True, "placeholder": False}
+
+
+def test_a_body_larger_than_the_proxy_s_buffers_comes_back_whole(api, world):
+    """More than one read of the proxy's (TLS decrypts a record at a time, and what a full
+    buffer leaves decrypted wakes no poll)."""
+    size = 16 * 1024 * 1024 + 12345
+    assert out(api, "tool_size", url=url(world, "api", f"/big/{size}")) == {
+        "status": 200, "bytes": size}
 
 
 def test_a_config_reference_is_the_same_placeholder(api, world):

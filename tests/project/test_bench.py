@@ -26,7 +26,7 @@ TARGET_NAMES = {"warm_p50", "warm_p99", "warm_p50_inprocess", "cold_vs_spawn", "
                 "density_pool_idle_runs", "density_stats_ms", "cold_p50", "cold_p99", "uss_plain", "template_p50",
                 "fresh_over_template", "uss_template", "syscalls_warm_p50", "confined_np_p50",
                 "confined_np_ratio", "uss_confined_np", "confined_plain_ratio", "confined_density_uss",
-                "confined_namespaces_ratio", "compiled_open", "compiled_confined", "egress_ratio", "egress_added_ms", "egress_bulk", "mcp_warm_sdk", "mcp_warm_plain", "metrics_share", "density_metrics_ms",
+                "confined_namespaces_ratio", "compiled_open", "compiled_confined", "egress_ratio", "egress_added_ms", "egress_bulk", "secrets_added_ms", "secrets_bulk", "mcp_warm_sdk", "mcp_warm_plain", "metrics_share", "density_metrics_ms",
                 "spawn_path_cold_vs_spawn", "spawn_path_warm_vs_zygote", "spawn_path_burst_vs_spawn",
                 "envs_first_call", "envs_fresh_host",
                 "envs_warm", "envs_build_5"}
@@ -140,6 +140,12 @@ def test_bench_end_to_end(tmp_path, new_processes):
     assert _number(eg["ratio"]) and eg["connections_per_s"]["policy"] > 0
     assert eg["memory"]["workers"] == 1000 and eg["network"].startswith("policy (1 rules")
     assert "EGRESS" in out.getvalue()
+    # secrets: an HTTPS GET whose secret the proxy puts in, against a tunnel and direct
+    sc = data["secrets"]
+    assert "secrets" not in data["skipped"]
+    assert _number(sc["rows"]["kept"]["added_us"]) and _number(sc["bulk"]["ratio"])
+    assert "secrets BENCH_KEY: placeholders only" in sc["network"]
+    assert "SECRETS" in out.getvalue()
     # confined: a new confined tenant's first call against the same unconfined; density
     cf = data["confined"]
     assert "confined" not in data["skipped"]

@@ -373,6 +373,8 @@ class EgressProxy:
         sock = conn.client
         try:
             sock.setblocking(True)
+            # (an answer's head and body, written apart, must not wait for an ACK)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             serve(sock, lambda host, port: self._admit(ident, host, port), self.head_timeout_s,
                   lambda upstream: self._track(conn, upstream), ident.secrets)
         except OSError:
