@@ -34,7 +34,7 @@ TYPES: dict[str, str] = {
     "host_tool_configs": "dict", "tools_folders": "list", "tool_files": "list",
     "confirm_handler": "callable", "user_interaction_handler": "callable", "workspace": "str",
     "tenant": "str", "timeout_s": "float", "memory_mb": "float", "supervisor": "object",
-    "confine": "bool", "workspace_root": "str", "network": "bool"}
+    "confine": "bool", "workspace_root": "str", "network": "bool", "secrets": "dict"}
 
 #: The closed choices of a keyword, for a form's select.
 OPTIONS: dict[str, list[Any]] = {"confine": [True, False, "best-effort"]}

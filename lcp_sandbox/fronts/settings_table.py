@@ -69,6 +69,9 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "network": "the network of its libraries: `True` (the host's), `False` (none: loopback "
         'only) or, for confined workers, a policy `{"allow": [rules], "deny": [rules]}` '
         "([Network by policy](network.md)); `None`: the supervisor's `network`",
+        "secrets": '`{"NAME": "value"}` over the supervisor\'s: the egress proxy puts a value in '
+        "the requests to the hosts a library's policy binds its name to; the worker holds a "
+        "placeholder ([Secrets](network.md#secrets))",
         "kwargs": "load flags, as `LCPBinding`: a library declaring "
         '`TOOL_LIBRARY_LOAD_FLAG = "X"` loads only with `X=True` here or in its '
         "`host_tool_configs` entry",
@@ -105,6 +108,11 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "(outside its timeout; then 503, the build goes on)",
         "network": "the default `network` of bindings that do not say: `True`, `False` or a "
         "policy ([Network by policy](network.md))",
+        "secrets": '`{"NAME": "value"}`: what the egress proxy puts in the requests to the '
+        "hosts a library's policy binds a name to; the workers hold placeholders "
+        "([Secrets](network.md#secrets)); `set_secret()` changes one",
+        "upstream_ca_file": "the CAs the egress proxy checks the servers of hosts a secret is "
+        "bound to against; `None`: the system's trust store",
     },
     "RaySupervisor": {
         "address": "the Ray cluster: `None` joins the one Ray finds (`RAY_ADDRESS`, or `ray "
@@ -130,8 +138,9 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "confine": '`True`, `False` or `"best-effort"`; `None`: the binding\'s',
         "network": "`True`: the host's network; `False`: a network namespace of its own, "
         "loopback only (confined: no `AF_INET`, `AF_INET6` nor unix sockets either); "
-        '`{"allow": [...], "deny": [...]}`: only the hosts the rules admit, through the '
-        "host's egress proxy (confined workers only: [Network by policy](network.md))",
+        '`{"allow": [...], "deny": [...], "secrets": {...}}`: only the hosts the rules '
+        "admit, through the host's egress proxy, which puts each secret in the requests to "
+        "the hosts it is bound to (confined workers only: [Network by policy](network.md))",
         "env": "environment variables added to the worker's",
         "read_paths": "more paths a confined worker may read",
         "run_as": '`[uid, gid]` of a confined worker of a root host, or `"per-tenant"`; '

@@ -127,6 +127,13 @@ def network(v):
         for rules in v.values())
 
 
+def secrets(v):
+    return isinstance(v, dict) and all(
+        isinstance(k, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,63}", k)
+        and isinstance(x, str) and x != "" and len(x) <= 16384
+        and not re.search(r"[\x00-\x1f\x7f]", x) for k, x in v.items())
+
+
 def syscalls(v):
     return isinstance(v, dict) and set(v) <= {"allow", "allow_dangerous"} and isinstance(
         v.get("allow_dangerous", False), bool) and isinstance(v.get("allow", []), (list, tuple))
@@ -155,7 +162,8 @@ BINDING = {"host_tool_configs": maybe(lambda v: isinstance(v, dict)),
            "user_interaction_handler": maybe(callable), "workspace": maybe(path),
            "tenant": text, "timeout_s": maybe(number), "memory_mb": maybe(number),
            "supervisor": maybe(of_class("Supervisor")), "confine": confine,
-           "workspace_root": maybe(path), "network": maybe(network)}
+           "workspace_root": maybe(path), "network": maybe(network),
+           "secrets": maybe(secrets)}
 
 SUPERVISOR = {"max_workers": maybe(count), "max_workers_per_tenant": maybe(count),
               "idle_timeout_s": maybe(number), "confine": confine, "on_event": maybe(callable),
@@ -163,7 +171,9 @@ SUPERVISOR = {"max_workers": maybe(count), "max_workers_per_tenant": maybe(count
               "run_as": maybe(run_as), "tenants_root": maybe(path),
               "start_method": maybe(lambda v: v in ("zygote", "spawn")),
               "uid_range": uid_range, "max_processes_per_tenant": maybe(count),
-              "network": network, "envs_dir": maybe(path), "env_wait_s": number}
+              "network": network, "envs_dir": maybe(path), "env_wait_s": number,
+              "secrets": maybe(secrets),
+              "upstream_ca_file": maybe(lambda v: path(v) and os.path.isfile(v))}
 
 RAY = {"address": maybe(text), "max_workers_per_node": maybe(count),
        "max_workers_per_tenant": maybe(count), "idle_timeout_s": maybe(number),
