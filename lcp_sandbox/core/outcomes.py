@@ -41,6 +41,8 @@ classes of this module are the public outcomes; the others never leave the engin
                                      is not bound to ─► ProxyRefusal (403), counted, logged
     HostGone                         backends/ray/relay.py: the driver gave up ─► the Ray
                                      agent ends the call as the driver said
+    InvalidToken                     fronts/mcp_auth.py: a bearer token refused ─► HTTP 401
+                                     (the reason logged, never the token)
 
     Raised in a worker, answered to the host as a tool's failure (500, the worker kept):
     LoadFailed                       worker/loop.py: the library did not import or init
@@ -53,6 +55,9 @@ classes of this module are the public outcomes; the others never leave the engin
     Raised to a person at a command line (exit status 2), never by a call:
     UsageError                       fronts/cli.py
     ConfigError (ValueError)         fronts/mcp_config.py: serve-mcp's --config
+    AuthSetupError (ValueError)      fronts/mcp_auth.py: serve-mcp's --auth-* flags, or an
+                                     issuer's metadata that cannot be used
+    PolicyError (ValueError)         fronts/mcp_users.py: serve-mcp's --auth-policy file
     DuplicateKey (ValueError)        core/strict_json.py: a JSON key given twice ─► ConfigError,
                                      UsageError, or (serve-mcp's HTTP) a JSON-RPC parse error
     Missing                          fronts/settings_table.py: a setting with no description

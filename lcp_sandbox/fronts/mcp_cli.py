@@ -26,9 +26,10 @@ Serve the tools of FOLDER(s) to MCP clients, each library in isolated worker pro
 stdio (default): one session, workspace --workspace (default: the current folder); only MCP
 messages are written to stdout. http: Streamable HTTP at /mcp; every MCP session is a tenant of
 its own, with its own workers and its own workspace <workspace-root>/<session id> (and, run as
-root, its own uid), all stopped and removed when the session ends. Host and Origin are checked
-on every request; on any address but loopback a bearer token is required (--token-file, or the
-environment variable LCP_SANDBOX_MCP_TOKEN)."""
+root, its own uid), all stopped and removed when the session ends; with --auth-issuer, every
+signed-in user is one tenant for all their sessions. Host and Origin are checked on every
+request; on any address but loopback a bearer token is required (--token-file, the environment
+variable LCP_SANDBOX_MCP_TOKEN, or --auth-issuer)."""
 
 
 def add_parser(sub: Any, parents: list) -> None:
@@ -95,7 +96,37 @@ def add_parser(sub: Any, parents: list) -> None:
                         "networks) whose X-Forwarded-For header names the client; without it "
                         "the header is ignored and the client is the connecting address")
     _add_load_options(p)
+    _add_auth_options(p)
     p.set_defaults(fn=cmd_serve_mcp)
+
+
+def _add_auth_options(p: argparse.ArgumentParser) -> None:
+    """Signed-in users (http): access tokens checked as an OAuth resource server."""
+    g = p.add_argument_group("signing users in (http; docs/mcp.md, Signing users in)")
+    g.add_argument("--auth-issuer", metavar="URL", default=None,
+                   help="check every request's bearer token as a JWT this issuer signed (https, "
+                   "or http on loopback); each user is one tenant, whatever sessions they open")
+    g.add_argument("--auth-audience", metavar="AUD", default=None,
+                   help="the audience ('aud') tokens must be issued for (required with "
+                   "--auth-issuer)")
+    g.add_argument("--auth-jwks-url", metavar="URL", default=None,
+                   help="the issuer's keys (default: the jwks_uri of its metadata, RFC 8414 or "
+                   "OIDC discovery)")
+    g.add_argument("--auth-required-scope", metavar="S", action="append", default=[],
+                   help="a scope every token must hold, else 403 (repeatable)")
+    g.add_argument("--auth-tenant-claim", metavar="CLAIM", default=None,
+                   help="the claim naming the user, with the issuer (default: sub)")
+    g.add_argument("--auth-resource-url", metavar="URL", default=None,
+                   help="this server's URL as clients reach it, named in the protected-resource "
+                   "metadata (default: the bound address's /mcp)")
+    g.add_argument("--auth-policy", metavar="FILE", default=None,
+                   help="JSON rules of the tools each user may see and call, by the token's "
+                   "claims (default-deny with the file)")
+    g.add_argument("--tenant-idle-timeout", type=_positive_float, default=None, metavar="S",
+                   help="a signed-in user with no session for this long has their tenant "
+                   "removed: workers, uid, disk and workspace (default: 3600)")
+    g.add_argument("--keep-workspaces", action="store_true",
+                   help="http: a tenant removed keeps its workspace folder on disk")
 
 
 def _add_load_options(p: argparse.ArgumentParser) -> None:
@@ -270,6 +301,49 @@ def _check_reach(args: argparse.Namespace, folders: list[str]) -> None:
             raise _usage(f"the confined workers could not reach their tools: {why}")
 
 
+_AUTH_ONLY = ("auth_audience", "auth_jwks_url", "auth_required_scope", "auth_tenant_claim",
+              "auth_resource_url", "auth_policy", "tenant_idle_timeout")
+
+
+def _auth(args: argparse.Namespace, token: Optional[str]) -> tuple[Any, Any]:
+    """(AuthConfig, JwtVerifier) of the --auth-* flags, or (None, None); a combination
+    that cannot hold is a usage error naming it."""
+    if args.auth_issuer is None:
+        given = [a for a in _AUTH_ONLY if getattr(args, a)]
+        if given:
+            flag = "--" + given[0].replace("_", "-")
+            raise _usage(f"{flag} needs --auth-issuer URL (tokens are checked only then)")
+        return None, None
+    if args.transport != "http":
+        raise _usage("--auth-issuer needs --transport http (over stdio there is no token)")
+    if token is not None:
+        raise _usage(f"--auth-issuer and a static bearer token (--token-file or {TOKEN_ENV}) "
+                     f"exclude each other: give one")
+    from .mcp_auth import AuthConfig, AuthSetupError, make_verifier
+    config = AuthConfig(issuer=args.auth_issuer, audience=args.auth_audience or "",
+                        jwks_url=args.auth_jwks_url,
+                        required_scopes=tuple(args.auth_required_scope),
+                        tenant_claim=args.auth_tenant_claim or "sub",
+                        resource_url=args.auth_resource_url)
+    try:
+        if config.resource_url is not None:
+            from .mcp_auth import checked_url
+            checked_url(config.resource_url, "--auth-resource-url")
+        return config, make_verifier(config)
+    except AuthSetupError as exc:
+        raise _usage(str(exc)) from None
+
+
+def _policy(path: Optional[str]) -> Optional[list]:
+    if path is None:
+        return None
+    from .mcp_users import PolicyError, read_policy
+    try:
+        return read_policy(path)
+    except PolicyError as exc:
+        raise _usage(f"--auth-policy {path!r}: {exc}") from None
+
+
 def _serve(args: argparse.Namespace) -> int:
     for folder in args.folders:
         if not os.path.isdir(folder):
@@ -283,7 +357,10 @@ def _serve(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise _usage(f"needs the official 'mcp' package (pip install 'lcp-sandbox[mcp]'): "
                      f"{exc}") from None
-    if args.transport == "http" and token is None and not mcp_transports.is_loopback(args.host):
+    policy = _policy(args.auth_policy)
+    auth, verifier = _auth(args, token)
+    if (args.transport == "http" and token is None and auth is None
+            and not mcp_transports.is_loopback(args.host)):
         raise _usage(f"refusing to serve on {args.host!r} without a bearer token: anyone who can "
                      f"reach it could run the tools. Give --token-file FILE (or set {TOKEN_ENV}), "
                      f"or bind to 127.0.0.1.")
@@ -304,8 +381,11 @@ def _serve(args: argparse.Namespace) -> int:
         max_workers=args.max_workers,
         max_workers_per_session=args.max_workers_per_session,
         max_calls_per_session=args.max_calls_per_session, rate_limit=args.rate_limit,
-        metrics=args.metrics, max_connections=args.max_connections)
+        metrics=args.metrics, max_connections=args.max_connections,
+        signed_in=auth is not None, tenant_idle_timeout_s=args.tenant_idle_timeout or 3600.0,
+        keep_workspaces=args.keep_workspaces, policy=policy)
     if args.transport == "stdio":
         return mcp_transports.serve_stdio(options)
     return mcp_transports.serve_http(options, args.host, args.port, token, tuple(args.allowed_host),
-                                     tuple(args.allowed_origin), forwarded)
+                                     tuple(args.allowed_origin), forwarded,
+                                     (auth, verifier) if auth is not None else None)

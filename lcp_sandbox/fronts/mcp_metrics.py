@@ -37,6 +37,8 @@ def _families(snap: dict[str, Any]) -> Iterator[Any]:
                          snap.get("worker_ends", {}))
     yield from _labelled(CounterMetricFamily, "refusals", "Requests refused by reason", "reason",
                          snap.get("refusals", {}))
+    yield from _labelled(CounterMetricFamily, "policy_refusals", "Tool calls refused by "
+                         "--auth-policy, by tool", "tool", snap.get("policy_refusals", {}))
     yield from _labelled(GaugeMetricFamily, "workers", "Live workers by state", "state",
                          snap.get("workers", {}))
     builds = snap.get("env_builds") or {}

@@ -2,8 +2,12 @@
 
     MCP client ══ stdio, or Streamable HTTP at /mcp (mcp_transports.py) ══► McpFront
                                                               (a low-level mcp Server)
-      each MCP session ─► _Session: one SandboxedBinding, tenant "mcp-<session id>",
-                          workspace <workspace-root>/<session id> (stdio: one session, --workspace)
+      each MCP session ─► _Session: one SandboxedBinding, tenant "mcp-s<hash of the session id>",
+                          workspace <workspace-root>/s<hash> (stdio: one session, --workspace)
+      signed in (--auth-issuer) ─► the user's _Session, shared by all of the user's sessions:
+                          tenant "mcp-u<hash of iss and claim>" (mcp_users.py), kept when
+                          they end, removed after --tenant-idle-timeout with none
+      --auth-policy ─► tools/list shows, tools/call runs, only what the user's claims allow
       tools/list ─► refresh ─► discover_tools() in a thread ─► mcp_mapping.tool_entry
       tools/call ─► refresh ─► check (unknown tool, arguments vs inputSchema)
                  ─► thread: execute_tool(name, args, tool_context=ToolContext)
@@ -30,7 +34,6 @@ import copy
 import logging
 import os
 import re
-import time
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
@@ -49,17 +52,17 @@ from .mcp_calls import ToolCall, current_call
 from .mcp_limits import (
     DEFAULT_SESSIONS_PER_CLIENT,
     ClientSessions,
-    TokenBucket,
     default_max_sessions,
     rate_error,
 )
+from .mcp_sessions import Session as _Session
+from .mcp_sessions import snapshot as _snapshot
+from .mcp_users import NOT_ALLOWED, TenantNames, Users, allowed, permits, signed_in, user_tenant
 
 log = logging.getLogger("lcp_sandbox.mcp")
 
 # Tool calls waiting in threads at once, all sessions together.
 CALL_THREADS = 128
-# A session's rate limit lets this many seconds' calls burst.
-RATE_BURST_S = 2.0
 _tracer = trace.get_tracer("lcp_sandbox")
 _SESSION_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 _STATE_KEY = "lcp_sandbox.session"
@@ -106,85 +109,12 @@ class ServeOptions:
     metrics: bool = False
     # Http connections at once (more: 503)
     max_connections: int = 1024
-
-
-# ---------------------------------------------------------------- sessions
-def _snapshot(folders: list) -> dict:
-    """{path: (library, mtime_ns, size)} of the folders' library files (discovery's
-    rules: each ``X/`` folder's ``.py`` files are library X, a loose ``Y.py`` is Y)."""
-    out = {}
-    for folder in folders:
-        try:
-            entries = list(os.scandir(folder))
-        except OSError:
-            continue
-        for entry in entries:
-            try:
-                if entry.is_dir():
-                    for f in os.scandir(entry.path):
-                        if f.name.endswith(".py") and f.name != "__init__.py" and f.is_file():
-                            st = f.stat()
-                            out[f.path] = (entry.name, st.st_mtime_ns, st.st_size)
-                elif entry.name.endswith(".py") and entry.name != "__init__.py" and entry.is_file():
-                    st = entry.stat()
-                    out[entry.path] = (entry.name[:-3], st.st_mtime_ns, st.st_size)
-            except OSError:
-                continue
-    return out
-
-
-class _Session:
-    """One MCP session: its binding (tenant, workers, workspace) and what it saw on disk."""
-
-    def __init__(self, binding: SandboxedBinding, folders: list, workspace: str,
-                 options: ServeOptions, own_workspace: bool = False) -> None:
-        self.binding = binding
-        self.folders = folders
-        self.workspace = workspace
-        # HTTP: a folder of the session's own, removed when it ends (stdio: the user's)
-        self.own_workspace = own_workspace
-        self.files = _snapshot(folders)
-        # Made on the event loop.
-        self.refresh_lock: Optional[anyio.Lock] = None
-        # Likewise
-        self.calls: Optional[anyio.Semaphore] = None
-        self.max_calls = max(1, options.max_calls_per_session)
-        rate = options.rate_limit
-        self.bucket = TokenBucket(rate, max(1.0, rate * RATE_BURST_S)) if rate else None
-        self.closed = False
-        self._specs: Any = None
-        self._by_name: dict = {}
-        self._validators: dict = {}
-
-    def check(self, name: str, arguments: dict) -> Optional[str]:
-        """None when ``name`` is a tool and ``arguments`` fit its inputSchema, else the
-        text of the error result."""
-        specs = self.binding.discovered_tools
-        if specs is not self._specs:
-            self._specs, self._by_name, self._validators = specs, {s["name"]: s for s in specs}, {}
-        spec = self._by_name.get(name)
-        if spec is None:
-            return M.UNKNOWN_TOOL.format(name=name)
-        validator = self._validators.get(name)
-        if validator is None:
-            from jsonschema.validators import validator_for
-            schema = M.validation_schema(M.tool_entry(spec)["inputSchema"])
-            validator = self._validators[name] = validator_for(schema)(schema)
-        from jsonschema.exceptions import best_match
-        error = best_match(validator.iter_errors(arguments))
-        if error is None:
-            return None
-        where = ".".join(str(p) for p in error.absolute_path)
-        message = f"{where}: {error.message}" if where else error.message
-        return M.INVALID_INPUT.format(message=message)
-
-    def throttled(self) -> Optional[float]:
-        """Take a token for one tools/call: None, or the seconds until one is there."""
-        return None if self.bucket is None else self.bucket.take(time.monotonic())
-
-    def close(self) -> None:
-        self.closed = True
-        self.binding.close()
+    # Tokens checked (--auth-issuer): a tenant per signed-in user.
+    signed_in: bool = False
+    tenant_idle_timeout_s: float = 3600.0
+    keep_workspaces: bool = False
+    # --auth-policy's rules (mcp_users.Rule); None: every tool for everyone.
+    policy: Optional[list] = None
 
 
 def _connection_of(ctx: Any) -> Any:
@@ -221,6 +151,11 @@ class McpFront:
         self.clients: Optional[ClientSessions] = None
         self._create_lock: Optional[anyio.Lock] = None
         self._limiter: Optional[anyio.CapacityLimiter] = None
+        # Tenants named by keyed hashes (mcp_users.py); signed-in users' tenants.
+        self.names = TenantNames()
+        self.users = Users(options.tenant_idle_timeout_s) if options.signed_in else None
+        # Tools/call refused by --auth-policy, by tool.
+        self.policy_refusals: dict[str, int] = {}
         self.server = _Server("lcp-sandbox", version=__version__,
                               instructions="Tools of LCP libraries, each library run in an "
                                            "isolated worker process of this session.",
@@ -259,13 +194,58 @@ class McpFront:
             async with self._create_lock:
                 session = conn.state.get(_STATE_KEY)
                 if session is None:
-                    workspace = os.path.join(self.options.workspace_root, sid)
-                    session = await anyio.to_thread.run_sync(self.make_session, workspace,
-                                                             f"mcp-{sid}", workspace)
-                    conn.state[_STATE_KEY] = session
-                    self.sessions[sid] = session
-                    conn.exit_stack.push_async_callback(self.end_session, session, sid)
+                    session = await self._open(conn, sid, _access(ctx))
         return session
+
+    async def _open(self, conn: Any, sid: str, access: Any) -> _Session:
+        """The session of a new MCP session: its own, or its signed-in user's."""
+        users = self.users
+        if users is None:
+            tenant = self.names.session(sid)
+            session = await self._make(tenant)
+            conn.exit_stack.push_async_callback(self.end_session, session, sid)
+        else:
+            if access is None:
+                raise MCPError(types.INVALID_REQUEST, "sign in: this server takes a bearer "
+                                                      "token from its issuer")
+            tenant = user_tenant(self.names, access)
+            session = users.sessions.get(tenant) or await self._make(tenant)
+            users.sessions[tenant] = session
+            users.joined(tenant, sid)
+            conn.exit_stack.callback(self._left, tenant, sid)
+        conn.state[_STATE_KEY] = session
+        self.sessions[sid] = session
+        return session
+
+    async def _make(self, tenant: str) -> _Session:
+        workspace = os.path.join(self.options.workspace_root, tenant[len("mcp-"):])
+        return await anyio.to_thread.run_sync(self.make_session, workspace, tenant, workspace)
+
+    def _left(self, tenant: str, sid: str) -> None:
+        """A signed-in user's MCP session ended: the user's tenant stays (idle)."""
+        self.sessions.pop(sid, None)
+        if self.users is not None:
+            self.users.left(tenant, sid)
+
+    async def reap_users(self, every_s: Optional[float] = None) -> None:
+        """(runs while the HTTP server serves) Remove the tenants of users idle for
+        --tenant-idle-timeout; when the server ends, every user's."""
+        users = self.users
+        if users is None:
+            return
+        every = every_s or max(0.05, min(30.0, users.idle_s / 4))
+        try:
+            while True:
+                await anyio.sleep(every)
+                self._create_lock = self._create_lock or anyio.Lock()
+                async with self._create_lock:
+                    for session in users.idle():
+                        log.info("user tenant %s: idle, removed", session.binding.tenant)
+                        await anyio.to_thread.run_sync(self._finish, session)
+        finally:
+            with anyio.CancelScope(shield=True):
+                for session in users.all():
+                    await anyio.to_thread.run_sync(self._finish, session)
 
     async def end_session(self, session: _Session, sid: Optional[str] = None) -> None:
         """Stop the session's workers (its running calls were cancelled, so interrupted);
@@ -277,9 +257,10 @@ class McpFront:
     def _finish(self, session: _Session) -> None:
         session.close()
         if session.own_workspace:
-            self._remove(session.binding.tenant, session.workspace)
+            keep = self.options.keep_workspaces
+            self._remove(session.binding.tenant, None if keep else session.workspace)
 
-    def _remove(self, tenant: str, workspace: str) -> None:
+    def _remove(self, tenant: str, workspace: Optional[str]) -> None:
         try:
             self.supervisor.remove_tenant(tenant, workspace)
         except (OSError, ValueError) as exc:
@@ -325,7 +306,7 @@ class McpFront:
             refusals[reason] = refusals.get(reason, 0) + n
         live = len(self.sessions) + (self.stdio_session is not None)
         return {**snap, "refusals": refusals, "sessions": live,
-                "egress_open": self._egress_open()}
+                "egress_open": self._egress_open(), "policy_refusals": dict(self.policy_refusals)}
 
     def _egress_open(self) -> dict[str, int]:
         """The egress proxy's connections at once, host-wide, and the tenants holding one
@@ -366,6 +347,9 @@ class McpFront:
         session = await self._session(ctx)
         await self._refresh(session, ctx)
         specs = await anyio.to_thread.run_sync(session.binding.discover_tools)
+        names = self._allowed(ctx)
+        if names is not None:
+            specs = [s for s in specs if permits(names, _library(session, s["name"]), s["name"])]
         tools = [types.Tool.model_validate(M.tool_entry(s)) for s in specs]
         return types.ListToolsResult(tools=tools)
 
@@ -381,7 +365,7 @@ class McpFront:
                 raise MCPError(error["code"], error["message"], data=error["data"])
         await self._refresh(session, ctx)
         arguments = params.arguments or {}
-        problem = session.check(params.name, arguments)
+        problem = self._refuse(session, ctx, params.name) or session.check(params.name, arguments)
         if problem is not None:
             return types.CallToolResult(content=[types.TextContent(type="text", text=problem)],
                                         is_error=True)
@@ -395,6 +379,26 @@ class McpFront:
         content, structured, is_error = M.call_result(result)
         return types.CallToolResult.model_validate(
             {"content": content, "structuredContent": structured, "isError": is_error})
+
+    def _allowed(self, ctx: Any) -> Optional[frozenset]:
+        """What --auth-policy lets this request's user use (None: no policy: everything)."""
+        if self.options.policy is None:
+            return None
+        access = _access(ctx)
+        return allowed(self.options.policy, access.claims or {}) if access else frozenset()
+
+    def _refuse(self, session: _Session, ctx: Any, name: str) -> Optional[str]:
+        """The error text of a tool the policy does not allow this user, counted by tool (a
+        tool that exists: a made-up name is no new label) and logged with the tenant."""
+        names = self._allowed(ctx)
+        library = _library(session, name)
+        if names is None or permits(names, library, name):
+            return None
+        label = name if library else "(unknown)"
+        self.policy_refusals[label] = self.policy_refusals.get(label, 0) + 1
+        log.warning("user tenant %s: tool %r refused by --auth-policy", session.binding.tenant,
+                    name[:128])
+        return NOT_ALLOWED.format(name=name)
 
     async def _run(self, session: _Session, ctx: Any, name: str, arguments: dict) -> dict:
         call = ToolCall(session, ctx)
@@ -425,6 +429,18 @@ class McpFront:
         if call is None or not call.can_elicit or form is None:
             return None
         return M.ask_answer(*call.elicit(*form))
+
+
+def _access(ctx: Any) -> Any:
+    """The verified token of the request being handled (HTTP, signed in), or None."""
+    request = getattr(ctx, "request", None)
+    return signed_in(getattr(request, "scope", None))
+
+
+def _library(session: _Session, tool: str) -> str:
+    """The library of a discovered tool, or "" for no tool."""
+    route = session.binding.catalog.routes.get(tool)
+    return route.library.name if route is not None else ""
 
 
 def _describe(span: Any, session: _Session, tool: str, result: dict) -> None:

@@ -13,6 +13,11 @@
             Retry-After on its way out
             /metrics (--metrics): the same guard, then McpFront.metrics() as Prometheus text
             /healthz: outside the guard, 200 "ok" while the server serves (probes)
+            signed in (--auth-issuer): the guard's bearer check is the SDK's BearerAuthBackend
+            over mcp_auth.JwtVerifier, then its RequireAuthMiddleware (401 with
+            resource_metadata, 403 insufficient_scope); the verified user in scope["user"]
+            (the SDK binds each session to it); RFC 9728 metadata at
+            /.well-known/oauth-protected-resource[/mcp], outside the guard
             uvicorn: at most --max-connections at once (more: 503), a listen backlog to match
 """
 from __future__ import annotations
@@ -25,7 +30,7 @@ import socket
 import sys
 import threading
 from contextlib import asynccontextmanager
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import anyio
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
@@ -41,6 +46,10 @@ from .mcp_limits import (
     too_many_sessions,
 )
 from .mcp_server import McpFront, ServeOptions
+from .mcp_users import signed_in, user_tenant
+
+if TYPE_CHECKING:
+    from .mcp_auth import AuthConfig, JwtVerifier
 
 MCP_PATH = "/mcp"
 METRICS_PATH = "/metrics"
@@ -126,11 +135,13 @@ class _Guard:
     Retry-After."""
 
     def __init__(self, app: Callable, security: TransportSecuritySettings,
-                 token: Optional[str], front: Optional[McpFront] = None) -> None:
+                 token: Optional[str], front: Optional[McpFront] = None,
+                 signin: Optional["SignIn"] = None) -> None:
         self.app = app
         self.check = TransportSecurityMiddleware(security)
         self.token = token.encode() if token else None
         self.front = front
+        self.signin = signin
         # Keys the hash that names a token's client (never the token itself).
         self._salt = os.urandom(16)
 
@@ -149,6 +160,14 @@ class _Guard:
         if refused is not None:
             await refused(scope, receive, send)
             return
+        if self.signin is not None:
+            return await self.signin.check(scope, receive, send, self._checked)
+        await self._checked(scope, receive, send)
+
+    async def _checked(self, scope: dict, receive: Callable, send: Callable) -> None:
+        """A request past the Host, Origin and bearer checks."""
+        from starlette.requests import Request
+        request = Request(scope)
         if self.front is None:
             return await self.app(scope, receive, send)
         message: Any = None
@@ -175,6 +194,9 @@ class _Guard:
         when the server has one (the one token: every holder of it is one client), else
         its peer's address, loopback addresses all one."""
         client = scope.get("client")
+        access = signed_in(scope)
+        if access is not None and self.front is not None:
+            return "user " + user_tenant(self.front.names, access)
         return client_of(client[0] if client else None, self.token, self._salt)
 
     async def _new_session(self, scope: dict, receive: Callable, send: Callable,
@@ -272,8 +294,52 @@ def _too_many(cap: int, idle_s: float) -> Any:
                         headers={"Retry-After": retry_after(SESSION_CAP_RETRY_S)})
 
 
+class SignIn:
+    """Signed-in users (--auth-issuer): the MCP SDK's bearer backend over the verifier,
+    then its RequireAuthMiddleware: 401 with ``resource_metadata`` for a missing or bad
+    token, 403 ``insufficient_scope`` for a missing scope."""
+
+    def __init__(self, config: "AuthConfig", verifier: "JwtVerifier", resource_url: str) -> None:
+        from mcp.server.auth.middleware.bearer_auth import BearerAuthBackend
+        from mcp.server.auth.routes import build_resource_metadata_url
+        from pydantic import AnyHttpUrl
+        self.config = config
+        self.resource_url = resource_url
+        self.backend = BearerAuthBackend(verifier)
+        self.metadata_url = build_resource_metadata_url(AnyHttpUrl(resource_url))
+
+    async def check(self, scope: dict, receive: Callable, send: Callable,
+                    app: Callable) -> None:
+        from mcp.server.auth.middleware.bearer_auth import RequireAuthMiddleware
+        from starlette.requests import HTTPConnection
+        found = await self.backend.authenticate(HTTPConnection(scope))
+        if found is not None:
+            scope["auth"], scope["user"] = found
+        else:
+            # Whatever came in (a user or auth of an outer layer) is no user here.
+            scope.pop("user", None)
+            scope.pop("auth", None)
+        gate = RequireAuthMiddleware(app, list(self.config.required_scopes), self.metadata_url)
+        await gate(scope, receive, send)
+
+    def routes(self) -> list:
+        """RFC 9728's document, at the resource's own path and at the bare well-known."""
+        from mcp.server.auth.routes import create_protected_resource_routes
+        from pydantic import AnyHttpUrl
+        from starlette.routing import Route
+        made = create_protected_resource_routes(
+            AnyHttpUrl(self.resource_url), [AnyHttpUrl(self.config.issuer)],
+            scopes_supported=list(self.config.required_scopes) or None,
+            resource_name="lcp-sandbox")
+        bare = "/.well-known/oauth-protected-resource"
+        if made[0].path != bare:
+            made.append(Route(bare, endpoint=made[0].endpoint, methods=["GET", "OPTIONS"]))
+        return made
+
+
 def http_app(front: McpFront, security: TransportSecuritySettings, token: Optional[str] = None,
-             on_ready: Optional[Callable[[], None]] = None) -> Any:
+             on_ready: Optional[Callable[[], None]] = None,
+             signin: Optional[SignIn] = None) -> Any:
     """The Starlette app: Streamable HTTP at /mcp behind the guard."""
     from starlette.applications import Starlette
     from starlette.routing import Route
@@ -285,15 +351,21 @@ def http_app(front: McpFront, security: TransportSecuritySettings, token: Option
 
     @asynccontextmanager
     async def lifespan(app: Any) -> Any:
-        async with manager.run():
+        async with manager.run(), anyio.create_task_group() as tasks:
+            tasks.start_soon(front.reap_users)
             if on_ready is not None:
                 on_ready()
             yield
+            tasks.cancel_scope.cancel()
 
-    routes = [Route(MCP_PATH, endpoint=_Guard(manager.handle_request, security, token, front)),
+    routes = [Route(MCP_PATH, endpoint=_Guard(manager.handle_request, security, token, front,
+                                              signin)),
               Route(HEALTH_PATH, endpoint=_health, methods=["GET"])]
+    if signin is not None:
+        routes += signin.routes()
     if o.metrics:
-        routes.append(Route(METRICS_PATH, endpoint=_Guard(_metrics_app(front), security, token)))
+        routes.append(Route(METRICS_PATH, endpoint=_Guard(_metrics_app(front), security, token,
+                                                          signin=signin)))
     return Starlette(routes=routes, lifespan=lifespan)
 
 
@@ -321,7 +393,8 @@ def _metrics_app(front: McpFront) -> Callable:
 
 def serve_http(options: ServeOptions, host: str, port: int, token: Optional[str] = None,
                allowed_hosts: tuple = (), allowed_origins: tuple = (),
-               forwarded_allow_ips: Optional[str] = None) -> int:
+               forwarded_allow_ips: Optional[str] = None,
+               auth: Optional[tuple["AuthConfig", "JwtVerifier"]] = None) -> int:
     """Serve Streamable HTTP until SIGINT / SIGTERM.  The ready line on stderr names the URL.
     ``forwarded_allow_ips``: the proxies whose X-Forwarded-For names the client (checked
     by the command line); None: the header is ignored, the peer is the client."""
@@ -354,7 +427,10 @@ def serve_http(options: ServeOptions, host: str, port: int, token: Optional[str]
               f"{'; --no-confine to run them unconfined' if options.confine is True else ''})",
               file=sys.stderr, flush=True)
 
-    app = http_app(front, security, token, on_ready=ready)
+    signin = None
+    if auth is not None:
+        signin = SignIn(auth[0], auth[1], auth[0].resource_url or url)
+    app = http_app(front, security, token, on_ready=ready, signin=signin)
     # Past max_connections, uvicorn answers 503 at once: a flood gets answers, never a
     # dropped connection, and the sessions the server has keep being served.
     # uvicorn's proxy_headers defaults to on, trusting X-Forwarded-For from 127.0.0.1 (or

@@ -92,6 +92,16 @@ def open_session(c: httpx2.Client, srv: Server, headers: Optional[dict] = None) 
     return h
 
 
+def first_call(c: httpx2.Client, srv: Server, h: dict) -> Path:
+    """The session's first tool call (tool_quick): the workspace folder it made (the one
+    folder it added under the root: the folder's name is a hash, not the session id)."""
+    before = set(os.listdir(srv.root)) if srv.root.exists() else set()
+    assert result_of(call(c, srv, h, "tool_quick"))["result"]["isError"] is False
+    made = [n for n in os.listdir(srv.root) if n not in before and (srv.root / n).is_dir()]
+    assert len(made) == 1, made
+    return srv.root / made[0]
+
+
 def call(c: httpx2.Client, srv: Server, h: dict, tool: str, args: Optional[dict] = None,
          rid: int = 2) -> httpx2.Response:
     return c.post(srv.url, headers=h, json={"jsonrpc": "2.0", "id": rid, "method": "tools/call",
@@ -127,9 +137,8 @@ def test_past_the_session_cap_a_new_session_gets_503_and_nothing_starts(tmp_path
 def test_an_idle_session_ends_and_its_workers_stop(tmp_path):
     with serving(tmp_path, "--session-idle-timeout", "1") as srv, httpx2.Client(timeout=30) as c:
         h = open_session(c, srv)
-        assert result_of(call(c, srv, h, "tool_quick"))["result"]["structuredContent"]["output"]
+        workspace = first_call(c, srv, h)
         worker = next(p for p in srv.workers() if _works_in(p, srv.root))
-        workspace = srv.root / h["mcp-session-id"]
         assert workspace.is_dir()
         assert wait_gone(worker.pid)
         assert call(c, srv, h, "tool_quick").status_code == 404             # the session is gone
@@ -250,7 +259,7 @@ def test_300_clients_at_once_are_all_answered_and_leave_nothing_behind(tmp_path)
     with serving(tmp_path, "--max-sessions-per-client", "400") as srv, \
             httpx2.Client(timeout=60) as c:
         warm = open_session(c, srv)                     # a session that lives through the flood
-        assert call(c, srv, warm, "tool_quick").status_code == 200
+        warm_workspace = first_call(c, srv, warm)
         for _ in range(3):                              # the library's template is made by now
             h = open_session(c, srv)
             assert call(c, srv, h, "tool_quick").status_code == 200
@@ -273,7 +282,7 @@ def test_300_clients_at_once_are_all_answered_and_leave_nothing_behind(tmp_path)
         assert poll(lambda: len(srv.workers()) <= base + 1, 60), (len(srv.workers()), base)
         assert _uss(srv.workers()) <= base_uss + 24 * 2**20
         assert poll(lambda: [p.name for p in srv.root.iterdir() if p.is_dir()] == [
-            warm["mcp-session-id"]])                        # the ended sessions' workspaces: gone
+            warm_workspace.name])                           # the ended sessions' workspaces: gone
 
 
 def test_past_max_connections_clients_get_503_not_a_dropped_connection(tmp_path):
@@ -409,9 +418,9 @@ def _host_state(root: Path) -> tuple:
     return folders, mounts, len(loops), sorted(_live_tenants(root))
 
 
-def _uid_of(srv: Server, sid: str) -> int:
-    """The uid the worker of session ``sid`` runs as."""
-    worker = next(p for p in srv.workers() if _works_in(p, srv.root / sid))
+def _uid_of(srv: Server, workspace: Path) -> int:
+    """The uid the worker of the session of ``workspace`` runs as."""
+    worker = next(p for p in srv.workers() if _works_in(p, workspace))
     return worker.uids().real
 
 
@@ -423,22 +432,23 @@ def test_with_a_uid_range_of_4_a_fifth_session_gets_a_uid_once_four_have_ended(t
     with serving(tmp_path, "--uid-range", str(UID_FIRST), "4") as srv, \
             httpx2.Client(timeout=60) as c:
         four = [open_session(c, srv) for _ in range(4)]
-        for h in four:
-            assert result_of(call(c, srv, h, "tool_quick"))["result"]["isError"] is False
-        uids = {_uid_of(srv, h["mcp-session-id"]) for h in four}
+        places = [first_call(c, srv, h) for h in four]
+        uids = {_uid_of(srv, w) for w in places}
         assert uids == set(range(UID_FIRST, UID_FIRST + 4))
         workers = [p.pid for p in srv.workers() if _works_in(p, srv.root)]
         fifth = open_session(c, srv)
+        before = set(os.listdir(srv.root))
         refused = result_of(call(c, srv, fifth, "tool_quick"))["result"]["structuredContent"]
+        fifth_place = next(srv.root / n for n in os.listdir(srv.root) if n not in before)
         assert refused["status_code"] == 503 and "no uid left in uid_range" in refused["error"]
         for h in four:
             assert c.delete(srv.url, headers=h).status_code == 200
         assert all(wait_gone(pid) for pid in workers)
         assert poll(lambda: _live_tenants(srv.root) == set())          # the four gave theirs
-        assert not any((srv.root / h["mcp-session-id"]).exists() for h in four)
-        for h in (fifth, open_session(c, srv)):
-            assert result_of(call(c, srv, h, "tool_quick"))["result"]["isError"] is False
-            assert _uid_of(srv, h["mcp-session-id"]) in uids
+        assert not any(w.exists() for w in places)
+        assert result_of(call(c, srv, fifth, "tool_quick"))["result"]["isError"] is False
+        assert _uid_of(srv, fifth_place) in uids
+        assert _uid_of(srv, first_call(c, srv, open_session(c, srv))) in uids
 
 
 @ROOT_HOST
@@ -451,11 +461,12 @@ def test_after_a_session_flood_uids_disks_and_workspaces_are_back_where_they_wer
     with serving(tmp_path, "--uid-range", str(UID_FIRST + 100), "4", "--config",
                  str(tmp_path / "config.json")) as srv, httpx2.Client(timeout=60) as c:
         kept = open_session(c, srv)
-        assert result_of(call(c, srv, kept, "tool_quick"))["result"]["isError"] is False
+        name = first_call(c, srv, kept).name
         before = _host_state(srv.root)
-        sid = kept["mcp-session-id"]
-        assert before == ([f".lcp-sandbox-disk-{sid}.img", sid], [str(srv.root / sid)], 1,
-                          [f"mcp-{sid}"])
+        # (the workspace is named by a keyed hash of the session id, never the id itself)
+        assert kept["mcp-session-id"] not in name
+        assert before == ([f".lcp-sandbox-disk-{name}.img", name], [str(srv.root / name)], 1,
+                          [f"mcp-{name}"])
         tally: dict = {}
 
         async def flood() -> None:
