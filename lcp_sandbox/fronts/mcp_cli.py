@@ -24,10 +24,10 @@ TOKEN_ENV = "LCP_SANDBOX_MCP_TOKEN"
 DESCRIPTION = """\
 Serve the tools of FOLDER(s) to MCP clients, each library in isolated worker processes.
 stdio (default): one session, workspace --workspace (default: the current folder); only MCP
-messages are written to stdout. http: Streamable HTTP at /mcp; every MCP session is a tenant of
-its own, with its own workers and its own workspace <workspace-root>/<session id> (and, run as
-root, its own uid), all stopped and removed when the session ends; with --auth-issuer, every
-signed-in user is one tenant for all their sessions. Host and Origin are checked on every
+messages are written to stdout. http: Streamable HTTP at /mcp; every MCP session is a tenant
+of its own, with its own workers and its own workspace <workspace-root>/<a hash of its id> (and,
+run as root, its own uid), all stopped and removed when the session ends; with --auth-issuer,
+every signed-in user is one tenant for all their sessions. Host and Origin are checked on every
 request; on any address but loopback a bearer token is required (--token-file, the environment
 variable LCP_SANDBOX_MCP_TOKEN, or --auth-issuer)."""
 
@@ -49,7 +49,8 @@ def add_parser(sub: Any, parents: list) -> None:
     p.add_argument("--workspace", metavar="DIR",
                    help="stdio: the tools' workspace (default: the current folder)")
     p.add_argument("--workspace-root", metavar="DIR", default="mcp-workspaces",
-                   help="http: each session's workspace is DIR/<session id> "
+                   help="http: each tenant's workspace is DIR/<a keyed hash of its session "
+                        "id, or of its signed-in user> "
                         "(default: ./mcp-workspaces)")
     p.add_argument("--uid-range", nargs=2, type=int, metavar=("FIRST", "COUNT"), default=None,
                    help="http, run as root: each session's workers run as a uid of the "

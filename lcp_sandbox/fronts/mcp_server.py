@@ -81,7 +81,7 @@ class ServeOptions:
     host_tool_configs: dict = field(default_factory=dict)
     # Stdio: the one session's workspace (default: CWD)
     workspace: Optional[str] = None
-    # Http: <root>/<session id> per session.
+    # Http: <root>/<a hash of the session id or user> per tenant.
     workspace_root: str = "mcp-workspaces"
     # True, False or "best-effort".
     confine: Union[bool, str] = False
