@@ -106,7 +106,8 @@ def fetch_json(url: str) -> dict[str, Any]:
     from jwt.exceptions import PyJWKClientError
     try:
         data = PyJWKClient(url, cache_jwk_set=False, timeout=FETCH_TIMEOUT_S).fetch_data()
-    except PyJWKClientError as exc:
+    except (PyJWKClientError, ValueError) as exc:
+        # (ValueError: an answer that is no JSON)
         raise AuthSetupError(f"{url}: {exc}") from None
     if not isinstance(data, dict):
         raise AuthSetupError(f"{url}: not a JSON object")

@@ -2,10 +2,12 @@
 
     new session (initialize)   the SDK's manager      over --max-sessions ─► 503 + Retry-After
                                ClientSessions.admit() over --max-sessions-per-client (per
-                                                       client_of: bearer token, else address)
+                                                       client_of: the signed-in user, else
+                                                       the bearer token, else the address)
                                                        ─► 429 + Retry-After
     tools/call                 TokenBucket.take()     over --rate-limit   ─► 429 + Retry-After
-                               (per session)           (or a JSON-RPC error with the delay)
+                               (per session; one for   (or a JSON-RPC error with the delay)
+                               all of a user's)
                                calls semaphore         over --max-calls-per-session: waits its
                                                        turn; other sessions are not slowed
 
@@ -69,9 +71,12 @@ def rate_error(rate: float, wait: float) -> dict[str, Any]:
             "data": {"retryAfter": float(after)}}
 
 
-def client_of(peer: Optional[str], token: Optional[bytes], salt: bytes) -> str:
+def client_of(peer: Optional[str], token: Optional[bytes], salt: bytes,
+              user: Optional[str] = None) -> str:
     """The client a request counts for (its key in ClientSessions).
 
+    Signed in (--auth-issuer), ``user``: the user's tenant name (mcp_users.py, a keyed hash
+    of the verified token's issuer and tenant claim), whatever token or address it uses.
     With a bearer token, the token: a keyed hash of it (``salt``, the server's own random
     bytes), so no structure holds the token nor a hash that could be tried offline.
     Without, the peer's address as uvicorn gave it: forwarded headers have rewritten it
@@ -79,6 +84,8 @@ def client_of(peer: Optional[str], token: Optional[bytes], salt: bytes) -> str:
     machine can take at will count as one client: every loopback address (127.0.0.0/8,
     ::1, ::ffff:127.x) is "loopback", an IPv6 address counts by its /64 (one host's
     SLAAC and privacy addresses), an IPv4-mapped one as its IPv4 address."""
+    if user is not None:
+        return "user " + user
     if token is not None:
         return "token " + hmac.new(salt, token, hashlib.sha256).hexdigest()[:32]
     if not peer:

@@ -190,14 +190,14 @@ class _Guard:
         await self.app(scope, receive, send if sid else self._cap_aware(send))
 
     def _client(self, scope: dict) -> str:
-        """Who a request comes from (mcp_limits.client_of): the bearer token it passed with
-        when the server has one (the one token: every holder of it is one client), else
-        its peer's address, loopback addresses all one."""
+        """Who a request comes from (mcp_limits.client_of): signed in, the user; else the
+        bearer token it passed with when the server has one (the one token: every holder of
+        it is one client), else its peer's address, loopback addresses all one."""
         client = scope.get("client")
         access = signed_in(scope)
-        if access is not None and self.front is not None:
-            return "user " + user_tenant(self.front.names, access)
-        return client_of(client[0] if client else None, self.token, self._salt)
+        user = (user_tenant(self.front.names, access)
+                if access is not None and self.front is not None else None)
+        return client_of(client[0] if client else None, self.token, self._salt, user)
 
     async def _new_session(self, scope: dict, receive: Callable, send: Callable,
                            clients: ClientSessions) -> None:

@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,11 +123,15 @@ def post(srv: Server, headers: dict, body: dict | None = None) -> httpx2.Respons
 
 # ---------------------------------------------------------------- the resource server
 def test_no_token_or_a_bad_one_gets_401_naming_the_metadata(server, issuer):
+    issuer.add_key("stranger")                      # a key the issuer never published
     metadata = f"{server.base}/.well-known/oauth-protected-resource/mcp"
     for headers in ({}, {"Authorization": "Bearer not-a-jwt"},
                     {"Authorization": f"Bearer {issuer.unsigned()}"},
                     {"Authorization": f"Bearer {issuer.hs256_with_public_key()}"},
-                    {"Authorization": f"Bearer {issuer.token(aud='elsewhere')}"}):
+                    {"Authorization": f"Bearer {issuer.token(aud='elsewhere')}"},
+                    {"Authorization": f"Bearer {issuer.token(exp=int(time.time()) - 120)}"},
+                    {"Authorization": f"Bearer {issuer.tampered(issuer.token(), sub='x')}"},
+                    {"Authorization": f"Bearer {issuer.token(kid='stranger')}"}):
         r = post(server, headers)
         assert r.status_code == 401, (headers, r.text)
         assert f'resource_metadata="{metadata}"' in r.headers["www-authenticate"]
