@@ -73,7 +73,7 @@ TARGETS = {
     "cold_p50_ms": 1.0, "cold_p99_ms": 4.0, "uss_plain_mb": 2.0,
     "template_p50_ms": 5.0, "fresh_over_template": 30.0, "uss_template_mb": 4.0,
     "syscalls_warm_p50": 1.03,
-    "mcp_warm_sdk": 1.2, "mcp_warm_plain": 1.2, "metrics_share": 0.02, "density_metrics_ms": 5.0,
+    "mcp_warm_sdk": 1.2, "mcp_warm_plain": 1.2, "mcp_token_sdk": 1.05, "mcp_token_plain": 1.05, "metrics_share": 0.02, "density_metrics_ms": 5.0,
     "confined_np_p50_ms": 5.0, "confined_np_ratio": 1.2, "uss_confined_np_mb": 4.0,
     "confined_plain_ratio": 1.2, "confined_density_uss_mb": 1536.0,
     "confined_namespaces_ratio": 1.5, "compiled_open": 0.5, "compiled_confined": 0.5,

@@ -1,13 +1,15 @@
 """MCP: a warm tools/call through ``serve-mcp`` beside a bare MCP SDK server, same run.
 
     servers  serve-mcp over the run's bench libraries (Streamable HTTP, 127.0.0.1);
+             serve-mcp with users signed in (--auth-issuer: a local issuer, the tests' own,
+             tests/support/issuer.py; every call carries an RS256 access token);
              a bare SDK server (mcp.server.mcpserver.MCPServer) exposing a function of the
              same name, tool_noop, returning the same {"ok": True}
     warm     rounds x paths in random order, each a batch of calls on one session:
                sdk    the SDK's own client (ClientSession over streamable_http_client)
                plain  a plain kept-alive HTTP client (httpx2, as requests sessions, curl
                       and most HTTP stacks keep connections alive)
-             on both servers
+             on the three servers (token_*: the signed-in server, against ours_*)
     sessions initialize + notifications/initialized + a first tools/call + DELETE, one
              session after another: sessions a second through serve-mcp
     metrics  one Metrics.call() (what the engine counts for every call) in a tight loop,
@@ -25,7 +27,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from .harness import interleaved, paired_ratio, ratio, summarize
 
@@ -71,9 +73,9 @@ def _start(argv: list, ready: Callable[[str], bool], timeout: float = 60.0) -> t
     return proc, lines
 
 
-def _plain_session(c: Any, url: str) -> dict:
-    r = c.post(url, headers=ACCEPT, json=INIT)
-    h = {**ACCEPT, "mcp-session-id": r.headers["mcp-session-id"]}
+def _plain_session(c: Any, url: str, auth: Optional[dict] = None) -> dict:
+    r = c.post(url, headers={**ACCEPT, **(auth or {})}, json=INIT)
+    h = {**ACCEPT, **(auth or {}), "mcp-session-id": r.headers["mcp-session-id"]}
     c.post(url, headers=h, json={"jsonrpc": "2.0", "method": "notifications/initialized"})
     return h
 
@@ -92,16 +94,18 @@ def _plain_batch(c: Any, url: str, h: dict, n: int) -> list:
     return out
 
 
-def _sdk_batch(url: str, n: int) -> list:
+def _sdk_batch(url: str, n: int, auth: Optional[dict] = None) -> list:
     """``n`` timed calls by the SDK's own client, on a session opened for the batch (its
     opening and a few untimed warm-up calls are left out: the worker is warm)."""
     import anyio
     from mcp import ClientSession
     from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
 
     async def batch() -> list:
         out, clock = [], time.perf_counter_ns
-        async with streamable_http_client(url) as streams:
+        async with create_mcp_http_client(headers=auth) as http, \
+                streamable_http_client(url, http_client=http) as streams:
             async with ClientSession(streams[0], streams[1]) as session:
                 await session.initialize()
                 for _ in range(5):
@@ -126,19 +130,25 @@ def run(ctx: Any, prog: Any) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bench-mcp-", dir=ctx.tmp))
     procs: list = []
     clients: list = []
+    closers: list = []
     try:
         ours = _serve_ours(ctx, tmp)
         procs.append(ours[0])
         bare = _serve_bare()
         procs.append(bare[0])
         urls = {"ours": ours[1], "bare": bare[1]}
+        auths: dict[str, Optional[dict]] = {"ours": None, "bare": None}
+        signed = _serve_signed_in(ctx, tmp, closers)
+        if signed is not None:
+            procs.append(signed[0])
+            urls["token"], auths["token"] = signed[1], signed[2]
         plain = httpx2.Client(timeout=30)
         clients.append(plain)
-        heads = {k: _plain_session(plain, u) for k, u in urls.items()}
+        heads = {k: _plain_session(plain, u, auths[k]) for k, u in urls.items()}
         paths: dict[str, Callable[[int], list]] = {}
         for k, u in urls.items():
             paths[f"{k}_plain"] = (lambda n, u=u, h=heads[k]: _plain_batch(plain, u, h, n))
-            paths[f"{k}_sdk"] = (lambda n, u=u: _sdk_batch(u, n))
+            paths[f"{k}_sdk"] = (lambda n, u=u, a=auths[k]: _sdk_batch(u, n, a))
         for fn in paths.values():
             fn(20)                                            # warm-up
         rounds = max(1, cfg.mcp_rounds)
@@ -151,6 +161,11 @@ def run(ctx: Any, prog: Any) -> None:
             row["x_bare_p50"] = ratio(row.get("p50"), warm[f"bare_{client}"].get("p50"))
             row["x_bare_p50_paired"] = paired_ratio(per_round[f"ours_{client}"],
                                                     per_round[f"bare_{client}"])
+            if f"token_{client}" in warm:
+                tok = warm[f"token_{client}"]
+                tok["x_ours_p50"] = ratio(tok.get("p50"), row.get("p50"))
+                tok["x_ours_p50_paired"] = paired_ratio(per_round[f"token_{client}"],
+                                                        per_round[f"ours_{client}"])
         sessions = _sessions_per_s(plain, urls["ours"], cfg.mcp_sessions)
         prog.step("mcp", "sessions")
         ctx.result["mcp"] = {"warm_ms": warm, "sessions_per_s": sessions,
@@ -167,6 +182,8 @@ def run(ctx: Any, prog: Any) -> None:
                 p.wait(30)
             except subprocess.TimeoutExpired:
                 p.kill()
+        for close in closers:
+            close()
 
 
 def _serve_ours(ctx: Any, tmp: Path) -> tuple:
@@ -176,6 +193,26 @@ def _serve_ours(ctx: Any, tmp: Path) -> tuple:
                          lambda line: "serving http" in line)
     url = next(m.group(1) for line in lines if (m := re.search(r"serving (http://\S+)", line)))
     return proc, url
+
+
+def _serve_signed_in(ctx: Any, tmp: Path, closers: list) -> Optional[tuple]:
+    """serve-mcp checking tokens of a local issuer (the tests' own, on 127.0.0.1): (proc,
+    url, the Authorization header of a token), or None (noted in ctx.skipped) without
+    PyJWT or the checkout's tests folder."""
+    try:
+        from tests.support.issuer import AUDIENCE, Issuer
+    except ImportError as exc:
+        ctx.skipped["mcp_token"] = f"no local issuer: {exc}"
+        return None
+    issuer = Issuer().start()
+    closers.append(issuer.stop)
+    proc, lines = _start([sys.executable, "-m", "lcp_sandbox.fronts.cli", "serve-mcp",
+                          str(ctx.libs), "--transport", "http", "--port", "0",
+                          "--workspace-root", str(tmp / "ws-token"), "--auth-issuer",
+                          issuer.url, "--auth-audience", AUDIENCE],
+                         lambda line: "serving http" in line)
+    url = next(m.group(1) for line in lines if (m := re.search(r"serving (http://\S+)", line)))
+    return proc, url, {"Authorization": f"Bearer {issuer.token('bench')}"}
 
 
 def _serve_bare() -> tuple:

@@ -112,6 +112,13 @@ def _mcp_lines(m: dict) -> list:
                      f"{x(ours.get('x_bare_p50'))} ({x(ours.get('x_bare_p50_paired'))})",
                      fmt(ours["p99"])])
     lines += table(hdr, rows, "lrrrr")
+    tok = {c: m["warm_ms"].get(f"token_{c}") for c in ("sdk", "plain")}
+    if all(tok.values()):
+        lines.append("  users signed in (--auth-issuer, an RS256 token on every call) / no token:")
+        for client, label in (("sdk", "the SDK's client"), ("plain", "plain HTTP, kept alive")):
+            row = tok[client] or {}
+            lines.append(f"    {label}: p50 {fmt(row.get('p50'))} ms, "
+                         f"{x(row.get('x_ours_p50'))} ({x(row.get('x_ours_p50_paired'))} paired)")
     s = m["sessions_per_s"]
     lines.append(f"  sessions through serve-mcp (initialize + a first tools/call + DELETE, one after "
                  f"another): {s['per_s']:.1f} a second")

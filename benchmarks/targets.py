@@ -189,6 +189,10 @@ def run(ctx: Any) -> None:
         add(f"mcp_warm_{client}", f"warm tools/call p50 through serve-mcp / a bare SDK server, {label}",
             row.get("x_bare_p50_paired") or row.get("x_bare_p50"), T[f"mcp_warm_{client}"], "<=",
             note="" if row.get("x_bare_p50") is None else f"pooled {x(row['x_bare_p50'])}")
+    for client in ("sdk", "plain"):
+        row = mcp.get(f"token_{client}", {})
+        add(f"mcp_token_{client}", f"warm tools/call p50 with a checked token / without, {client}",
+            row.get("x_ours_p50_paired") or row.get("x_ours_p50"), T[f"mcp_token_{client}"], "<=")
     share = ((res.get("mcp") or {}).get("metrics") or {}).get("share_of_warm_call")
     add("metrics_share", "metrics kept on a warm engine call (one Metrics.call / the warm p50)", share,
         T["metrics_share"], "<=")

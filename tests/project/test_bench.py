@@ -26,7 +26,7 @@ TARGET_NAMES = {"warm_p50", "warm_p99", "warm_p50_inprocess", "cold_vs_spawn", "
                 "density_pool_idle_runs", "density_stats_ms", "cold_p50", "cold_p99", "uss_plain", "template_p50",
                 "fresh_over_template", "uss_template", "syscalls_warm_p50", "confined_np_p50",
                 "confined_np_ratio", "uss_confined_np", "confined_plain_ratio", "confined_density_uss",
-                "confined_namespaces_ratio", "compiled_open", "compiled_confined", "egress_ratio", "egress_added_ms", "egress_bulk", "secrets_added_ms", "secrets_bulk", "mcp_warm_sdk", "mcp_warm_plain", "metrics_share", "density_metrics_ms",
+                "confined_namespaces_ratio", "compiled_open", "compiled_confined", "egress_ratio", "egress_added_ms", "egress_bulk", "secrets_added_ms", "secrets_bulk", "mcp_warm_sdk", "mcp_warm_plain", "mcp_token_sdk", "mcp_token_plain", "metrics_share", "density_metrics_ms",
                 "spawn_path_cold_vs_spawn", "spawn_path_warm_vs_zygote", "spawn_path_burst_vs_spawn",
                 "envs_first_call", "envs_fresh_host",
                 "envs_warm", "envs_build_5"}
@@ -129,8 +129,9 @@ def test_bench_end_to_end(tmp_path, new_processes):
     # mcp: serve-mcp beside a bare SDK server, both clients; sessions a second; metrics' cost
     mcp = data["mcp"]
     assert "mcp" not in data["skipped"]
-    for k in ("ours_sdk", "bare_sdk", "ours_plain", "bare_plain"):
+    for k in ("ours_sdk", "bare_sdk", "ours_plain", "bare_plain", "token_sdk", "token_plain"):
         assert _number(mcp["warm_ms"][k]["p50"]), k
+    assert _number(mcp["warm_ms"]["token_plain"]["x_ours_p50"])
     assert _number(mcp["warm_ms"]["ours_plain"]["x_bare_p50"]) and mcp["sessions_per_s"]["per_s"] > 0
     assert _number(mcp["metrics"]["share_of_warm_call"])
     assert "MCP  warm tools/call" in out.getvalue()
