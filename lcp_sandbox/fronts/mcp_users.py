@@ -151,7 +151,8 @@ def _name_ok(name: str) -> bool:
 
 def _matches(rule: Rule, claims: dict) -> bool:
     have = claims.get(rule.claim)
-    if rule.claim == "scope" and isinstance(have, str):
+    # OAuth's scope (and Entra ID's scp) is one string of space-separated scopes.
+    if rule.claim in ("scope", "scp") and isinstance(have, str):
         have = have.split()
     if isinstance(have, list):
         return rule.value in have

@@ -204,3 +204,17 @@ def test_settings_that_cannot_hold_are_refused(config, says):
     # Loopback issuers may be plain http (tests, a local issuer).
     AuthConfig(issuer="http://127.0.0.1:9/x", audience="a").check()
     AuthConfig(issuer="http://[::1]:9/x", audience="a").check()
+
+
+def test_policy_rules_match_a_claims_value_or_a_member_of_it():
+    from lcp_sandbox.fronts.mcp_users import Rule, allowed, permits
+    rules = [Rule("groups", "eng", frozenset({"lib_a"})),
+             Rule("scp", "tools.x", frozenset({"lib_b.tool_x"})),
+             Rule("role", "admin", frozenset({"lib_c"}))]
+    names = allowed(rules, {"groups": ["ops", "eng"], "scp": "read tools.x", "role": "admins"})
+    assert names == {"lib_a", "lib_b.tool_x"}
+    assert permits(names, "lib_a", "tool_any") and permits(names, "lib_b", "tool_x")
+    assert not permits(names, "lib_b", "tool_y") and not permits(names, "lib_c", "tool_z")
+    # A value is never matched as a substring, nor a list claim by a string's letters.
+    assert allowed(rules, {"groups": "engineering", "role": ["ad", "min"]}) == frozenset()
+    assert allowed(rules, {}) == frozenset()
