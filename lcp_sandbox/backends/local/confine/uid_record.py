@@ -137,17 +137,22 @@ class UidRecord:
         folder = record_folder()
         try:
             _make_folder(folder)
+            _check_folder(folder)
         except OSError as exc:
+            # (root trusts no folder of another's; an engine that is not root gives no
+            # uids, and cannot use root's record)
+            if os.geteuid() == 0 and isinstance(exc, PermissionError):
+                raise
             self._fallback(folder, exc)
             return
-        _check_folder(folder)
         self.folder: Optional[str] = folder
         self.path: Optional[str] = os.path.join(folder, RECORD)
         self.machine = True
         self.where = f"machine-wide ({folder})"
 
     def _fallback(self, folder: str, exc: OSError) -> None:
-        """The machine's folder cannot be made: this engine's own record."""
+        """The machine's folder cannot be made (or, not root, used): this engine's own
+        record."""
         self.machine = False
         self.folder = self.root
         self.path = os.path.join(self.root, OWN_RECORD) if self.root else None
