@@ -70,10 +70,8 @@ MAX_PER_TENANT = MAX_CONNECTIONS // 32
 # connection that sends no head ends within HEAD_TIMEOUT_S)
 RETRY_AFTER_S = 1
 _FDS_PER_MESSAGE = 8
-# Hex digits of a dialer's token (128 bits)
-TOKEN_BYTES = 32
-# Refusals logged per worker (then counted only)
-_LOGGED_PER_WORKER = 20
+TOKEN_BYTES = 32                 # hex digits of a dialer's token (128 bits)
+_LOGGED_PER_WORKER = 20          # refusals logged per worker (then counted only)
 
 
 @dataclass
