@@ -63,11 +63,16 @@ def host_secrets(values: Any, where: str) -> dict[str, str]:
     return checked
 
 
-def settled(network: Any, configs: Any, held: Iterable[str], library: str) -> None:
+#: Where a host gives a secret's value, as a settings error says it
+GIVE_IT = "give it in Supervisor(secrets=...) or SandboxedBinding(secrets=...)"
+
+
+def settled(network: Any, configs: Any, held: Iterable[str], library: str,
+            give_it: str = GIVE_IT) -> None:
     """ValueError naming what is wrong with a library's secrets: one its policy
-    (``network``) binds that the host holds no value of (``held``: the names it has),
-    or one its host_tool_configs entry (``configs``) refers to that the policy does not
-    bind."""
+    (``network``) binds that the host holds no value of (``held``: the names it has; the
+    error says ``give_it``), or one its host_tool_configs entry (``configs``) refers to that
+    the policy does not bind."""
     bound = set(network.get("secrets") or {}) if isinstance(network, dict) else set()
     unbound = sorted(used_in(configs) - bound)
     if unbound:
@@ -77,8 +82,7 @@ def settled(network: Any, configs: Any, held: Iterable[str], library: str) -> No
     missing = sorted(bound - set(held))
     if missing:
         raise ValueError(f"the network policy of {library} binds the secret {missing[0]}, "
-                         f"which the host holds no value of: give it in Supervisor(secrets="
-                         f"...) or SandboxedBinding(secrets=...)")
+                         f"which the host holds no value of: {give_it}")
 
 
 def used_in(configs: Any) -> set[str]:

@@ -76,6 +76,14 @@ def add_parser(sub: Any, parents: list) -> None:
                         "address or CIDR, each with an optional :port)")
     p.add_argument("--network-deny", action="append", default=[], metavar="RULE",
                    help="with --network-allow: hosts refused even when a rule allows them")
+    p.add_argument("--secret", action="append", default=[], metavar="NAME=env:VAR",
+                   help="a secret the egress proxy puts in the requests to the hosts a "
+                        "library's policy binds NAME to (--config: \"secrets\"); its value from "
+                        "the environment (NAME=env:VAR) or a file (NAME=file:PATH), never the "
+                        "command line (repeatable)")
+    p.add_argument("--upstream-ca-file", metavar="FILE", default=None,
+                   help="the CAs the egress proxy checks the servers of secrets' hosts against "
+                        "(default: the system's trust store)")
     p.add_argument("--no-network", action="store_true",
                    help="no network at all for the workers (their own network namespace)")
     p.add_argument("--timeout", type=float, default=60.0, metavar="S",
@@ -237,6 +245,20 @@ def cmd_serve_mcp(args: argparse.Namespace) -> int:
         return 2
 
 
+def _secrets(args: argparse.Namespace, configs: dict) -> dict[str, str]:
+    """--secret's values (exit 2 naming a secret that cannot be read, never its value, or
+    one a library's policy in --config binds that no --secret gives)."""
+    from .mcp_secrets import secret_values, unheld
+    if args.upstream_ca_file is not None and not os.path.isfile(args.upstream_ca_file):
+        raise _usage(f"--upstream-ca-file {args.upstream_ca_file!r} is not a file")
+    try:
+        values = secret_values(args.secret)
+        unheld(configs, values)
+    except (TypeError, ValueError) as exc:
+        raise _usage(str(exc)) from None
+    return values
+
+
 def _network(args: argparse.Namespace, confine: object) -> "bool | dict[str, list[str]]":
     """The sessions' network setting from --no-network and --network-allow/--network-deny."""
     if args.network_deny and not args.network_allow:
@@ -384,7 +406,8 @@ def _serve(args: argparse.Namespace) -> int:
         max_calls_per_session=args.max_calls_per_session, rate_limit=args.rate_limit,
         metrics=args.metrics, max_connections=args.max_connections,
         signed_in=auth is not None, tenant_idle_timeout_s=args.tenant_idle_timeout or 3600.0,
-        keep_workspaces=args.keep_workspaces, policy=policy)
+        keep_workspaces=args.keep_workspaces, policy=policy, secrets=_secrets(args, configs),
+        upstream_ca_file=args.upstream_ca_file)
     if args.transport == "stdio":
         return mcp_transports.serve_stdio(options)
     return mcp_transports.serve_http(options, args.host, args.port, token, tuple(args.allowed_host),

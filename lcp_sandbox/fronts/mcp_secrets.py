@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Iterable
 
-from ..core.secrets import host_secrets
+from ..core.secrets import host_secrets, settled
 
 #: Bytes a secret's file may hold (a key, a token: not a document)
 FILE_MAX = 64 * 1024
@@ -30,6 +30,20 @@ def secret_values(specs: Iterable[str]) -> dict[str, str]:
         value = _from_env(name, where) if kind == "env" else _from_file(name, where)
         values.update(host_secrets({name: value}, f"--secret {name}"))
     return values
+
+
+def unheld(configs: dict, values: dict[str, str]) -> None:
+    """ValueError naming a secret a library's policy in ``configs`` (host_tool_configs, as
+    --config gives them) binds, or its configs refer to, that ``values`` does not hold."""
+    for library, entry in configs.items():
+        if not isinstance(entry, dict):
+            continue
+        sandbox = entry.get("sandbox")
+        network = sandbox.get("network") if isinstance(sandbox, dict) else None
+        try:
+            settled(network, entry, values, library, "give it with --secret NAME=env:VAR")
+        except ValueError as exc:
+            raise ValueError(f"--config: {exc}") from None
 
 
 def _from_env(name: str, variable: str) -> str:

@@ -115,6 +115,9 @@ class ServeOptions:
     keep_workspaces: bool = False
     # --auth-policy's rules (mcp_users.Rule); None: every tool for everyone.
     policy: Optional[list] = None
+    # --secret's values (the egress proxy's), --upstream-ca-file
+    secrets: dict = field(default_factory=dict)
+    upstream_ca_file: Optional[str] = None
 
 
 def _connection_of(ctx: Any) -> Any:

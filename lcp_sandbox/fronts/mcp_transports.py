@@ -124,7 +124,9 @@ def _bearer_ok(header: Optional[str], token: bytes) -> bool:
 
 
 def _uid_range(options: ServeOptions) -> dict[str, Any]:
-    return {} if options.uid_range is None else {"uid_range": options.uid_range}
+    """The supervisor's settings the options may hold: uids, secrets, upstream CAs."""
+    return {**({} if options.uid_range is None else {"uid_range": options.uid_range}),
+            "secrets": options.secrets, "upstream_ca_file": options.upstream_ca_file}
 
 
 class _Guard:

@@ -9,8 +9,11 @@ import http.server
 import ipaddress
 import json
 import logging
+import os
 import re
 import ssl
+import subprocess
+import sys
 import threading
 import uuid
 
@@ -321,3 +324,40 @@ def test_the_swap_of_a_head():
             swap.head(host, 443, target, headers)
         assert refused.value.name == "K" and "v1" not in str(refused.value)
     assert re.fullmatch(r"lcp-secret-[0-9a-f]{32}", new_placeholder())
+
+
+SERVE = [sys.executable, "-m", "lcp_sandbox.fronts.cli", "serve-mcp"]
+
+
+def test_serve_mcp_takes_the_value_from_its_environment_and_refuses_an_unheld_one(world,
+                                                                                   tmp_path):
+    """serve-mcp --secret NAME=env:VAR with a policy of --config: an MCP client's call gets
+    the value to the bound host; a policy binding a secret no --secret gives is exit 2."""
+    import anyio
+    from mcp import ClientSession, StdioServerParameters
+    from mcp.client.stdio import stdio_client
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"secretprobe": {"sandbox": {"network": policy(world)},
+                                                  "key": {"secret": "API_KEY"}}}))
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    workspace.chmod(0o777)
+    args = [*SERVE, str(LIBS), "--workspace", str(workspace), "--confine", "--config",
+            str(config), "--upstream-ca-file", world[0]]
+    unheld = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert unheld.returncode == 2 and "API_KEY" in unheld.stderr, unheld.stderr
+    env = {**os.environ, "THE_KEY": VALUE}
+    params = StdioServerParameters(command=args[0], args=[*args[1:], "--secret",
+                                                          "API_KEY=env:THE_KEY"], env=env)
+
+    async def body():
+        async with stdio_client(params) as (read, write):
+            async with ClientSession(read, write) as s:
+                await s.initialize()
+                return await s.call_tool("tool_call", {"url": url(world, "api"),
+                                                       "source": "config"})
+    got = anyio.run(body)
+    assert not got.is_error, got
+    text = json.dumps(got.structured_content)
+    assert VALUE not in text
+    assert json.loads(got.structured_content["output"]["body"])["value"] is True
