@@ -330,18 +330,17 @@ SERVE = [sys.executable, "-m", "lcp_sandbox.fronts.cli", "serve-mcp"]
 
 
 def test_serve_mcp_takes_the_value_from_its_environment_and_refuses_an_unheld_one(world,
-                                                                                   tmp_path):
+                                                                                   open_tmp):
     """serve-mcp --secret NAME=env:VAR with a policy of --config: an MCP client's call gets
     the value to the bound host; a policy binding a secret no --secret gives is exit 2."""
     import anyio
     from mcp import ClientSession, StdioServerParameters
     from mcp.client.stdio import stdio_client
-    config = tmp_path / "config.json"
+    config = open_tmp / "config.json"
     config.write_text(json.dumps({"secretprobe": {"sandbox": {"network": policy(world)},
                                                   "key": {"secret": "API_KEY"}}}))
-    workspace = tmp_path / "ws"
+    workspace = open_tmp / "ws"
     workspace.mkdir()
-    workspace.chmod(0o777)
     args = [*SERVE, str(LIBS), "--workspace", str(workspace), "--confine", "--config",
             str(config), "--upstream-ca-file", world[0]]
     unheld = subprocess.run(args, capture_output=True, text=True, timeout=120)
