@@ -251,6 +251,23 @@ def test_each_worker_has_its_own_placeholder_and_another_s_means_nothing(sup, ap
     assert sum(1 for s in world[1]["api"].seen if mine in s) == before + 1
 
 
+def test_many_tenants_at_once_each_with_a_placeholder_of_its_own(sup, world, open_tmp_module):
+    """Tenants calling at the same time: each worker's placeholder is its own, and each
+    request gets the value (the proxy keeps one swap per worker, never mixes them)."""
+    import concurrent.futures
+    tenants = [binding(sup, open_tmp_module, f"crowd-{i}", policy(world)) for i in range(4)]
+
+    def one(t):
+        held = out(t, "tool_placeholder")
+        return held, [answer(out(t, "tool_call", url=url(world, "api", f"/crowd/{i}"),
+                                 client=client))["value"]
+                      for i, client in enumerate(("requests", "httpx", "urllib"))]
+    with concurrent.futures.ThreadPoolExecutor(len(tenants)) as pool:
+        got = list(pool.map(one, tenants))
+    assert len({held for held, _ in got}) == len(tenants)
+    assert all(values == [True, True, True] for _, values in got), got
+
+
 def test_nothing_of_the_value_is_in_a_worker(api, world):
     """As root: the worker's environment, arguments and memory hold no byte of it."""
     out(api, "tool_call", url=url(world, "api"))
