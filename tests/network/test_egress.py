@@ -255,7 +255,8 @@ def test_a_flood_is_bounded_per_worker_and_others_still_get_through(sup, servers
                        "answered": str(answered)}, timeout_s=150)))
     worker.start()
     try:
-        assert poll(answered.exists, 120), "the flood's connections were not all answered"
+        poll(lambda: answered.exists() or not worker.is_alive(), 120)
+        assert answered.exists(), f"the flood's connections were not all answered: {result}"
         assert sup.egress.connections >= egress_proxy.MAX_PER_WORKER
         assert out(one_port, "tool_urllib",
                    url=f"http://127.0.0.1:{ports['allowed']}/during")["status"] == 200
@@ -263,9 +264,13 @@ def test_a_flood_is_bounded_per_worker_and_others_still_get_through(sup, servers
         release.touch()
         worker.join(90)
         sink.close()
-    # its share established, each beyond it turned away with 429
-    assert result["out"]["output"] == {"200": egress_proxy.MAX_PER_WORKER, "429": 40,
-                                       "unanswered": 0}, result
+    # its share established, each beyond it turned away: 429, or (a machine so busy that
+    # more than a share of a by-port worker's sockets waited to be accepted: the oldest
+    # unaccepted are let go, egress_port.py) closed or reset unanswered
+    answers = dict(result["out"]["output"])
+    assert answers.pop("200") == egress_proxy.MAX_PER_WORKER, result
+    assert answers.pop("unanswered") == 0, result
+    assert set(answers) <= {"429", "closed", "reset"} and sum(answers.values()) == 40, result
     assert poll(lambda: sup.egress.connections == 0)
 
 
