@@ -348,6 +348,10 @@ def _auth(args: argparse.Namespace, token: Optional[str]) -> tuple[Any, Any]:
                         required_scopes=tuple(args.auth_required_scope),
                         tenant_claim=args.auth_tenant_claim or "sub",
                         resource_url=args.auth_resource_url)
+    if config.resource_url is None and args.host in ("0.0.0.0", "::", "[::]"):
+        log.warning("--auth-resource-url is not given: the protected-resource metadata names "
+                    "the bound address %s, which no client reaches; give the server's URL",
+                    args.host)
     try:
         if config.resource_url is not None:
             from .mcp_auth import checked_url
