@@ -160,7 +160,8 @@ def _emulated(kind: str, cmd: list, python: str, filters: Path) -> list:
         cmd = [python, str(filters), *flags, *cmd]
     if kind.startswith("container"):
         drops = CONTAINER_DROPS + (",cap_setuid,cap_setgid" if "setuid" in kind else "")
-        cmd = ["capsh", f"--drop={drops}", "--", "-c", " ".join(map(repr, cmd))]
+        cmd = [python, str(filters), "--readable-python-only",
+               "capsh", f"--drop={drops}", "--", "-c", " ".join(map(repr, cmd))]
     if kind.startswith("unprivileged"):
         cmd = ["setpriv", f"--reuid={UNPRIVILEGED}", f"--regid={UNPRIVILEGED}",
                "--clear-groups", *cmd]

@@ -234,7 +234,8 @@ def test_bench_command_line_with_a_host_folder(tmp_path, capsys):
     rc = main(["bench", str(folder), "--tool", "tool_other_set", "--params", '{"value": "x"}',
                "--calls", "20", "--rounds", "1", "--cold", "1", "--discovery-files", "5",
                "--mem-calls", "10", "--no-progress", "--json", str(json_path),
-               "--skip", "pickle,ppe,subprocess,spawn,routing,density,throughput,ray"])
+               "--skip", "pickle,ppe,subprocess,spawn,routing,density,throughput,ray,egress,"
+               "secrets,mcp,envs,confined,compiled,templates,syscalls"])
     assert rc == 0
     data = json.loads(json_path.read_text())
     for rows in data["warm"].values():

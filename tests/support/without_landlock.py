@@ -26,6 +26,9 @@ filter installed here holds for this process and everything it starts.
                        /root), the command gets a mount namespace of its own in which that
                        folder shows the installation to every uid, as a container image's
                        Python is (readable_python())
+    --readable-python-only   (root) that mount namespace alone, then COMMAND: no filter
+                       (a container emulated by dropping capabilities, whose filters the
+                       command installs itself)
 
 The numbers are written out here, not taken from the engine: the emulation must not share
 the engine's table (tests/confinement/test_host_kinds.py checks them against it).
@@ -169,6 +172,11 @@ if __name__ == "__main__":
     flags = set()
     while args and args[0].startswith("--"):
         flags.add(args.pop(0))
+    if "--readable-python-only" in flags:
+        # (a container's image: its Python readable by every uid; the caller drops the
+        # capabilities and installs the filters after)
+        readable_python()
+        os.execvp(args[0], args)
     if "--docker-default" in flags and os.geteuid() == 0:
         readable_python()
     install("--no-userns" in flags, "--keep-landlock" in flags, "--docker-default" in flags)
