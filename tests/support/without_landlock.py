@@ -3,6 +3,7 @@ filter installed here holds for this process and everything it starts.
 
     python tests/support/without_landlock.py [--no-userns] [--keep-landlock] [--docker-default]
                                      COMMAND [ARGS...]
+    python tests/support/without_landlock.py --readable-python-only COMMAND [ARGS...]
 
     (default)          the three landlock_* system calls (444-446 on every architecture)
                        answer ENOSYS, as on a kernel without Landlock
