@@ -121,6 +121,9 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "max_workers_per_tenant": "each node's `max_workers_per_tenant`",
         "idle_timeout_s": "as `Supervisor`'s, on every node",
         "confine": "as `Supervisor`'s, on every node",
+        "tenants_root": "as `Supervisor`'s, on every node (a folder every node mounts at "
+        "the same path)",
+        "uid_range": "as `Supervisor`'s, on every node (`None`: its default)",
         "on_event": "as `Supervisor`'s; events carry `\"node\"` and come from a background "
         "thread",
     },

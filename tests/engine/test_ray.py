@@ -2,6 +2,7 @@
 missing on its node, and a node lost (on a third node added to the session's cluster
 for the purpose, so the shared head and node stay up)."""
 import importlib.util
+import os
 import re
 import subprocess
 import sys
@@ -9,7 +10,7 @@ import threading
 
 import psutil
 import pytest
-from conftest import _RAY_ROOTS, FIXTURES
+from conftest import _RAY_ROOTS, FIXTURES, wait_gone
 
 from lcp_sandbox import SandboxedBinding, Supervisor
 
@@ -164,5 +165,72 @@ def test_node_lost_503_then_replaced_others_undisturbed(ray_cluster, libs, tmp_p
             assert b.execute_tool("tool_increment", {})["output"] == 1
             row = b.stats()[0]
             assert row["node"] in live_nodes() and row["node"] != lost_id and row["restarts"] == 1
+    finally:
+        sup.close()
+
+
+ROOT_HOST = pytest.mark.skipif(os.geteuid() != 0, reason="a uid per tenant and disks need a root host")
+# A uid range of this test process's own (CI runs two suites at once; see test_tenant_uids).
+UID_FIRST = 1_802_000_000 + os.getpid() % 997 * 1000
+
+
+def _in(root) -> list:
+    """Processes (the host's view) standing in a folder under ``root``: a tenant's workers."""
+    out = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.cwd().startswith(str(root)):
+                out.append(proc)
+        except psutil.Error:
+            pass
+    return out
+
+
+def _mounts_under(root) -> list:
+    with open("/proc/self/mountinfo", encoding="utf-8") as f:
+        return [line.split()[4] for line in f if line.split()[4].startswith(str(root))]
+
+
+@ROOT_HOST
+def test_remove_tenant_leaves_nothing_on_the_node_and_forgets_the_placement(ray_cluster, libs, open_tmp):
+    """A confined tenant with a uid and a disk, two libraries (both on one node: a tenant
+    lives on one node); remove_tenant on the RaySupervisor gives back its workers, its disk
+    (unmounted), its root and its uid on that node, and forgets its placements: its next
+    call is placed afresh, under a uid again.  Another tenant is untouched."""
+    from lcp_sandbox import RaySupervisor
+    configs = {"stateful": {"sandbox": {"disk_mb": 8}}}
+    sup = RaySupervisor(confine=True, tenants_root=str(open_tmp), uid_range=(UID_FIRST, 4))
+    try:
+        sup.start()
+        made = {t: SandboxedBinding(tools_folders=[libs], workspace=str(open_tmp / t), workspace_root=str(open_tmp / t),
+                                    supervisor=sup, tenant=t, confine=True, host_tool_configs=configs)
+                for t in ("gone", "kept")}
+        for b in made.values():
+            assert b.execute_tool("tool_increment", {})["output"] == 1
+            assert b.execute_tool("tool_other_set", {"value": "x"})["success"]
+        rows = made["gone"].stats()
+        assert len(rows) == 2 and len({r["node"] for r in rows}) == 1       # one node holds the tenant
+        workers = _in(open_tmp / "gone")
+        assert len(workers) == 2 and len({p.uids().real for p in workers}) == 1
+        uid = workers[0].uids().real
+        assert UID_FIRST <= uid < UID_FIRST + 4 and "gone" in sup.held_tenants()
+        assert _mounts_under(open_tmp / "gone") == [str(open_tmp / "gone")]
+        made["gone"].close()
+        assert sup.remove_tenant("gone", str(open_tmp / "gone")) == uid
+        assert all(wait_gone(p.pid) for p in workers)
+        assert not (open_tmp / "gone").exists() and _mounts_under(open_tmp / "gone") == []
+        assert "gone" not in sup.held_tenants() and "kept" in sup.held_tenants()
+        assert not any(k[0] == "gone" for k in sup._nodes.placed)         # noqa: SLF001 (the driver forgot it)
+        assert "gone" not in sup.pool_stats()["tenants"]
+        assert made["kept"].execute_tool("tool_increment", {})["output"] == 2
+        again = SandboxedBinding(tools_folders=[libs], workspace=str(open_tmp / "gone"), supervisor=sup,
+                                 workspace_root=str(open_tmp / "gone"), tenant="gone", confine=True)
+        assert again.execute_tool("tool_increment", {})["output"] == 1           # placed afresh
+        assert {p.uids().real for p in _in(open_tmp / "gone")} <= set(range(UID_FIRST, UID_FIRST + 4))
+        again.close()
+        made["kept"].close()
+        for t in ("gone", "kept"):
+            sup.remove_tenant(t, str(open_tmp / t))
+        assert sup.held_tenants() == [] and _in(open_tmp) == [] and _mounts_under(open_tmp) == []
     finally:
         sup.close()

@@ -53,7 +53,9 @@ class NodeAgent:
         self.sup = Supervisor(max_workers=options.get("max_workers"),
                               max_workers_per_tenant=options.get("max_workers_per_tenant"),
                               idle_timeout_s=options.get("idle_timeout_s"),
-                              confine=options.get("confine", False), on_event=self._on_event)
+                              confine=options.get("confine", False), on_event=self._on_event,
+                              **{k: options[k] for k in ("tenants_root", "uid_range")
+                                 if options.get(k) is not None})
         # The zygote, before the first call needs it.
         self.sup.start()
 
@@ -138,6 +140,20 @@ class NodeAgent:
     @ray.method(concurrency_group="control")
     def pool_stats(self) -> dict:
         return self.sup.pool_stats()
+
+    @ray.method(concurrency_group="control")
+    def metrics(self) -> dict:
+        return self.sup.metrics()
+
+    @ray.method(concurrency_group="control")
+    def remove_tenant(self, tenant: str, root: Optional[str]) -> Optional[int]:
+        """The local Supervisor's remove_tenant: workers, disk, root, uid on this node."""
+        return self.sup.remove_tenant(tenant, root)
+
+    @ray.method(concurrency_group="control")
+    def held_tenants(self) -> list:
+        """The tenants that hold a uid of this node's (its tenants_root's) record."""
+        return sorted(self.sup.uids.tenants())
 
     @ray.method(concurrency_group="control")
     def close(self) -> None:

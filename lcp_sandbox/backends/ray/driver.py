@@ -8,9 +8,10 @@
          NEED_INIT ─► spec.init() here ─► agent.reply    zygote, worker, deadlines, memory,
          REQUEST   ─► HostObjects.handle() here ─► reply crashes (REQUESTs relayed, relay.py)
          done      ─► the value (decoded here) | SandboxEvent | the exception
-      node lost (its agent died) ─► 503; the slot is placed again at its next call
+      node lost (its agent died, or does not answer a ping while the call waits) ─► 503
+      naming the node; the slot is placed again at its next call
 
-    nodes.py   nodes, their agents, placements; per node a dispatcher thread:
+    nodes.py   nodes, their agents, placements, a tenant's removal; per node a dispatcher thread:
                agent.events() (a streaming call) ─► each call's queue, events ─► on_event
     agent.py   the agent: a local Supervisor on its node
     relay.py   the REQUESTs' relay, both ends
@@ -30,13 +31,14 @@ import queue
 import threading
 import time
 import weakref
-from typing import Any, Callable, Optional, Union, overload
+from typing import Any, Callable, NoReturn, Optional, Union, overload
 
 from ... import protocol as P
 from ...core.keywords import checked_keywords
 from ...core.normalize import UNAVAILABLE, failure
 from ...core.outcomes import CallFailed, SandboxEvent, Unavailable
 from ..base import Closing, Lent, WorkerSpec, emit
+from .cluster_metrics import merged
 from .nodes import Node, Nodes, Placed
 from .relay import (
     ABORT,
@@ -54,6 +56,10 @@ from .relay import (
 log = logging.getLogger("lcp_sandbox")
 
 _DONE = "done"
+#: A call that hears nothing from its node for this long pings the node's agent ...
+HEARTBEAT_S = 10.0
+#: ... which must answer within this long, else the node is lost (the call: 503).
+PING_S = 10.0
 _live: "weakref.WeakSet[RaySupervisor]" = weakref.WeakSet()
 
 
@@ -122,8 +128,9 @@ class RaySupervisor(Closing):
     with ``ray start`` on this machine) or starts a local one; a string goes to
     ``ray.init`` as it is; if Ray is already initialized in this process, that is
     used.  ``max_workers_per_node`` and ``max_workers_per_tenant`` are each node's
-    pool limits; ``idle_timeout_s``, ``confine`` and ``on_event`` as for
-    ``Supervisor`` (events carry ``"node"`` and arrive from a background thread)."""
+    pool limits; ``idle_timeout_s``, ``confine``, ``tenants_root``, ``uid_range`` and
+    ``on_event`` as for ``Supervisor``, on every node (events carry ``"node"`` and arrive
+    from a background thread)."""
 
     #: The network of bindings that do not choose (Backend.network): the host's.  A
     #: binding's or a library's own setting travels in its WorkerSpec's limits.
@@ -135,8 +142,10 @@ class RaySupervisor(Closing):
     def __init__(self, address: Optional[str] = None,
                  max_workers_per_node: Optional[int] = None,
                  max_workers_per_tenant: Optional[int] = None,
-                 idle_timeout_s: Optional[float] = None, confine: bool = False,
-                 on_event: Optional[Callable[[dict], None]] = None) -> None:
+                 idle_timeout_s: Optional[float] = None, confine: Union[bool, str] = False,
+                 on_event: Optional[Callable[[dict], None]] = None,
+                 tenants_root: Optional[str] = None,
+                 uid_range: Optional[tuple[int, int]] = None) -> None:
         checked_keywords("RaySupervisor", locals())
         self.address = address
         self.max_workers_per_node = max_workers_per_node
@@ -144,6 +153,8 @@ class RaySupervisor(Closing):
         self.idle_timeout_s = idle_timeout_s
         self.confine = confine
         self.on_event = on_event
+        self.tenants_root = tenants_root
+        self.uid_range = uid_range
         self._ray: Any = None
         self._owns_ray = False
         self._nodes: Optional[Nodes] = None
@@ -174,7 +185,8 @@ class RaySupervisor(Closing):
                 _register_atexit()
                 options = {"max_workers": self.max_workers_per_node,
                            "max_workers_per_tenant": self.max_workers_per_tenant,
-                           "idle_timeout_s": self.idle_timeout_s, "confine": self.confine}
+                           "idle_timeout_s": self.idle_timeout_s, "confine": self.confine,
+                           "tenants_root": self.tenants_root, "uid_range": self.uid_range}
                 self._nodes = Nodes(ray, options, self._event)
             return self._nodes
 
@@ -199,7 +211,10 @@ class RaySupervisor(Closing):
             _when_done(ref, call.finished)
             conn = RemoteConn(call)
             while True:
-                item = call.wait(None)
+                item = call.wait(HEARTBEAT_S)
+                if item is None:
+                    self._ping(nodes, node, name, tool)
+                    continue
                 if item[0] == _DONE:
                     return self._outcome(item[1], nodes, node, placed, name, tool)
                 if item[1] == REQUEST:
@@ -251,16 +266,7 @@ class RaySupervisor(Closing):
             tag, payload, calls, starts = unpack_outcome(result)
         except (ray.exceptions.RayActorError, ray.exceptions.NodeDiedError,
                 ray.exceptions.WorkerCrashedError, ray.exceptions.LocalRayletDiedError) as exc:
-            first_line = str(exc).splitlines()[0] if str(exc) else ""
-            why = f"{type(exc).__name__}: {first_line}"[:300]
-            if self._closed:
-                raise Unavailable(f"[{name}] tool '{tool}' was stopped: the sandbox supervisor "
-                                  f"was closed while it ran.") from None
-            nodes.lose(node, why)
-            raise SandboxEvent(failure(
-                f"[{name}] tool '{tool}' did not complete: Ray node {node.id}, where its worker "
-                f"ran, was lost ({why}). The host is unaffected; the next call starts a fresh "
-                f"worker on a live node (module state was lost).", UNAVAILABLE)) from None
+            self._lost(nodes, node, name, tool, exc)
         except Exception as exc:                         # noqa: BLE001
             raise CallFailed(f"[{name}] tool '{tool}': Ray failed to run the call "
                              f"({type(exc).__name__}: {exc})"[:1000]) from None
@@ -273,7 +279,50 @@ class RaySupervisor(Closing):
             raise P.rebuild_error(*payload)
         raise CallFailed(f"[{name}] tool '{tool}': the node's agent answered something unexpected.")
 
+    def _ping(self, nodes: Nodes, node: Node, name: str, tool: str) -> None:
+        """The call heard nothing for HEARTBEAT_S: its node's agent must answer a ping within
+        PING_S (a call may run long; a node that stopped answering may not hold it)."""
+        try:
+            self._ray.get(node.agent.ready.remote(), timeout=PING_S)
+        except Exception as exc:                         # noqa: BLE001 (dead, or not answering)
+            self._lost(nodes, node, name, tool, exc)
+
+    def _lost(self, nodes: Nodes, node: Node, name: str, tool: str, exc: BaseException) -> NoReturn:
+        """The call's node is lost: SandboxEvent (503, naming the node and the retry)."""
+        first_line = str(exc).splitlines()[0] if str(exc) else ""
+        why = f"{type(exc).__name__}: {first_line}"[:300]
+        if self._closed:
+            raise Unavailable(f"[{name}] tool '{tool}' was stopped: the sandbox supervisor "
+                              f"was closed while it ran.") from None
+        nodes.lose(node, why)
+        raise SandboxEvent(failure(
+            f"[{name}] tool '{tool}' did not complete: Ray node {node.id}, where its worker "
+            f"ran, was lost ({why}). The host is unaffected; retry the call: it starts a fresh "
+            f"worker on a live node (module state was lost).", UNAVAILABLE)) from None
+
     # ------------------------------------------------------------ the rest of the Backend
+    def remove_tenant(self, tenant: str, root: Optional[str] = None) -> Optional[int]:
+        """As Supervisor.remove_tenant (workers, uid; with ``root``: its disk and the root
+        itself), on the node(s) that hold the tenant's slots, whose placements are forgotten
+        (on every live node when none holds one: a tenant an earlier server left).  The uid
+        given back, or None; OSError also when a node does not confirm in time."""
+        if self._closed:
+            raise Unavailable("The sandbox supervisor is closed.")
+        return self._table().remove_tenant(tenant, root)
+
+    def held_tenants(self) -> list[str]:
+        """The tenants holding a uid of any live node's record (of ``tenants_root``)."""
+        if self._closed:
+            return []
+        return sorted({t for _, held in self._table().gather("held_tenants") for t in held})
+
+    def metrics(self) -> dict[str, Any]:
+        """Supervisor.metrics() of every live node made one (cluster_metrics.py): the call
+        rows carry ``"node"``, ``"nodes"`` holds each node's workers by state."""
+        if self._nodes is None:
+            return merged([])
+        return merged([(node.id, snap) for node, snap in self._nodes.gather("metrics")])
+
     def stop(self, tenant: str, library_key: str) -> bool:
         """Stop the worker(s) of one library of one tenant, on whichever node, and forget
         the slot(s)."""

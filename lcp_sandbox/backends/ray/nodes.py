@@ -4,8 +4,12 @@
                (NodeAffinitySchedulingStrategy, soft=False); each agent's events stream
                gets a dispatcher thread: call items to their call's queue, lifecycle
                events to on_event
-    place()    a slot (tenant, library, root) goes to the live node with the fewest
-               slots, those under max_workers_per_node first, and stays there
+    place()    a slot (tenant, library, root) goes to the live node that holds the
+               tenant's other slots, else to the one with the fewest slots (those under
+               max_workers_per_node first), and stays there: a tenant lives on one node
+    remove_tenant()  the tenant's slots forgotten, its workers, uid, disk and root removed
+               by the local Supervisor of the node(s) that held them (of every live node
+               when none did: a tenant an earlier server left)
     lose()     a node's agent is gone: its slots are placed again at their next call,
                what they did there (calls, worker starts) carried over; the node is not
                used again unless no other is left
@@ -28,6 +32,9 @@ log = logging.getLogger("lcp_sandbox")
 _REFRESH_S = 10.0
 # An agent not up by then: its node is not used.
 _AGENT_START_S = 120.0
+#: The deadline of the driver's other calls to agents (stats, stop, remove_tenant...): a
+#: node that does not answer by then is left out, or named in the error.
+CONTROL_S = 60.0
 
 
 class Node:
@@ -155,7 +162,11 @@ class Nodes:
                 raise Unavailable.not_run(spec.library.name, tool,
                                           "no live Ray node has a sandbox agent.")
             cap = self.max_per_node
-            node = min(live, key=lambda n: (cap is not None and n.slots >= cap, n.slots))
+            # The tenant's node first: its disk is mounted there, its uid given there.
+            home = {id(p.node) for p in self.placed.values()
+                    if p.tenant == spec.tenant and p.node is not None and p.node.alive}
+            node = min(live, key=lambda n: (id(n) not in home, cap is not None and n.slots >= cap,
+                                            n.slots))
             if placed is None:
                 placed = Placed(spec.tenant, spec.library.name, spec.root, node)
                 self.placed[spec.key] = placed
@@ -188,9 +199,10 @@ class Nodes:
         """(node, answer) of every live agent; a node that does not answer is left out."""
         refs = [(n, getattr(n.agent, method).remote(*args)) for n in self.live()]
         out = []
+        deadline = time.monotonic() + CONTROL_S
         for node, ref in refs:
             try:
-                out.append((node, self.ray.get(ref, timeout=60)))
+                out.append((node, self.ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))))
             except Exception as exc:                     # noqa: BLE001
                 log.warning("Ray node %s did not answer %s: %s", node.id, method, exc)
         return out
@@ -209,10 +221,52 @@ class Nodes:
                         nodes[placed.node.id] = placed.node
         for node in nodes.values():
             try:
-                self.ray.get(node.agent.stop.remote(tenant, library_key), timeout=60)
+                self.ray.get(node.agent.stop.remote(tenant, library_key), timeout=CONTROL_S)
             except Exception as exc:                     # noqa: BLE001
                 log.warning("Ray node %s did not stop %s: %s", node.id, library_key, exc)
         return bool(keys)
+
+    def remove_tenant(self, tenant: str, root: Optional[str]) -> Optional[int]:
+        """Forget ``tenant``'s slots; its node's Supervisor.remove_tenant(tenant, root) (every
+        live node's, one after another, when none holds a slot of it).  The uid given back, or
+        None; the first OSError or ValueError a node raised, once every node was asked."""
+        with self._lock:
+            holders: dict[str, Node] = {}
+            for key in [k for k in self.placed if k[0] == tenant]:
+                placed = self.placed.pop(key)
+                if placed.node is not None:
+                    placed.node.slots -= 1
+                    if placed.node.alive:
+                        holders[placed.node.id] = placed.node
+        if not holders and not self.live():
+            self.refresh(force=True)
+        uid, failed = None, None
+        for node in list(holders.values()) or self.live():
+            try:
+                uid = self._remove_on(node, tenant, root) or uid
+            except (OSError, ValueError) as exc:
+                failed = failed or exc
+        if failed is not None:
+            raise failed
+        return uid
+
+    def _remove_on(self, node: Node, tenant: str, root: Optional[str]) -> Optional[int]:
+        ray = self.ray
+        try:
+            return ray.get(node.agent.remove_tenant.remote(tenant, root), timeout=CONTROL_S)
+        except ray.exceptions.RayTaskError as exc:
+            cause = getattr(exc, "cause", None)
+            if isinstance(cause, (OSError, ValueError)):
+                raise cause from None
+            raise OSError(f"tenant {tenant!r}: Ray node {node.id} failed to remove it "
+                          f"({type(exc).__name__})") from None
+        except Exception as exc:                         # noqa: BLE001 (lost, or too slow)
+            why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+            if isinstance(exc, ray.exceptions.RayActorError):
+                self.lose(node, why)
+            raise OSError(f"tenant {tenant!r}: Ray node {node.id} did not confirm its removal "
+                          f"within {CONTROL_S:g} s ({why}); what it held there may remain"
+                          ) from None
 
     def close(self) -> None:
         """Close every agent (its workers and zygote), deliver its last events, end it, and
