@@ -104,6 +104,11 @@ def add_parser(sub: Any, parents: list) -> None:
                    help="http: the reverse proxies (a comma list of addresses and CIDR "
                         "networks) whose X-Forwarded-For header names the client; without it "
                         "the header is ignored and the client is the connecting address")
+    p.add_argument("--ray", metavar="ADDRESS", default=None,
+                   help="run the sessions' workers on the nodes of a Ray cluster: its address "
+                        "(host:port, ray://host:port) or auto (the cluster Ray finds); "
+                        "workspaces and tool folders must be on storage every node mounts at "
+                        "the same path (the ray extra; docs: ray.md)")
     _add_load_options(p)
     _add_auth_options(p)
     p.set_defaults(fn=cmd_serve_mcp)
@@ -243,6 +248,12 @@ def cmd_serve_mcp(args: argparse.Namespace) -> int:
     except _Usage as exc:
         print(f"lcp-sandbox serve-mcp: {exc}", file=sys.stderr)
         return 2
+    except ConnectionError as exc:
+        if args.ray is None:
+            raise
+        # The Ray cluster could not be joined (mcp_ray.ray_supervisor): said, nothing served.
+        print(f"lcp-sandbox serve-mcp: {exc}", file=sys.stderr)
+        return 1
 
 
 def _secrets(args: argparse.Namespace, configs: dict) -> dict[str, str]:
@@ -376,6 +387,11 @@ def _serve(args: argparse.Namespace) -> int:
         if not os.path.isdir(folder):
             why = "is not a folder" if os.path.exists(folder) else "does not exist"
             raise _usage(f"tools folder {folder!r} {why}")
+    if args.ray is not None:
+        from .mcp_ray import refusal
+        refused = refusal(args)
+        if refused is not None:
+            raise _usage(refused)
     configs = _configs(args.config)
     forwarded = forwarded_allow_ips(args.forwarded_allow_ips)
     token = _token(args.token_file) if args.transport == "http" else None
@@ -411,7 +427,7 @@ def _serve(args: argparse.Namespace) -> int:
         metrics=args.metrics, max_connections=args.max_connections,
         signed_in=auth is not None, tenant_idle_timeout_s=args.tenant_idle_timeout or 3600.0,
         keep_workspaces=args.keep_workspaces, policy=policy, secrets=_secrets(args, configs),
-        upstream_ca_file=args.upstream_ca_file)
+        upstream_ca_file=args.upstream_ca_file, ray=args.ray)
     if args.transport == "stdio":
         return mcp_transports.serve_stdio(options)
     return mcp_transports.serve_http(options, args.host, args.port, token, tuple(args.allowed_host),

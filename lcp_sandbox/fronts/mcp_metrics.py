@@ -1,7 +1,8 @@
 """``GET /metrics``: the engine's numbers in Prometheus' text format.
 
     scrape ─► snapshot() (Supervisor.metrics() + the front's sessions and refusals, the
-              egress proxy's open connections)
+              egress proxy's open connections; over Ray, the call rows and the workers
+              carry a node label: backends/ray/cluster_metrics.py)
            ─► families (prometheus_client's metric families) ─► text exposition format
 
 The numbers are kept as events happen (backends/metrics.py, the watchdog's memory
@@ -21,10 +22,15 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
 def _families(snap: dict[str, Any]) -> Iterator[Any]:
+    rows = snap.get("calls", ())
+    # Over Ray (the engine's rows carry "node"): a node label too.
+    by_node = any("node" in row for row in rows)
+    labels = ["library", "tool", "status", *(["node"] if by_node else [])]
     calls = CounterMetricFamily(f"{PREFIX}_tool_calls", "Tool calls by library, tool and status",
-                                labels=["library", "tool", "status"])
-    for row in snap.get("calls", ()):
-        calls.add_metric([row["library"], row["tool"], str(row["status"])], row["count"])
+                                labels=labels)
+    for row in rows:
+        calls.add_metric([row["library"], row["tool"], str(row["status"]),
+                          *([str(row.get("node"))] if by_node else [])], row["count"])
     yield calls
     hist = snap.get("call_duration_s") or {"buckets": [], "sum": 0.0}
     duration = HistogramMetricFamily(f"{PREFIX}_tool_call_duration_seconds",
@@ -39,8 +45,7 @@ def _families(snap: dict[str, Any]) -> Iterator[Any]:
                          snap.get("refusals", {}))
     yield from _labelled(CounterMetricFamily, "policy_refusals", "Tool calls refused by "
                          "--auth-policy, by tool", "tool", snap.get("policy_refusals", {}))
-    yield from _labelled(GaugeMetricFamily, "workers", "Live workers by state", "state",
-                         snap.get("workers", {}))
+    yield from _workers(snap)
     builds = snap.get("env_builds") or {}
     yield from _labelled(CounterMetricFamily, "env_builds", "Library environments built, by "
                          "outcome", "outcome", {k: builds.get(k, 0) for k in ("ok", "failed")})
@@ -57,6 +62,21 @@ def _families(snap: dict[str, Any]) -> Iterator[Any]:
         gauge = GaugeMetricFamily(f"{PREFIX}_egress_open_{key}", text)
         gauge.add_metric([], egress.get(key, 0))
         yield gauge
+
+
+def _workers(snap: dict[str, Any]) -> Iterator[Any]:
+    """Live workers by state; by state and node when the engine says its nodes (Ray)."""
+    nodes = snap.get("nodes")
+    if not nodes:
+        yield from _labelled(GaugeMetricFamily, "workers", "Live workers by state", "state",
+                             snap.get("workers", {}))
+        return
+    gauge = GaugeMetricFamily(f"{PREFIX}_workers", "Live workers by state and node",
+                              labels=["state", "node"])
+    for node, row in sorted(nodes.items()):
+        for state, n in sorted(row.get("workers", {}).items()):
+            gauge.add_metric([state, node], n)
+    yield gauge
 
 
 def _labelled(family: Callable[..., Any], name: str, text: str, label: str,

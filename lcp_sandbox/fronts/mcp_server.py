@@ -21,8 +21,9 @@
                HTTP: ─► Supervisor.remove_tenant(): its disk, its workspace, its uid go too
       initialize (HTTP) ─► _track: the session counts for its client (mcp_limits.ClientSessions)
                            until it ends
-    One Supervisor serves every session; at the start of an HTTP server, the sessions an
-    earlier one left (stopped without ending them: killed) are removed (sweep).
+    One Supervisor serves every session (--ray: a RaySupervisor, mcp_ray.py); at the start of
+    an HTTP server, the sessions an earlier one left (stopped without ending them: killed)
+    are removed (sweep).
 
 Only the public API of SandboxedBinding and Supervisor is used.  mcp 2.3 gives a
 low-level handler no public way to its connection (per-connection state and
@@ -44,7 +45,6 @@ from mcp.server.lowlevel import NotificationOptions, Server
 from mcp.shared.exceptions import MCPError
 from opentelemetry import trace
 
-from ..backends.local import Supervisor
 from ..core.version import __version__
 from . import mcp_mapping as M
 from .lollms import SandboxedBinding
@@ -55,6 +55,7 @@ from .mcp_limits import (
     default_max_sessions,
     rate_error,
 )
+from .mcp_ray import ServerBackend, held_tenants
 from .mcp_sessions import Session as _Session
 from .mcp_sessions import snapshot as _snapshot
 from .mcp_users import NOT_ALLOWED, TenantNames, Users, allowed, permits, signed_in, user_tenant
@@ -118,6 +119,8 @@ class ServeOptions:
     # --secret's values (the egress proxy's), --upstream-ca-file
     secrets: dict = field(default_factory=dict)
     upstream_ca_file: Optional[str] = None
+    # --ray: the Ray cluster's address ("auto": the one Ray finds); None: this machine
+    ray: Optional[str] = None
 
 
 def _connection_of(ctx: Any) -> Any:
@@ -140,9 +143,10 @@ class _Server(Server):
 
 
 class McpFront:
-    """The MCP server over one Supervisor: a session per MCP session (HTTP) or one (stdio)."""
+    """The MCP server over one engine (a Supervisor, or a RaySupervisor with --ray): a
+    session per MCP session (HTTP) or one (stdio)."""
 
-    def __init__(self, options: ServeOptions, supervisor: Supervisor) -> None:
+    def __init__(self, options: ServeOptions, supervisor: ServerBackend) -> None:
         self.options = options
         self.supervisor = supervisor
         self.stdio_session: Optional[_Session] = None
@@ -273,7 +277,7 @@ class McpFront:
         """Remove the sessions an earlier server on this workspace root left (their tenants
         still hold a uid in its store: it was stopped without ending them); how many."""
         root = self.options.workspace_root
-        stale = [t for t in self.supervisor.uids.tenants()
+        stale = [t for t in held_tenants(self.supervisor)
                  if t.startswith("mcp-") and _SESSION_ID.fullmatch(t[4:])]
         for tenant in stale:
             self._remove(tenant, os.path.join(root, tenant[4:]))

@@ -45,6 +45,7 @@ from .mcp_limits import (
     retry_after,
     too_many_sessions,
 )
+from .mcp_ray import ServerBackend, ray_supervisor
 from .mcp_server import McpFront, ServeOptions
 from .mcp_users import signed_in, user_tenant
 
@@ -71,7 +72,8 @@ def serve_stdio(options: ServeOptions) -> int:
     from mcp.server.stdio import stdio_server
 
     async def main() -> None:
-        supervisor = Supervisor(confine=options.confine, **_uid_range(options))
+        supervisor = (ray_supervisor(options, http=False) if options.ray is not None
+                      else Supervisor(confine=options.confine, **_uid_range(options)))
         front = McpFront(options, supervisor)
         try:
             async with stdio_server() as (read, write):
@@ -412,10 +414,12 @@ def serve_http(options: ServeOptions, host: str, port: int, token: Optional[str]
     port = sock.getsockname()[1]
     url = f"http://{_netloc(host.strip('[]'), port)}{MCP_PATH}"
     os.makedirs(options.workspace_root, exist_ok=True)
-    supervisor = Supervisor(confine=options.confine, tenants_root=options.workspace_root,
-                            max_workers=options.max_workers,
-                            max_workers_per_tenant=options.max_workers_per_session,
-                            **_uid_range(options))
+    supervisor: ServerBackend = (ray_supervisor(options, http=True) if options.ray is not None
+                                 else Supervisor(confine=options.confine,
+                                                 tenants_root=options.workspace_root,
+                                                 max_workers=options.max_workers,
+                                                 max_workers_per_tenant=options.max_workers_per_session,
+                                                 **_uid_range(options)))
     front = McpFront(options, supervisor)
     front.sweep()
     security = transport_security(host.strip("[]"), port, tuple(allowed_hosts),

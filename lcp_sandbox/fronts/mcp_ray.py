@@ -1,0 +1,74 @@
+"""``serve-mcp --ray ADDRESS``: the sessions' tenants on the nodes of a Ray cluster.
+
+    command line ─► refusal(args): ray not importable, or a flag the Ray backend cannot
+                    honour (--secret, --upstream-ca-file, --max-workers) ─► exit 2, naming it
+    transport    ─► ray_supervisor(options): RaySupervisor(ADDRESS, tenants_root =
+                    --workspace-root, per-node pools), connected and an agent started on
+                    every node before the server says it serves
+    McpFront     ─► the same calls on either engine (ServerBackend): run, stop, stats,
+                    metrics, remove_tenant; held_tenants() for the start's sweep
+
+Each node's own Supervisor confines, limits and recovers as on one machine; workspaces and
+tool folders must be on storage every node mounts at the same path (docs/ray.md).
+"""
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING, Optional, Union
+
+from ..backends.local import Supervisor
+from ..backends.ray.driver import RaySupervisor
+
+if TYPE_CHECKING:
+    from .mcp_server import ServeOptions
+
+#: The engine a front serves on: this machine's, or a Ray cluster's.
+ServerBackend = Union[Supervisor, RaySupervisor]
+
+EXTRA = "pip install 'lcp-sandbox[ray]'"
+
+#: Flags the Ray backend cannot honour, and why.
+_NOT_ON_RAY = {
+    "secret": "the Ray backend's nodes hold no secret of this server's (its egress proxies "
+              "have none: RaySupervisor.secret_names is empty)",
+    "upstream_ca_file": "it is for --secret's hosts, which the Ray backend does not serve",
+    "max_workers": "it caps this machine's pool; over Ray, each node has its own pool "
+                   "(--max-workers-per-session still caps a session's workers)",
+}
+
+
+def refusal(args: argparse.Namespace) -> Optional[str]:
+    """Why ``--ray`` cannot serve this command, or None."""
+    try:
+        import ray  # noqa: F401  (the import ray_supervisor's RaySupervisor makes)
+    except ImportError as exc:
+        return f"--ray needs the 'ray' package, the ray extra: {EXTRA} ({exc})"
+    for name, why in _NOT_ON_RAY.items():
+        if getattr(args, name):
+            flag = "--" + name.replace("_", "-")
+            return f"{flag} cannot be honoured with --ray: {why}; drop it or serve without --ray"
+    return None
+
+
+def ray_supervisor(options: "ServeOptions", http: bool) -> RaySupervisor:
+    """The RaySupervisor of ``options.ray`` ("auto": the cluster Ray finds), connected, with
+    an agent on every live node; ConnectionError naming the address when it cannot be."""
+    address = options.ray
+    sup = RaySupervisor(address=address, confine=options.confine,
+                        max_workers_per_tenant=options.max_workers_per_session,
+                        tenants_root=options.workspace_root if http else None,
+                        uid_range=options.uid_range)
+    try:
+        sup.start()
+    except Exception as exc:                         # noqa: BLE001 (said, then the exit)
+        sup.close()
+        raise ConnectionError(f"--ray {address}: the Ray cluster could not be joined "
+                              f"({type(exc).__name__}: {exc})"[:1000]) from None
+    return sup
+
+
+def held_tenants(backend: ServerBackend) -> list[str]:
+    """The tenants holding a uid of the backend's record (all nodes' over Ray)."""
+    if isinstance(backend, RaySupervisor):
+        return backend.held_tenants()
+    return backend.uids.tenants()
