@@ -24,6 +24,8 @@ tools as ./tools and ./.venv, this interpreter's environment.  By language:
   path given to it is absolute; with this test folder's paths, the configuration starts a
   server from another folder ("/"), as a client would, which lists the tools and runs one.
 - no language: the diagrams (DIAGRAMS, by page and section), checked to be them.
+- yaml: Kubernetes manifests written out (docs/ray.md): each parses (a key given twice
+  refused) into a document with its apiVersion, kind and metadata.name.
 - console: docker and kubectl commands (docs/deploy.md), shown, not run (no container runtime
   here): tests/fronts/test_deploy.py checks them against deploy/.
 
@@ -152,7 +154,7 @@ def test_the_pages_have_the_blocks_this_test_knows():
     langs: dict = {}
     for b in BLOCKS:
         langs.setdefault(b.lang, []).append((b.page.name, b.section))
-    assert set(langs) == {"python", "bash", "", "json", "console"}, langs
+    assert set(langs) == {"python", "bash", "", "json", "console", "yaml"}, langs
     assert sorted(langs[""]) == sorted(DIAGRAMS)                          # the diagrams: not code
     assert set(EXPECTED_OUTPUT) <= set(langs["python"]), set(EXPECTED_OUTPUT) - set(langs["python"])
     assert {p.name for p in PAGES} >= {"README.md", "index.md", "quickstart.md", "configuration.md"}
@@ -168,6 +170,14 @@ def test_every_page_is_in_the_site_nav():
     nav = (REPO / "mkdocs.yml").read_text(encoding="utf-8")
     for page in DOCS.glob("*.md"):
         assert f": {page.name}" in nav, f"docs/{page.name} is not in mkdocs.yml's nav"
+
+
+@pytest.mark.parametrize("block", [b for b in BLOCKS if b.lang == "yaml"], ids=lambda b: b.id)
+def test_yaml_block_is_a_manifest(block):
+    from support import strict_yaml
+    doc = strict_yaml.load(block.code)
+    assert isinstance(doc, dict) and doc.get("apiVersion") and doc.get("kind"), doc
+    assert doc["metadata"]["name"] and isinstance(doc["spec"], dict)
 
 
 @pytest.mark.parametrize("block", [b for b in BLOCKS if b.lang == "python"], ids=lambda b: b.id)
