@@ -14,13 +14,10 @@ tool folders must be on storage every node mounts at the same path (docs/ray.md)
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Optional, Union
+from typing import Any, Optional, Union
 
 from ..backends.local import Supervisor
 from ..backends.ray.driver import RaySupervisor
-
-if TYPE_CHECKING:
-    from .mcp_server import ServeOptions
 
 #: The engine a front serves on: this machine's, or a Ray cluster's.
 ServerBackend = Union[Supervisor, RaySupervisor]
@@ -50,8 +47,9 @@ def refusal(args: argparse.Namespace) -> Optional[str]:
     return None
 
 
-def ray_supervisor(options: "ServeOptions", http: bool) -> RaySupervisor:
-    """The RaySupervisor of ``options.ray`` ("auto": the cluster Ray finds), connected, with
+def ray_supervisor(options: Any, http: bool) -> RaySupervisor:
+    """(``options``: mcp_server.ServeOptions, not imported: it imports this module) The
+    RaySupervisor of ``options.ray`` ("auto": the cluster Ray finds), connected, with
     an agent on every live node; ConnectionError naming the address when it cannot be."""
     address = options.ray
     sup = RaySupervisor(address=address, confine=options.confine,
