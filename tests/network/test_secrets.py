@@ -377,3 +377,50 @@ def test_serve_mcp_takes_the_value_from_its_environment_and_refuses_an_unheld_on
     text = json.dumps(got.structured_content)
     assert VALUE not in text
     assert json.loads(got.structured_content["output"]["body"])["value"] is True
+
+
+def test_a_request_that_came_with_the_handshake_s_last_bytes_is_answered(world):
+    """A worker's client sends its TLS Finished and its first request in one write: the
+    proxy's handshake reads both, and the request, already in hand, is relayed at once (it
+    waited for bytes that never came until the worker's timeout)."""
+    import socket
+
+    from lcp_sandbox.backends.local.confine.egress_tls import TlsEnd, relay
+    ca_file, made = world
+    proxy_side, tool_side = socket.socketpair()
+    upstream = socket.create_connection(("127.0.0.1", port(world, "api")), timeout=10)
+    leaf = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    leaf.load_cert_chain(os.path.join(os.path.dirname(ca_file), "server.pem"))
+
+    def proxy() -> None:
+        server = TlsEnd(upstream, ssl.create_default_context(cafile=ca_file),
+                        server_side=False, server_hostname="127.0.0.1")
+        server.handshake(10)
+        worker = TlsEnd(proxy_side, leaf, server_side=True)
+        worker.handshake(10)
+        relay(worker, server, lambda data: data)
+    threading.Thread(target=proxy, daemon=True).start()
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = ssl.create_default_context(cafile=ca_file).wrap_bio(incoming, outgoing,
+                                                              server_hostname="127.0.0.1")
+    tool_side.settimeout(5)
+    while True:
+        try:
+            tls.do_handshake()
+            break
+        except ssl.SSLWantReadError:
+            tool_side.sendall(outgoing.read())
+            incoming.write(tool_side.recv(65536))
+    tls.write(b"GET /first HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+    tool_side.sendall(outgoing.read())                  # Finished and the request, at once
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        incoming.write(tool_side.recv(65536))           # (socket.timeout: never answered)
+        try:
+            answer += tls.read(65536)
+        except ssl.SSLWantReadError:
+            pass
+    assert answer.startswith(b"HTTP/1.1 200"), answer
+    assert made["api"].seen[-1].split()[-1] == "/first"
+    tool_side.close()
+    upstream.close()

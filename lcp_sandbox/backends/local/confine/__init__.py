@@ -17,5 +17,6 @@ confinement stands on, and gives it back when the worker or its tenant is gone:
     egress_conn.py  one connection through the egress proxy: head, decision, relay
     egress_port.py  the egress proxy by port, for workers with no network namespace
     egress_secrets.py secrets on the way out: TLS for the bound hosts, placeholders swapped
+    egress_tls.py     an intercepted connection's two TLS ends in memory, relayed in large pieces
     pid_guard.py    the guard of processes where all tenants share one uid (seccomp notify)
 """

@@ -13,6 +13,7 @@ bound to, and puts each secret's value where the worker put its placeholder.
                                 (core/secrets.Swap: bound to this host, else 403, counted,
                                 logged by the secret's name) ══TLS══► server
                 worker ◄══TLS══ the server's bytes, as they come ◄══TLS══ server
+                (both ends in memory, relayed in large pieces: egress_tls.py)
 
 A plain-HTTP request's head is swapped the same way (egress_conn.request_of), and a
 CONNECT head that carries a placeholder is refused.  Bodies are passed on as they are, never
@@ -30,7 +31,6 @@ import datetime
 import ipaddress
 import logging
 import os
-import select
 import socket
 import ssl
 import tempfile
@@ -49,7 +49,8 @@ from ....core.secrets import (
     new_placeholder,
     settled,
 )
-from .egress_conn import CHUNK, HEAD_LIMIT, HEAD_TIMEOUT_S, ProxyRefusal, response
+from .egress_conn import HEAD_LIMIT, HEAD_TIMEOUT_S, ProxyRefusal, response
+from .egress_tls import TlsEnd, relay
 
 log = logging.getLogger("lcp_sandbox.egress")
 
@@ -58,9 +59,6 @@ LEAVES = 1024
 #: Days a leaf certificate is good for (made again when it is older than half of that)
 LEAF_DAYS = 7
 CA_DAYS = 3650
-#: What one direction of an intercepted connection reads before it sends on (TLS reads a
-#: record, 16 KiB, at a time: a write per record cost a bulk body a third of its rate)
-BATCH = 1024 * 1024
 _MISSING = ("secrets bound to a host need the 'cryptography' package, which makes the "
             "proxy's certificates: pip install 'lcp-sandbox[secrets]'")
 
@@ -200,28 +198,26 @@ class WorkerSecrets:
             client.sendall(response(400, "lcp-sandbox egress proxy: bytes came after a "
                                          "CONNECT head before its answer"))
             return
+        server = TlsEnd(upstream, self.authority.upstream, server_side=False,
+                        server_hostname=host)
         try:
-            upstream.settimeout(HEAD_TIMEOUT_S)
-            server = self.authority.upstream.wrap_socket(upstream, server_hostname=host)
-            server.settimeout(None)
+            server.handshake(HEAD_TIMEOUT_S)
         except (OSError, ssl.SSLError) as exc:
             client.sendall(response(502, f"lcp-sandbox egress proxy: TLS to {host}:{port} "
                                          f"failed its check: {exc}"))
             return
+        worker = TlsEnd(client, self.authority.server_context(host), server_side=True)
         try:
             client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
-            client.settimeout(HEAD_TIMEOUT_S)
-            worker = self.authority.server_context(host).wrap_socket(client, server_side=True)
-            worker.settimeout(None)
+            worker.handshake(HEAD_TIMEOUT_S)
         except (OSError, ssl.SSLError) as exc:
             log.info("egress proxy: a worker's TLS to the proxy as %s failed: %s", host, exc)
-            server.close()
             return
         try:
-            _relay(worker, server, _Requests(self, host, port))
-        finally:
-            server.close()
-            worker.close()
+            relay(worker, server, _Requests(self, host, port).feed)
+        except ProxyRefusal as exc:
+            if worker.write(response(exc.status, str(exc))):
+                worker.flush()
 
 
 class Keeper:
@@ -343,64 +339,3 @@ class _Requests:
         lines = [b"%s %s HTTP/%s" % (bytes(event.method), target, bytes(event.http_version))]
         lines += [n + b": " + v for n, v in headers]
         return b"\r\n".join([*lines, b"", b""])
-
-
-def _relay(worker: ssl.SSLSocket, server: ssl.SSLSocket, requests: _Requests) -> None:
-    """Both ways until either side ends: the worker's bytes through ``requests``, the
-    server's as they come.  A refusal is answered (403, 400) and ends the connection.
-    Non-blocking: a TLS record that carries no data (a session ticket) makes a socket
-    readable with nothing to read.  What a socket has is read whole (up to BATCH: TLS
-    gives one record, 16 KiB, a read) into a buffer of its own, and sent on in one write."""
-    worker.setblocking(False)
-    server.setblocking(False)
-    poll = select.poll()
-    poll.register(worker, select.POLLIN)
-    poll.register(server, select.POLLIN)
-    buffers = {worker: memoryview(bytearray(CHUNK)), server: memoryview(bytearray(BATCH))}
-    while True:
-        # (what TLS holds decrypted already, past a full buffer, wakes no poll)
-        poll.poll(0 if worker.pending() or server.pending() else None)
-        for sock, other in ((worker, server), (server, worker)):
-            size, ended = _drain(sock, buffers[sock])
-            data: Any = buffers[sock][:size]
-            if size and sock is worker:
-                try:
-                    data = requests.feed(bytes(data))
-                except ProxyRefusal as exc:
-                    _send(worker, response(exc.status, str(exc)))
-                    return
-            if (len(data) and not _send(other, data)) or ended:
-                return
-
-
-def _drain(sock: ssl.SSLSocket, buffer: memoryview) -> tuple[int, bool]:
-    """What ``sock`` has now, read into ``buffer`` (as much as fits): how many bytes, and
-    whether it ended."""
-    size = 0
-    while size < len(buffer):
-        try:
-            got = sock.recv_into(buffer[size:])
-        except (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError):
-            return size, False
-        except OSError:
-            return size, True
-        if not got:
-            return size, True
-        size += got
-    return size, False
-
-
-def _send(sock: ssl.SSLSocket, data: Any) -> bool:
-    """All of ``data`` on a non-blocking TLS socket (waiting while it cannot take more):
-    False when the socket ended."""
-    view = memoryview(data)
-    while view:
-        try:
-            view = view[sock.send(view):]
-        except ssl.SSLWantReadError:
-            select.select([sock], [], [], 1.0)
-        except (ssl.SSLWantWriteError, BlockingIOError):
-            select.select([], [sock], [], 1.0)
-        except OSError:
-            return False
-    return True
