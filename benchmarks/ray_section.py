@@ -9,13 +9,21 @@
     cold   a new tenant's first call of bench_noop (a never-run worker: placement, the INIT
            built in the driver, a fork on the node), kept when its slot landed on the
            other node (placement alternates); the local Supervisor's beside it
+    mcp    a warm tools/call (plain kept-alive HTTP, tool_noop) through ``serve-mcp --ray``
+           on that cluster and through ``serve-mcp`` on this machine, rounds interleaved
+           (the mcp extra; the MCP section's client)
 
-Public API only: SandboxedBinding, RaySupervisor (start, stats()[i]["node"], close) and Ray's own.
+Public API only: SandboxedBinding, RaySupervisor (start, stats()[i]["node"], close), the
+command line and Ray's own.
 """
 from __future__ import annotations
 
 import gc
+import re
+import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from lcp_sandbox import SandboxedBinding
@@ -132,8 +140,10 @@ def run(ctx: Any, prog: Any) -> None:
             row = summarize(cold[key], 1e-3)          # milliseconds
             row["label"] = label
             cold_rows[key] = row
+        address = ray.get_runtime_context().gcs_address        # (this cluster, not "auto"'s)
         ctx.result["ray"] = {"nodes": len(nodes), "cluster": "made for the section" if cluster else "existing",
-                             "setup_s": up_s, "warm": warm, "cold": cold_rows}
+                             "setup_s": up_s, "warm": warm, "cold": cold_rows,
+                             "mcp": _mcp_rows(ctx, prog, address)}
     finally:
         for b in made:
             b.close()
@@ -141,3 +151,45 @@ def run(ctx: Any, prog: Any) -> None:
         if cluster is not None:
             ray.shutdown()
             cluster.shutdown()
+
+
+def _mcp_rows(ctx: Any, prog: Any, address: str) -> dict:
+    """Warm tools/call p50 (ms) through serve-mcp --ray ``address`` and serve-mcp on this
+    machine, rounds interleaved; {} without the mcp extra."""
+    try:
+        import httpx2
+    except ImportError:
+        ctx.skipped["ray_mcp"] = "the mcp extra is not installed (pip install 'lcp-sandbox[mcp]')"
+        return {}
+    from .mcp_section import _plain_batch, _plain_session, _start
+    tmp = Path(tempfile.mkdtemp(prefix="bench-ray-mcp-", dir=ctx.tmp))
+    argv = [sys.executable, "-m", "lcp_sandbox.fronts.cli", "serve-mcp", str(ctx.libs),
+            "--transport", "http", "--port", "0"]
+    servers = {"ray": argv + ["--workspace-root", str(tmp / "ray"), "--ray", address],
+               "local": argv + ["--workspace-root", str(tmp / "local")]}
+    procs: list = []
+    client = httpx2.Client(timeout=60)
+    try:
+        urls = {}
+        for key, cmd in servers.items():
+            proc, lines = _start(cmd, lambda line: "serving http" in line, timeout=120)
+            procs.append(proc)
+            urls[key] = next(m.group(1) for line in lines
+                             if (m := re.search(r"serving (http://\S+)", line)))
+        heads = {k: _plain_session(client, u) for k, u in urls.items()}
+        paths = {k: (lambda n, u=u, h=heads[k]: _plain_batch(client, u, h, n)) for k, u in urls.items()}
+        for fn in paths.values():
+            fn(20)                                     # warm-up: the session's worker started
+        rounds = max(1, ctx.cfg.ray_rounds)
+        samples, per_round = interleaved(
+            {k: (lambda fn=fn: fn(ctx.cfg.mcp_calls)) for k, fn in paths.items()}, rounds, ctx.rng,
+            lambda r: prog.step("ray", f"serve-mcp round {r + 1}/{rounds}"))
+        rows = {k: summarize(xs, 1e6) for k, xs in samples.items()}       # milliseconds
+        rows["ray"]["x_local_p50"] = ratio(rows["ray"].get("p50"), rows["local"].get("p50"))
+        rows["ray"]["x_local_p50_paired"] = paired_ratio(per_round["ray"], per_round["local"])
+        return rows
+    finally:
+        client.close()
+        for proc in procs:
+            proc.terminate()
+            proc.wait(60)

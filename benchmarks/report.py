@@ -288,6 +288,13 @@ def render_table(result: dict) -> str:
         lines += table(["warm", "n", "p50", "p90", "p99", "x actor p50", "paired"], rows, "lrrrrrr")
         rows = [[r["label"], r.get("n", 0), fmt(r.get("p50")), fmt(r.get("max"))] for r in ray["cold"].values()]
         lines += table(["cold", "n", "p50 ms", "max ms"], rows, "lrrr")
+        mcp = ray.get("mcp") or {}
+        if mcp:
+            rows = [[label, mcp[k]["n"], fmt(mcp[k].get("p50")), fmt(mcp[k].get("p90")),
+                     x(mcp[k].get("x_local_p50")), x(mcp[k].get("x_local_p50_paired"))]
+                    for k, label in (("ray", "serve-mcp --ray"), ("local", "serve-mcp, one machine"))]
+            lines += table(["warm tools/call (ms, plain HTTP)", "n", "p50", "p90", "x local p50", "paired"],
+                           rows, "lrrrrr")
         lines.append("")
 
     tg = result.get("targets", [])

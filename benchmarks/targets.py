@@ -223,6 +223,11 @@ def run(ctx: Any) -> None:
         add("ray_cold_ms", "RaySupervisor first call of a new library on the other node (p50)",
             ray["cold"]["ray_remote"].get("p50"), T["ray_cold_ms"], "<=", "ms",
             note=f"local Supervisor {ray['cold']['local'].get('p50', 0):.1f} ms")
+        mcp = (ray.get("mcp") or {}).get("ray")
+        if mcp:
+            add("ray_mcp_warm", "warm tools/call p50 through serve-mcp --ray / serve-mcp on one machine",
+                mcp.get("x_local_p50_paired") or mcp.get("x_local_p50"), T["ray_mcp_warm"], "<=",
+                note=f"unpaired {x(mcp.get('x_local_p50'))}")
     dens = res.get("density") or {}
     if dens.get("rows"):
         n = dens["workers"]

@@ -1,5 +1,6 @@
 """Smoke test of the benchmark harness: it runs end to end on a tiny budget and
 writes its JSON and PNG.  No timing is asserted, only that every figure exists."""
+import importlib.util
 import io
 import json
 import math
@@ -261,7 +262,7 @@ def test_bench_rejects_bad_options():
 @pytest.mark.ray
 def test_bench_ray_section(ray_cluster, tmp_path):
     """The Ray section on the session's cluster: warm rows beside the bare actor call, cold
-    first calls on the other node, its two targets."""
+    first calls on the other node, serve-mcp --ray beside serve-mcp, its three targets."""
     pytest.importorskip("ray")
     skip = ("pickle", "inprocess", "ppe", "subprocess", "spawn", "routing", "density", "throughput", "memory",
             "discovery")
@@ -274,6 +275,9 @@ def test_bench_ray_section(ray_cluster, tmp_path):
     assert ray["cold"]["ray_remote"]["n"] == 2 and _number(ray["cold"]["ray_remote"]["p50"])
     targets = {t["name"]: t for t in result["targets"]}
     assert targets["ray_warm_vs_actor"]["met"] in (True, False) and targets["ray_cold_ms"]["met"] in (True, False)
+    if importlib.util.find_spec("mcp") is not None:
+        assert _number(ray["mcp"]["ray"]["p50"]) and _number(ray["mcp"]["ray"]["x_local_p50"])
+        assert targets["ray_mcp_warm"]["met"] in (True, False) and "serve-mcp --ray" in out.getvalue()
     assert "RAY" in out.getvalue() and "bare Ray actor method" in out.getvalue()
 
 
