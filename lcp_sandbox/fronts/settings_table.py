@@ -124,6 +124,10 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "tenants_root": "as `Supervisor`'s, on every node (a folder every node mounts at "
         "the same path)",
         "uid_range": "as `Supervisor`'s, on every node (`None`: its default)",
+        "envs_dir": "as `Supervisor`'s, on every node: each node builds the environments of "
+        "the libraries it runs in its own store, this folder as that node sees it (`None`: "
+        "the node's default)",
+        "env_wait_s": "as `Supervisor`'s, on every node (`None`: its default)",
         "on_event": "as `Supervisor`'s; events carry `\"node\"` and come from a background "
         "thread",
     },

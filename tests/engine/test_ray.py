@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 
 import psutil
 import pytest
@@ -234,3 +235,38 @@ def test_remove_tenant_leaves_nothing_on_the_node_and_forgets_the_placement(ray_
         assert sup.held_tenants() == [] and _in(open_tmp) == [] and _mounts_under(open_tmp) == []
     finally:
         sup.close()
+
+
+def spinning(pid: int, window: float = 0.3) -> bool:
+    """Whether the process burns CPU (the host's view: its CPU time over ``window``)."""
+    proc = psutil.Process(pid)
+    before = sum(proc.cpu_times()[:2])
+    threading.Event().wait(window)
+    return sum(proc.cpu_times()[:2]) - before > window / 4
+
+
+def test_interrupt_reaches_the_node_running_the_call(ray_sup, libs, tmp_path):
+    """A busy tool on its node, interrupted from another host thread: that node's supervisor
+    interrupts it as on one machine (499, the worker and its state kept), long before the
+    tool would end by itself; the worker, found by its pid, stops burning CPU."""
+    b = SandboxedBinding(tools_folders=[libs], workspace=str(tmp_path), supervisor=ray_sup, tenant="cancel",
+                         timeout_s=60)
+    assert b.execute_tool("tool_set_state", {"value": "kept"})["success"]
+    [row] = [r for r in b.stats() if r["library"] == "faults"]
+    pid = row["pid"]
+    box: dict = {}
+    t = threading.Thread(target=lambda: box.setdefault("r", b.execute_tool("tool_busy", {"seconds": 20})))
+    t.start()
+    wait_until(lambda: spinning(pid, 0.1), "the busy call spinning on its worker", 200)
+    start = time.monotonic()
+    assert b.interrupt(threading.get_ident()) is False          # this thread waits for no call
+    assert b.interrupt(t.ident) is True
+    t.join(15)
+    assert not t.is_alive() and time.monotonic() - start < 10   # the tool would spin 20 s
+    r = box["r"]
+    assert r["status_code"] == 499 and r["success"] is False, r
+    assert "cancelled by the host" in r["error"] and "kept" in r["error"]
+    assert not spinning(pid)
+    assert b.execute_tool("tool_get_state", {})["output"] == {"value": "kept", "pid": pid}
+    assert b.interrupt(t.ident) is False                        # its call is over
+    b.close()

@@ -7,6 +7,7 @@
     driver ◄── events(): (cid, NEED_INIT | REQUEST | FRAME | FRAME_ERROR, ...),
                          (0, EVENT, dict) ── relays
     driver ── agent.reply(cid, message) ─► the relay of that call   (see relay.py)
+    driver ── agent.interrupt(tenant, cid) ─► Supervisor.interrupt(tenant, the call's thread)
 
 One agent per node, pinned there (NodeAffinitySchedulingStrategy, soft=False),
 ``num_cpus=0``, threaded: calls run in the default group's threads (one each
@@ -48,13 +49,16 @@ class NodeAgent:
         self.node_id = ray.get_runtime_context().get_node_id()
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._relays: dict[int, Relay] = {}
+        # Call id -> the thread of this actor running it (the local Supervisor's caller).
+        self._callers: dict[int, int] = {}
         self._lock = threading.Lock()
         self._closed = False
         self.sup = Supervisor(max_workers=options.get("max_workers"),
                               max_workers_per_tenant=options.get("max_workers_per_tenant"),
                               idle_timeout_s=options.get("idle_timeout_s"),
                               confine=options.get("confine", False), on_event=self._on_event,
-                              **{k: options[k] for k in ("tenants_root", "uid_range")
+                              **{k: options[k] for k in ("tenants_root", "uid_range",
+                                                         "envs_dir", "env_wait_s")
                                  if options.get(k) is not None})
         # The zygote, before the first call needs it.
         self.sup.start()
@@ -85,6 +89,7 @@ class NodeAgent:
                 TOOL_FAILED), *self._counts(spec))
         with self._lock:
             self._relays[cid] = relay
+            self._callers[cid] = threading.get_ident()
         try:
             tag, value = VALUE, self.sup.run(spec, msg, relay, tool=tool, timeout_s=timeout_s)
         except SandboxEvent as ev:
@@ -95,6 +100,7 @@ class NodeAgent:
         finally:
             with self._lock:
                 self._relays.pop(cid, None)
+                self._callers.pop(cid, None)
         try:
             return pack_outcome(tag, value, *self._counts(spec))
         except P.Unsendable as exc:
@@ -128,6 +134,13 @@ class NodeAgent:
     @ray.method(concurrency_group="control")
     def ready(self) -> str:
         return self.node_id
+
+    @ray.method(concurrency_group="control")
+    def interrupt(self, tenant: str, cid: int) -> bool:
+        """Interrupt the call ``cid`` (of ``tenant``) as the local Supervisor does: 499, the
+        worker kept.  False when it is not running here, or still waits for its worker."""
+        thread = self._callers.get(cid)
+        return thread is not None and self.sup.interrupt(tenant, thread)
 
     @ray.method(concurrency_group="control")
     def stop(self, tenant: str, library_key: str) -> bool:

@@ -10,6 +10,8 @@
          done      ─► the value (decoded here) | SandboxEvent | the exception
       node lost (its agent died, or does not answer a ping while the call waits) ─► 503
       naming the node; the slot is placed again at its next call
+    interrupt(tenant, thread) ─► the call that thread waits for ─► agent.interrupt(tenant, cid)
+      on its node (deadline INTERRUPT_S) ─► the local Supervisor.interrupt: 499 as on one machine
 
     nodes.py   nodes, their agents, placements, a tenant's removal; per node a dispatcher thread:
                agent.events() (a streaming call) ─► each call's queue, events ─► on_event
@@ -60,6 +62,8 @@ _DONE = "done"
 HEARTBEAT_S = 10.0
 #: ... which must answer within this long, else the node is lost (the call: 503).
 PING_S = 10.0
+#: An interrupt's deadline: the node's agent answers within this long, else it was not sent.
+INTERRUPT_S = 10.0
 _live: "weakref.WeakSet[RaySupervisor]" = weakref.WeakSet()
 
 
@@ -87,11 +91,13 @@ def _when_done(ref: Any, callback: Callable[[Any], None]) -> None:
 
 
 class _Call:
-    """The driver's end of one call in flight: what the node sends about it lands in ``q``."""
-    __slots__ = ("cid", "node", "q", "done")
+    """The driver's end of one call in flight: what the node sends about it lands in ``q``;
+    ``thread``: the host thread waiting for it (made in that thread), for interrupt()."""
+    __slots__ = ("cid", "node", "q", "done", "thread")
 
     def __init__(self, cid: int, node: Node) -> None:
         self.cid, self.node = cid, node
+        self.thread = threading.get_ident()
         self.q: queue.SimpleQueue = queue.SimpleQueue()
         self.done: Optional[tuple] = None
 
@@ -128,9 +134,11 @@ class RaySupervisor(Closing):
     with ``ray start`` on this machine) or starts a local one; a string goes to
     ``ray.init`` as it is; if Ray is already initialized in this process, that is
     used.  ``max_workers_per_node`` and ``max_workers_per_tenant`` are each node's
-    pool limits; ``idle_timeout_s``, ``confine``, ``tenants_root``, ``uid_range`` and
-    ``on_event`` as for ``Supervisor``, on every node (events carry ``"node"`` and arrive
-    from a background thread)."""
+    pool limits; ``idle_timeout_s``, ``confine``, ``tenants_root``, ``uid_range``,
+    ``envs_dir``, ``env_wait_s`` and ``on_event`` as for ``Supervisor``, on every node
+    (events carry ``"node"`` and arrive from a background thread; a library's environment
+    is built on the node that runs it, in that node's store: ``envs_dir`` as that node
+    sees it, None: the node's own default)."""
 
     #: The network of bindings that do not choose (Backend.network): the host's.  A
     #: binding's or a library's own setting travels in its WorkerSpec's limits.
@@ -145,7 +153,8 @@ class RaySupervisor(Closing):
                  idle_timeout_s: Optional[float] = None, confine: Union[bool, str] = False,
                  on_event: Optional[Callable[[dict], None]] = None,
                  tenants_root: Optional[str] = None,
-                 uid_range: Optional[tuple[int, int]] = None) -> None:
+                 uid_range: Optional[tuple[int, int]] = None,
+                 envs_dir: Optional[str] = None, env_wait_s: Optional[float] = None) -> None:
         checked_keywords("RaySupervisor", locals())
         self.address = address
         self.max_workers_per_node = max_workers_per_node
@@ -155,6 +164,8 @@ class RaySupervisor(Closing):
         self.on_event = on_event
         self.tenants_root = tenants_root
         self.uid_range = uid_range
+        self.envs_dir = envs_dir
+        self.env_wait_s = env_wait_s
         self._ray: Any = None
         self._owns_ray = False
         self._nodes: Optional[Nodes] = None
@@ -186,7 +197,8 @@ class RaySupervisor(Closing):
                 options = {"max_workers": self.max_workers_per_node,
                            "max_workers_per_tenant": self.max_workers_per_tenant,
                            "idle_timeout_s": self.idle_timeout_s, "confine": self.confine,
-                           "tenants_root": self.tenants_root, "uid_range": self.uid_range}
+                           "tenants_root": self.tenants_root, "uid_range": self.uid_range,
+                           "envs_dir": self.envs_dir, "env_wait_s": self.env_wait_s}
                 self._nodes = Nodes(ray, options, self._event)
             return self._nodes
 
@@ -392,9 +404,27 @@ class RaySupervisor(Closing):
             self._ray.shutdown()
 
     def interrupt(self, tenant: str, thread_id: int) -> bool:
-        """Cancelling a call is not relayed to other nodes yet: always False (the
-        call runs on under its own timeout)."""
+        """As Supervisor.interrupt, on the node running the call that host thread
+        ``thread_id`` waits for: that node's agent interrupts it (its local Supervisor's
+        interrupt, which checks ``tenant``).  False when the thread waits for no call, the
+        call still waits for its worker, or the node does not answer within INTERRUPT_S."""
+        nodes = self._nodes
+        if nodes is None or self._closed:
+            return False
+        for node in nodes.live():
+            for call in list(node.calls.values()):
+                if call.thread == thread_id and call.done is None:
+                    return self._interrupt_on(node, tenant, call.cid)
         return False
+
+    def _interrupt_on(self, node: Node, tenant: str, cid: int) -> bool:
+        try:
+            return bool(self._ray.get(node.agent.interrupt.remote(tenant, cid),
+                                      timeout=INTERRUPT_S))
+        except Exception as exc:                         # noqa: BLE001 (lost, or too slow)
+            log.warning("Ray node %s did not interrupt call %d of tenant %r: %s", node.id, cid,
+                        tenant, exc)
+            return False
 
 
 _atexit_registered = False
