@@ -376,3 +376,49 @@ def test_caps_are_per_user_opening_sessions_gains_nothing(issuer, tmp_path):
                                        "params": {"name": "tool_echo",
                                                   "arguments": {"text": "x"}}}).status_code)
         assert codes[:4] == [200] * 4 and 429 in codes[4:], codes
+
+
+# ---------------------------------------------------------------- MCP Inspector's CLI
+INSPECTOR = "@modelcontextprotocol/inspector@2.12.0"
+
+
+@pytest.fixture(scope="session")
+def inspector() -> str:
+    """MCP Inspector's command (npm's package, installed once into the user's cache);
+    skipped, saying why, on a machine without Node.js and npm or the npm registry."""
+    if shutil.which("npm") is None or shutil.which("node") is None:
+        pytest.skip("MCP Inspector runs on Node.js: node and npm are not installed")
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    prefix = cache / "lcp-sandbox-tests" / INSPECTOR.replace("/", "+")
+    command = prefix / "node_modules" / ".bin" / "mcp-inspector"
+    if not command.exists():
+        got = subprocess.run(["npm", "install", "--prefix", str(prefix), "--no-audit", "--no-fund",
+                              "--ignore-scripts", INSPECTOR], capture_output=True, text=True,
+                             timeout=600)
+        if got.returncode != 0 or not command.exists():
+            pytest.skip(f"npm could not install {INSPECTOR}: {got.stderr[-500:]}")
+    return str(command)
+
+
+def inspect(inspector: str, srv: Server, *args: str, token: str | None = None):
+    headers = ["--header", f"Authorization: Bearer {token}"] if token else []
+    return subprocess.run([inspector, "--cli", srv.url, "--transport", "http", *headers, *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_mcp_inspectors_cli_sends_the_users_token(server, issuer, inspector):
+    """The Inspector's CLI with --header "Authorization: Bearer ...": the user's tools as
+    the policy shows them, a call run as that user; without the header, the 401 sends it to
+    sign in (OAuth, which it cannot do without a terminal)."""
+    token = issuer.token("ivan", groups=["ops"])
+    listed = inspect(inspector, server, "--method", "tools/list", token=token)
+    assert listed.returncode == 0, listed.stderr
+    assert [t["name"] for t in json.loads(listed.stdout)["tools"]] == ["tool_echo"]
+    called = inspect(inspector, server, "--method", "tools/call", "--tool-name", "tool_echo",
+                     "--tool-arg", "text=from the inspector", token=token)
+    assert called.returncode == 0, called.stderr
+    result = json.loads(called.stdout)
+    assert result["isError"] is False and result["structuredContent"]["output"] == \
+        "from the inspector"
+    refused = inspect(inspector, server, "--method", "tools/list")
+    assert refused.returncode != 0 and '"code":"auth_required"' in refused.stderr, refused.stderr
