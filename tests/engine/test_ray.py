@@ -1,6 +1,7 @@
 """What only the Ray backend has: placement over nodes, per-node stats, a workspace
-missing on its node, and a node lost (on a third node added to the session's cluster
-for the purpose, so the shared head and node stay up)."""
+missing on its node, a node lost and a library's environment built on its node (each on a
+third node added to the session's cluster for the purpose, so the shared head and node stay
+up), and an interrupt relayed to the node running the call."""
 import importlib.util
 import os
 import re
@@ -270,3 +271,59 @@ def test_interrupt_reaches_the_node_running_the_call(ray_sup, libs, tmp_path):
     assert b.execute_tool("tool_get_state", {})["output"] == {"value": "kept", "pid": pid}
     assert b.interrupt(t.ident) is False                        # its call is over
     b.close()
+
+
+HOLDING = '''
+import alpha
+
+_HELD = open(alpha.__file__)          # the host sees it among the worker's open files
+
+
+def tool_alpha() -> dict:
+    """The alpha this library sees."""
+    return {"success": True, "output": alpha.V}
+'''
+
+
+def test_a_library_s_environment_is_built_on_the_node_that_runs_it(ray_cluster, tmp_path, open_tmp, monkeypatch):
+    """A third node knows a store and an index (offline wheels) that neither the driver nor
+    the other nodes know; a library declaring a requirement runs there: its environment is
+    built in that node's store, and its worker (a process of that node, found by the host)
+    holds a file of it open."""
+    from support.envs_support import library, offline_uv, script_block, wheelhouse
+
+    from lcp_sandbox import RaySupervisor
+    from lcp_sandbox.backends.envs import Store
+    store = tmp_path / "node3-store"
+    before = {p.pid for p in psutil.Process().children()}
+    with monkeypatch.context() as m, offline_uv(wheelhouse(open_tmp / "wheels"), tmp_path / "uv-cache"):
+        m.setenv("LCP_SANDBOX_ENVS_DIR", str(store))          # the node's environment, not the driver's
+        node3 = ray_cluster.add_node(num_cpus=1)
+    assert "LCP_SANDBOX_ENVS_DIR" not in os.environ and "UV_FIND_LINKS" not in os.environ
+    ray_cluster.wait_for_nodes()
+    _RAY_ROOTS.update({p.pid for p in psutil.Process().children()} - before)
+    tools = tmp_path / "tools"
+    library(tools, "with_env", HOLDING, script_block("alpha==1.0"))
+    (tools / "plain.py").write_text("def tool_plain() -> dict:\n    return {'success': True, 'output': 1}\n")
+    sup = RaySupervisor()
+    try:
+        sup.start()
+        bs = [SandboxedBinding(tools_folders=[tools], workspace=str(tmp_path), supervisor=sup, tenant=f"env{i}")
+              for i in range(3)]
+        assert [b.execute_tool("tool_plain", {})["output"] for b in bs] == [1] * 3
+        [b] = [b for b in bs if b.stats()[0]["node"] == node3.node_id]  # one tenant per node
+        r = b.execute_tool("tool_alpha", {})                            # on the tenant's node
+        assert r == {"output": "1.0", "status_code": 200, "success": True}, r
+        [key] = [e["key"] for e in Store(str(store)).entries() if e["complete"]]
+        assert Store(str(store)).ready(key) is not None
+        [row] = [row for row in b.stats() if row["library"] == "with_env"]
+        assert row["node"] == node3.node_id
+        worker = psutil.Process(row["pid"])
+        raylet = node3.all_processes["raylet"][0].process.pid
+        assert raylet in {p.pid for p in worker.parents()}                   # a process of node 3
+        assert any(f.path.startswith(str(store / key)) for f in worker.open_files())
+        for other in bs:
+            other.close()
+    finally:
+        sup.close()
+        ray_cluster.remove_node(node3)
