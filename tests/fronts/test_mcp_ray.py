@@ -1,6 +1,8 @@
 """``serve-mcp --ray``: the sessions' workers on the nodes of the session's local Ray cluster
 (tests/conftest.py: a head and a node; a third node joins for this module and is killed by
-its last test), driven by the MCP SDK's client over Streamable HTTP.
+its last test), driven by the MCP SDK's client over Streamable HTTP: sessions spread over the
+nodes, a cancelled call stopped on its node, a server killed and started again, a node lost,
+two signed-in users.
 
 Workers are found as the host sees them (psutil): the processes standing in a session's
 workspace, and the node each runs on by the raylet it descends from.  The servers and
@@ -9,8 +11,12 @@ helpers are the other MCP tests' (test_mcp_load, test_mcp_server, test_mcp_signi
 from __future__ import annotations
 
 import importlib.util
+import shutil
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import psutil
@@ -44,10 +50,38 @@ def node3(ray_cluster):
         ray_cluster.remove_node(node)
 
 
+SPIN = '''
+import time
+
+
+def tool_spin(seconds: float = 20.0) -> dict:
+    """Spins the CPU; it ends by itself after ``seconds`` (20 at most).
+
+    Args:
+        seconds (float): how long to spin
+    """
+    end = time.monotonic() + min(float(seconds), 20.0)
+    n = 0
+    while time.monotonic() < end:
+        n += 1
+    return {"success": True, "output": n}
+'''
+
+
 @pytest.fixture(scope="module")
-def srv(ray_cluster, node3, tmp_path_factory):
+def front_libs(open_tmp_module) -> Path:
+    """The MCP front's libraries and a busy one (tool_spin), where every uid may read them."""
+    folder = open_tmp_module / "libs"
+    shutil.copytree(FRONT_LIBS, folder)
+    (folder / "spin").mkdir()
+    (folder / "spin" / "spin.py").write_text(SPIN)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def srv(ray_cluster, node3, front_libs, tmp_path_factory):
     with serving(tmp_path_factory.mktemp("ray_front"), "--ray", ray_cluster.address, "--metrics",
-                 "--timeout", "60", token=TOKEN, folder=FRONT_LIBS) as server:
+                 "--timeout", "60", token=TOKEN, folder=front_libs) as server:
         yield server
 
 
@@ -125,6 +159,86 @@ def test_sessions_spread_over_the_nodes_elicit_through_them_and_leave_nothing(sr
              if s.name == "lcp_sandbox_tool_calls_total" and s.labels["tool"] == "tool_count"]
     assert {s.labels["node"] for s in calls} == set(raylets(ray_cluster))
     assert sum(s.value for s in calls) == 6
+
+
+def spinning(pid: int, window: float = 0.3) -> bool:
+    """Whether the process burns CPU (the host's view: its CPU time over ``window``)."""
+    proc = psutil.Process(pid)
+    before = sum(proc.cpu_times()[:2])
+    threading.Event().wait(window)
+    return sum(proc.cpu_times()[:2]) - before > window / 4
+
+
+def test_a_cancelled_call_stops_on_its_remote_node(srv, ray_cluster):
+    """A session's busy call, cancelled by the client (notifications/cancelled): the worker
+    spinning on its node (found by the host: the process in the session's workspace that
+    burns CPU) stops long before the tool would end by itself; the session goes on, on the
+    same worker."""
+    async def body():
+        async with http_session(srv) as s:
+            workspace, counting = await first_calls(s, srv.root)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(s.call_tool, "tool_spin", {"seconds": 20})
+                found = []
+
+                def spinner() -> bool:
+                    found[:] = [p for p in workers_in(workspace) if p.pid != counting.pid and spinning(p.pid, 0.1)]
+                    return bool(found)
+                assert await anyio.to_thread.run_sync(poll, spinner), "no worker spins"
+                start = time.monotonic()
+                tg.cancel_scope.cancel()                  # the client sends notifications/cancelled
+            stopped = await anyio.to_thread.run_sync(poll, lambda: not spinning(found[0].pid), 10)
+            assert stopped and time.monotonic() - start < 10, "the cancelled call ran on"
+            assert node_of(found[0], ray_cluster) in raylets(ray_cluster)
+            assert await counter(s) == 2                  # the session goes on
+            r = await s.call_tool("tool_spin", {"seconds": 0.01})
+            assert not r.is_error and found[0].is_running() and spinning(found[0].pid) is False
+            return workspace
+    workspace = anyio.run(body)
+    assert poll(lambda: not workspace.exists())
+
+
+def test_a_server_killed_and_started_again_sweeps_what_it_left_on_every_node(ray_cluster, node3, front_libs, tmp_path):
+    """A server with three sessions (over the nodes) is killed (SIGKILL: it ends nothing);
+    the next one on the same --workspace-root removes what it left at its start, on every
+    node: no worker (found by the host before the kill: the processes in the workspaces),
+    no uid in the record, no workspace; it serves a fresh session, and SIGTERM ends it
+    leaving nothing."""
+    args = ("--ray", ray_cluster.address, "--timeout", "60")
+    with serving(tmp_path, *args, token=TOKEN, folder=front_libs) as first:
+        held: dict = {}
+
+        async def three():
+            from contextlib import AsyncExitStack
+            async with AsyncExitStack() as stack:
+                sessions = [await stack.enter_async_context(http_session(first)) for _ in range(3)]
+                held["placed"] = placed = [await first_calls(s, first.root) for s in sessions]
+                held["nodes"] = {node_of(p, ray_cluster) for _, p in placed}
+                held["tenants"] = _live_tenants(first.root)
+                first.proc.send_signal(signal.SIGKILL)       # with the sessions open
+                await anyio.to_thread.run_sync(first.proc.wait, 60)
+        try:
+            anyio.run(three)
+        except Exception:                                    # noqa: BLE001 (the sessions' ends find no server)
+            pass
+        placed = held["placed"]
+        assert len(held["nodes"]) == 3 and held["tenants"] == {f"mcp-{w.name}" for w, _ in placed}
+    assert first.proc.returncode == -signal.SIGKILL
+    left = [p for _, p in placed if p.is_running()]
+    assert all(w.exists() for w, _ in placed) and _live_tenants(first.root) == held["tenants"]
+    with serving(tmp_path, *args, token=TOKEN, folder=front_libs) as again:
+        assert all(wait_gone(p.pid) for p in left)
+        assert poll(lambda: _live_tenants(again.root) == set() and not any(w.exists() for w, _ in placed))
+
+        async def fresh():
+            async with http_session(again) as s:
+                return await first_calls(s, again.root)
+        workspace, worker = anyio.run(fresh)
+        assert worker.pid not in {p.pid for _, p in placed}
+        assert poll(lambda: not workspace.exists() and _live_tenants(again.root) == set())
+        again.proc.terminate()
+        assert again.proc.wait(60) == 0
+    assert wait_gone(worker.pid) and [p for p in again.root.iterdir() if p.is_dir()] == []
 
 
 def test_without_ray_or_with_a_flag_ray_cannot_honour_the_server_exits_2(tmp_path):
