@@ -5,8 +5,8 @@
         on that thread, the binding's confirm / user-interaction handlers find the call
         (current_call()) and hop to the event loop (anyio.from_thread.run) to elicit a
         form or send notifications/progress, under the call's cancellation
-    cancelled (event loop) ─► cancel(): binding.interrupt(thread), retried until the
-        call reached its worker
+    cancelled (event loop) ─► cancel(): a thread: binding.interrupt(thread), retried until
+        the call reached its worker
 """
 from __future__ import annotations
 
@@ -151,12 +151,13 @@ class ToolCall:
 
     # -------------------------------------------- on the event loop
     def cancel(self) -> None:
-        """The client cancelled: interrupt the tool (now, or as soon as it reached its worker)."""
+        """The client cancelled: interrupt the tool (now, or as soon as it reached its worker),
+        from a thread of its own: over Ray an interrupt is a round trip to the call's node,
+        which the event loop does not wait for."""
         self.cancelled.set()
         self.cancel_event.set()
-        if not self._interrupt():
-            threading.Thread(target=self._keep_interrupting, name="lcp-mcp-cancel",
-                             daemon=True).start()
+        threading.Thread(target=self._keep_interrupting, name="lcp-mcp-cancel",
+                         daemon=True).start()
 
     def _interrupt(self) -> bool:
         with self.lock:
@@ -165,13 +166,16 @@ class ToolCall:
             return self.thread is not None and self.session.binding.interrupt(self.thread)
 
     def _keep_interrupting(self) -> None:
-        """The call was queued for its worker, or the worker was starting: try again."""
+        """At once, then every 50 ms while the call was queued for its worker, or the worker
+        was starting."""
         idle = 0
-        while not self.done.wait(0.05) and not self.session.closed:
+        while not self.session.closed:
             if self.thread is None:
                 idle += 1
                 # Its job never started (dropped with its task)
                 if idle >= 100:
                     return
             elif self._interrupt():
+                return
+            if self.done.wait(0.05):
                 return

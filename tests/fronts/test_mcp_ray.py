@@ -342,3 +342,31 @@ def test_two_signed_in_users_at_once_each_one_tenant_freed_when_idle_and_at_sigt
         assert not any(p.exists() for p in bob_workspaces) and _live_tenants(srv.root) == set()
     finally:
         issuer.stop()
+
+
+def test_a_cancel_leaves_the_interrupt_s_round_trip_off_the_event_loop():
+    """Over Ray an interrupt is a round trip to the call's node (up to 10 s to a node that
+    does not answer): the front's cancel sends it from a thread, its event loop never waits."""
+    from types import SimpleNamespace
+
+    from lcp_sandbox.fronts.mcp_calls import ToolCall
+    asked, release = threading.Event(), threading.Event()
+
+    def interrupt(thread: int) -> bool:
+        asked.set()
+        release.wait(5)                           # a node slow to answer
+        return True
+    session = SimpleNamespace(binding=SimpleNamespace(interrupt=interrupt), closed=False, workspace="")
+    ctx = SimpleNamespace(params={}, session=SimpleNamespace(client_capabilities=None, can_send_request=False))
+
+    async def body():
+        call = ToolCall(session, ctx)
+        call.thread = threading.get_ident()       # a call running on some thread
+        start = time.monotonic()
+        call.cancel()
+        return time.monotonic() - start
+    took = anyio.run(body)
+    try:
+        assert took < 1 and asked.wait(10)        # sent, not waited for
+    finally:
+        release.set()
