@@ -377,14 +377,15 @@ class Supervisor(Closing):
                 raise Unavailable(f"[{name}] tool '{tool}' was stopped: the sandbox supervisor "
                                   "was closed while it ran.")
             if reason is not None and reason.code == OUT_OF_MEMORY:
-                self._event("memory", slot, pid=proc.pid, tool=tool, reason=reason.why)
+                self._event("memory", slot, pid=proc.known_pid, tool=tool, reason=reason.why)
                 raise OutOfMemory.killed(name, tool, reason.why)
             raise WorkerDied(name, tool, how)
         if isinstance(exc, P.BadMessage):
             self._violation(slot, proc, tool, str(exc))
         if isinstance(exc, DeadlinePassed):
             how = self._bury(slot, proc, served_a_call=True)
-            self._event("timeout", slot, pid=proc.pid, tool=tool, stage="hard", seconds=timeout)
+            self._event("timeout", slot, pid=proc.known_pid, tool=tool, stage="hard",
+                        seconds=timeout)
             if proc.kill_reason is not None and proc.kill_reason.cause == "kill refused":
                 raise WorkerDied(name, tool, f"ran past its {timeout or 0.0:g} s timeout and "
                                  f"{how}") from None
@@ -393,7 +394,7 @@ class Supervisor(Closing):
             proc.kill(KillReason("stopped: its confinement is not all in force", counts=False,
                                  cause="not confined"))
             self._bury(slot, proc, served_a_call=True)
-            self._event("refused", slot, pid=proc.pid, tool=tool, reason=str(exc))
+            self._event("refused", slot, pid=proc.known_pid, tool=tool, reason=str(exc))
             raise Unavailable.not_run(name, tool, str(exc), "not_confined") from None
         if isinstance(exc, P.PayloadError):
             raise CallFailed.not_run(name, tool, f"its parameters could not be sent to the worker "
@@ -418,9 +419,10 @@ class Supervisor(Closing):
         outcome = Outcome(wire)
         if outcome is Outcome.TIMED_OUT:
             if slot.interrupted:
-                self._event("interrupt", slot, pid=proc.pid, tool=tool)
+                self._event("interrupt", slot, pid=proc.known_pid, tool=tool)
                 raise Cancelled(name, tool)
-            self._event("timeout", slot, pid=proc.pid, tool=tool, stage="soft", seconds=timeout)
+            self._event("timeout", slot, pid=proc.known_pid, tool=tool, stage="soft",
+                        seconds=timeout)
             raise TimedOut(name, tool, timeout or 0.0, killed=False)
         if outcome is Outcome.OUT_OF_MEMORY:
             raise OutOfMemory.uncaught(name, tool, detail[:500], slot.limits.memory_mb)
@@ -470,7 +472,7 @@ class Supervisor(Closing):
         self._detach(slot, proc, ended=proc.zygote.alive and (
             reason is None or reason.cause != "kill refused"))
         if reason is None or reason.counts:
-            self._event("crash", slot, pid=proc.pid, reason=how)
+            self._event("crash", slot, pid=proc.known_pid, reason=how)
             backoff = slot.record_death(self.crash_policy, fresh=not served_a_call)
             if backoff is not None:
                 log.error("library %s (tenant %s) quarantined for %.0f s after repeated worker "
@@ -485,7 +487,7 @@ class Supervisor(Closing):
         self._detach(slot, proc)
         self._watchdog.retiring(proc)
         self.counters.ended(kind)
-        self._event(kind, slot, pid=proc.pid, reason=why)
+        self._event(kind, slot, pid=proc.known_pid, reason=why)
 
     def _detach(self, slot: Slot, proc: WorkerProcess, ended: bool = False) -> None:
         """``proc`` no longer serves ``slot``: give its room back to the pool (``ended``:
