@@ -397,6 +397,35 @@ def test_zygote_killed_workers_follow_and_service_resumes(make_binding):
     assert b.execute_tool("tool_other_get", {})["success"]
 
 
+@fork_only("the zygote")
+@pytest.mark.skipif(os.geteuid() != 0, reason="a confined cold start (it forks at once) needs root")
+def test_a_call_whose_worker_the_zygote_died_before_forking_is_sent_again(open_tmp):
+    """A confined cold start asks the zygote for a fork and sends the call at once; the
+    zygote dies before it forks: no worker ever read the call, so it goes to a worker of a
+    new zygote and is answered (before, the engine's own ZygoteGone came out of execute_tool)."""
+    with Supervisor(confine=True) as sup:
+        b = SandboxedBinding(tools_folders=[FIXTURES / "libs"], workspace=str(open_tmp),
+                             supervisor=sup)
+        assert b.execute_tool("tool_token", {"token": "a"})["success"]
+        zygote = psutil.Process(sup.stats()[0]["pid"]).parent()
+        zygote.suspend()
+        got: list = []
+        caller = threading.Thread(
+            target=lambda: got.append(b.execute_tool("tool_other_get", {})))
+        try:
+            caller.start()
+            assert poll(lambda: any(r["library"] == "other" and r["state"] == "busy"
+                                    for r in sup.stats()), timeout=30)
+        finally:
+            zygote.kill()
+        caller.join(60)
+        assert got, "execute_tool raised instead of answering"
+        assert got[0]["success"], got[0]
+        row = next(r for r in sup.stats() if r["library"] == "other")
+        assert psutil.Process(row["pid"]).parent().pid != zygote.pid
+        b.close()
+
+
 def test_closing_the_supervisor_during_a_call_says_so(libs, tmp_path):
     import threading
 

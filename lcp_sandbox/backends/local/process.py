@@ -54,7 +54,7 @@ from ..base import Lent
 from .confine import pid_guard
 from .output import OutputPump
 from .spin import SpinPolicy, calls_in_flight
-from .zygote_client import ZygoteClient
+from .zygote_client import ZygoteClient, ZygoteGone
 
 _READY_CAPS = {P.READY: P.READY_CAP}
 # Of each REQUEST's answer, this much counts against the deadline.
@@ -194,6 +194,14 @@ class WorkerProcess:
     def pid(self) -> int:
         return self.forked.result(30.0)
 
+    def _forked_pid(self) -> int:
+        """Its pid, for its first call; NeverReceived when its zygote died before forking
+        it (no worker ever read what it was sent: the call may go to another)."""
+        try:
+            return self.pid
+        except ZygoteGone:
+            raise NeverReceived from None
+
     @property
     def known_pid(self) -> Optional[int]:
         """The pid if the zygote already said it (never waits)."""
@@ -213,7 +221,12 @@ class WorkerProcess:
         """Kill its process tree; the first ``reason`` given is the one recorded."""
         if reason is not None and self.kill_reason is None:
             self.kill_reason = reason
-        self.zygote.kill(self.pid)
+        try:
+            pid = self.pid
+        except ZygoteGone:
+            # never forked: nothing to kill
+            return
+        self.zygote.kill(pid)
 
     def exiting(self, why: str) -> None:
         """It ends on its own (its library failed to load): ``why`` is the record."""
@@ -284,10 +297,10 @@ class WorkerProcess:
             spin = None
             # Its first byte: the guard's listener.
             if self.guard is True:
-                self.guard = pid_guard.receive(conn.sock, deadline, self.pid)
+                self.guard = pid_guard.receive(conn.sock, deadline, self._forked_pid())
             elif isinstance(self.guard, pid_guard.Member) and not self.guard.pid:
                 # Its template's guard: a tree of its own.
-                self.guard.join(self.pid)
+                self.guard.join(self._forked_pid())
         objects.conn = conn
         # One call at a time per worker.
         token = id(self)
