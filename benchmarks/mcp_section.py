@@ -186,11 +186,14 @@ def run(ctx: Any, prog: Any) -> None:
             close()
 
 
-def _serve_ours(ctx: Any, tmp: Path) -> tuple:
+def _serve_ours(ctx: Any, tmp: Path, folder: str = "ws", *extra: str,
+                timeout: float = 60.0) -> tuple:
+    """serve-mcp over the run's libraries on 127.0.0.1, its sessions under tmp/``folder``,
+    with ``extra`` flags: (proc, its /mcp URL)."""
     proc, lines = _start([sys.executable, "-m", "lcp_sandbox.fronts.cli", "serve-mcp",
                           str(ctx.libs), "--transport", "http", "--port", "0",
-                          "--workspace-root", str(tmp / "ws")],
-                         lambda line: "serving http" in line)
+                          "--workspace-root", str(tmp / folder), *extra],
+                         lambda line: "serving http" in line, timeout)
     url = next(m.group(1) for line in lines if (m := re.search(r"serving (http://\S+)", line)))
     return proc, url
 
@@ -206,12 +209,8 @@ def _serve_signed_in(ctx: Any, tmp: Path, closers: list) -> Optional[tuple]:
         return None
     issuer = Issuer().start()
     closers.append(issuer.stop)
-    proc, lines = _start([sys.executable, "-m", "lcp_sandbox.fronts.cli", "serve-mcp",
-                          str(ctx.libs), "--transport", "http", "--port", "0",
-                          "--workspace-root", str(tmp / "ws-token"), "--auth-issuer",
-                          issuer.url, "--auth-audience", AUDIENCE],
-                         lambda line: "serving http" in line)
-    url = next(m.group(1) for line in lines if (m := re.search(r"serving (http://\S+)", line)))
+    proc, url = _serve_ours(ctx, tmp, "ws-token", "--auth-issuer", issuer.url,
+                            "--auth-audience", AUDIENCE)
     return proc, url, {"Authorization": f"Bearer {issuer.token('bench')}"}
 
 

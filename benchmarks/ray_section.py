@@ -19,8 +19,6 @@ command line and Ray's own.
 from __future__ import annotations
 
 import gc
-import re
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -161,21 +159,15 @@ def _mcp_rows(ctx: Any, prog: Any, address: str) -> dict:
     except ImportError:
         ctx.skipped["ray_mcp"] = "the mcp extra is not installed (pip install 'lcp-sandbox[mcp]')"
         return {}
-    from .mcp_section import _plain_batch, _plain_session, _start
+    from .mcp_section import _plain_batch, _plain_session, _serve_ours
     tmp = Path(tempfile.mkdtemp(prefix="bench-ray-mcp-", dir=ctx.tmp))
-    argv = [sys.executable, "-m", "lcp_sandbox.fronts.cli", "serve-mcp", str(ctx.libs),
-            "--transport", "http", "--port", "0"]
-    servers = {"ray": argv + ["--workspace-root", str(tmp / "ray"), "--ray", address],
-               "local": argv + ["--workspace-root", str(tmp / "local")]}
     procs: list = []
     client = httpx2.Client(timeout=60)
     try:
         urls = {}
-        for key, cmd in servers.items():
-            proc, lines = _start(cmd, lambda line: "serving http" in line, timeout=120)
+        for key, extra in (("ray", ("--ray", address)), ("local", ())):
+            proc, urls[key] = _serve_ours(ctx, tmp, key, *extra, timeout=120.0)
             procs.append(proc)
-            urls[key] = next(m.group(1) for line in lines
-                             if (m := re.search(r"serving (http://\S+)", line)))
         heads = {k: _plain_session(client, u) for k, u in urls.items()}
         paths = {k: (lambda n, u=u, h=heads[k]: _plain_batch(client, u, h, n)) for k, u in urls.items()}
         for fn in paths.values():
