@@ -414,6 +414,7 @@ def test_a_call_whose_worker_the_zygote_died_before_forking_is_sent_again(open_t
             target=lambda: got.append(b.execute_tool("tool_other_get", {})))
         try:
             caller.start()
+            # (busy is set once its worker was made: the fork is asked by then, unanswered)
             assert poll(lambda: any(r["library"] == "other" and r["state"] == "busy"
                                     for r in sup.stats()), timeout=30)
         finally:
