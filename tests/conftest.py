@@ -94,6 +94,15 @@ def wait_gone(pid: int, timeout: float = 20.0) -> bool:
     return poll(lambda: gone(pid), timeout)
 
 
+def spinning(pid: int, window: float = 0.3) -> bool:
+    """Whether the process burns CPU (the host's view: its CPU time over ``window``)."""
+    import threading
+    proc = psutil.Process(pid)
+    before = sum(proc.cpu_times()[:2])
+    threading.Event().wait(window)
+    return sum(proc.cpu_times()[:2]) - before > window / 4
+
+
 def stop_server(proc, grace_s: float = 30.0) -> None:
     """SIGTERM a server process, SIGKILL it if it is still there after ``grace_s``."""
     import subprocess

@@ -12,7 +12,7 @@ import time
 
 import psutil
 import pytest
-from conftest import _RAY_ROOTS, FIXTURES, wait_gone
+from conftest import _RAY_ROOTS, FIXTURES, spinning, wait_gone
 
 from lcp_sandbox import SandboxedBinding, Supervisor
 
@@ -238,14 +238,6 @@ def test_remove_tenant_leaves_nothing_on_the_node_and_forgets_the_placement(ray_
         sup.close()
 
 
-def spinning(pid: int, window: float = 0.3) -> bool:
-    """Whether the process burns CPU (the host's view: its CPU time over ``window``)."""
-    proc = psutil.Process(pid)
-    before = sum(proc.cpu_times()[:2])
-    threading.Event().wait(window)
-    return sum(proc.cpu_times()[:2]) - before > window / 4
-
-
 def test_interrupt_reaches_the_node_running_the_call(ray_sup, libs, tmp_path):
     """A busy tool on its node, interrupted from another host thread: that node's supervisor
     interrupts it as on one machine (499, the worker and its state kept), long before the
@@ -268,7 +260,9 @@ def test_interrupt_reaches_the_node_running_the_call(ray_sup, libs, tmp_path):
     assert r["status_code"] == 499 and r["success"] is False, r
     assert "cancelled by the host" in r["error"] and "kept" in r["error"]
     assert not spinning(pid)
-    assert b.execute_tool("tool_get_state", {})["output"] == {"value": "kept", "pid": pid}
+    assert b.execute_tool("tool_get_state", {})["output"]["value"] == "kept"
+    [row] = [r for r in b.stats() if r["library"] == "faults"]
+    assert row["pid"] == pid and psutil.Process(pid).is_running()   # the same worker, kept
     assert b.interrupt(t.ident) is False                        # its call is over
     b.close()
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import _RAY_ROOTS, FIXTURES, poll, wait_gone
+from conftest import _RAY_ROOTS, FIXTURES, poll, spinning, wait_gone
 
 pytest.importorskip("mcp")
 
@@ -159,14 +159,6 @@ def test_sessions_spread_over_the_nodes_elicit_through_them_and_leave_nothing(sr
              if s.name == "lcp_sandbox_tool_calls_total" and s.labels["tool"] == "tool_count"]
     assert {s.labels["node"] for s in calls} == set(raylets(ray_cluster))
     assert sum(s.value for s in calls) == 6
-
-
-def spinning(pid: int, window: float = 0.3) -> bool:
-    """Whether the process burns CPU (the host's view: its CPU time over ``window``)."""
-    proc = psutil.Process(pid)
-    before = sum(proc.cpu_times()[:2])
-    threading.Event().wait(window)
-    return sum(proc.cpu_times()[:2]) - before > window / 4
 
 
 def test_a_cancelled_call_stops_on_its_remote_node(srv, ray_cluster):
