@@ -379,27 +379,32 @@ def test_serve_mcp_takes_the_value_from_its_environment_and_refuses_an_unheld_on
     assert json.loads(got.structured_content["output"]["body"])["value"] is True
 
 
-def test_a_request_that_came_with_the_handshake_s_last_bytes_is_answered(world):
-    """A worker's client sends its TLS Finished and its first request in one write: the
-    proxy's handshake reads both, and the request, already in hand, is relayed at once (it
-    waited for bytes that never came until the worker's timeout)."""
+def _intercepted(world):
+    """An intercepted connection's relay (egress_tls) between the API server and a socket
+    pair, its worker's end driven by hand: (the tool's socket, its TLS over memory, its
+    incoming BIO, its outgoing BIO, the proxy's thread).  The TLS handshake is the caller's."""
     import socket
 
     from lcp_sandbox.backends.local.confine.egress_tls import TlsEnd, relay
-    ca_file, made = world
+    ca_file, _ = world
     proxy_side, tool_side = socket.socketpair()
     upstream = socket.create_connection(("127.0.0.1", port(world, "api")), timeout=10)
     leaf = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     leaf.load_cert_chain(os.path.join(os.path.dirname(ca_file), "server.pem"))
 
     def proxy() -> None:
-        server = TlsEnd(upstream, ssl.create_default_context(cafile=ca_file),
-                        server_side=False, server_hostname="127.0.0.1")
-        server.handshake(10)
-        worker = TlsEnd(proxy_side, leaf, server_side=True)
-        worker.handshake(10)
-        relay(worker, server, lambda data: data)
-    threading.Thread(target=proxy, daemon=True).start()
+        try:
+            server = TlsEnd(upstream, ssl.create_default_context(cafile=ca_file),
+                            server_side=False, server_hostname="127.0.0.1")
+            server.handshake(10)
+            worker = TlsEnd(proxy_side, leaf, server_side=True)
+            worker.handshake(10)
+            relay(worker, server, lambda data: data)
+        finally:
+            upstream.close()
+            proxy_side.close()
+    thread = threading.Thread(target=proxy, daemon=True)
+    thread.start()
     incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
     tls = ssl.create_default_context(cafile=ca_file).wrap_bio(incoming, outgoing,
                                                               server_hostname="127.0.0.1")
@@ -407,10 +412,18 @@ def test_a_request_that_came_with_the_handshake_s_last_bytes_is_answered(world):
     while True:
         try:
             tls.do_handshake()
-            break
+            return tool_side, tls, incoming, outgoing, thread
         except ssl.SSLWantReadError:
             tool_side.sendall(outgoing.read())
             incoming.write(tool_side.recv(65536))
+
+
+def test_a_request_that_came_with_the_handshake_s_last_bytes_is_answered(world):
+    """A worker's client sends its TLS Finished and its first request in one write: the
+    proxy's handshake reads both, and the request, already in hand, is relayed at once (it
+    waited for bytes that never came until the worker's timeout)."""
+    made = world[1]
+    tool_side, tls, incoming, outgoing, _ = _intercepted(world)
     tls.write(b"GET /first HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
     tool_side.sendall(outgoing.read())                  # Finished and the request, at once
     answer = b""
@@ -423,4 +436,23 @@ def test_a_request_that_came_with_the_handshake_s_last_bytes_is_answered(world):
     assert answer.startswith(b"HTTP/1.1 200"), answer
     assert made["api"].seen[-1].split()[-1] == "/first"
     tool_side.close()
-    upstream.close()
+
+
+def test_a_forged_record_from_the_worker_ends_its_connection_and_nothing_goes_on(world):
+    """A hostile worker, its handshake done, sends a record it did not encrypt (a request's
+    bytes in an application-data header): the proxy's TLS refuses it, the connection ends
+    at once (the proxy's thread too) and the server gets nothing of it."""
+    made = world[1]
+    tool_side, tls, _, outgoing, thread = _intercepted(world)
+    tool_side.sendall(outgoing.read())                  # its Finished
+    seen = len(made["api"].seen)
+    forged = b"GET /forged HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" + bytes(64)
+    tool_side.sendall(b"\x17\x03\x03" + len(forged).to_bytes(2, "big") + forged)
+    thread.join(10)
+    assert not thread.is_alive()                        # the relay ended, its sockets closed
+    rest = b""
+    while chunk := tool_side.recv(65536):               # (socket.timeout: left open)
+        rest += chunk
+    assert len(made["api"].seen) == seen and b"/forged" not in b" ".join(
+        x.encode() for x in made["api"].seen)
+    tool_side.close()
