@@ -188,8 +188,8 @@ def run(ctx: Any, prog: Any) -> None:
 
 def _serve_ours(ctx: Any, tmp: Path, folder: str = "ws", *extra: str,
                 timeout: float = 60.0) -> tuple:
-    """serve-mcp over the run's libraries on 127.0.0.1, its sessions under tmp/``folder``,
-    with ``extra`` flags: (proc, its /mcp URL)."""
+    """serve-mcp over the run's libraries on 127.0.0.1, its sessions in ``tmp``'s folder
+    ``folder``, with ``extra`` flags: (proc, its /mcp URL)."""
     proc, lines = _start([sys.executable, "-m", "lcp_sandbox.fronts.cli", "serve-mcp",
                           str(ctx.libs), "--transport", "http", "--port", "0",
                           "--workspace-root", str(tmp / folder), *extra],
