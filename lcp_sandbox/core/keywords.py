@@ -48,7 +48,8 @@ RAY_SUPERVISOR = {"address": "str|None", "max_workers_per_node": "count|None",
                   "max_workers_per_tenant": "count|None", "idle_timeout_s": "number|None",
                   "confine": "confine", "on_event": "callable|None",
                   "tenants_root": "path|None", "uid_range": "uid_range|None",
-                  "envs_dir": "path|None", "env_wait_s": "number|None"}
+                  "envs_dir": "path|None", "env_wait_s": "number|None",
+                  "secrets": "secrets|None", "upstream_ca_file": "path|None"}
 
 TABLES = {"SandboxedBinding": BINDING, "Supervisor": SUPERVISOR, "RaySupervisor": RAY_SUPERVISOR}
 

@@ -1,10 +1,11 @@
 """``serve-mcp --ray ADDRESS``: the sessions' tenants on the nodes of a Ray cluster.
 
     command line ─► refusal(args): ray not importable, or a flag the Ray backend cannot
-                    honour (--secret, --upstream-ca-file, --max-workers) ─► exit 2, naming it
+                    honour (--max-workers) ─► exit 2, naming it
     transport    ─► ray_supervisor(options): RaySupervisor(ADDRESS, tenants_root =
-                    --workspace-root, per-node pools), connected and an agent started on
-                    every node before the server says it serves
+                    --workspace-root, per-node pools, --secret's values and
+                    --upstream-ca-file's CAs for every node's egress proxy), connected and
+                    an agent started on every node before the server says it serves
     McpFront     ─► the same calls on either engine (ServerBackend): run, stop, stats,
                     metrics, remove_tenant; held_tenants() for the start's sweep
 
@@ -26,9 +27,6 @@ EXTRA = "pip install 'lcp-sandbox[ray]'"
 
 #: Flags the Ray backend cannot honour, and why.
 _NOT_ON_RAY = {
-    "secret": "the Ray backend's nodes hold no secret of this server's (its egress proxies "
-              "have none: RaySupervisor.secret_names is empty)",
-    "upstream_ca_file": "it is for --secret's hosts, which the Ray backend does not serve",
     "max_workers": "it caps this machine's pool; over Ray, each node has its own pool "
                    "(--max-workers-per-session still caps a session's workers)",
 }
@@ -55,7 +53,8 @@ def ray_supervisor(options: Any, http: bool) -> RaySupervisor:
     sup = RaySupervisor(address=address, confine=options.confine,
                         max_workers_per_tenant=options.max_workers_per_session,
                         tenants_root=options.workspace_root if http else None,
-                        uid_range=options.uid_range)
+                        uid_range=options.uid_range, secrets=options.secrets or None,
+                        upstream_ca_file=options.upstream_ca_file)
     try:
         sup.start()
     except Exception as exc:                         # noqa: BLE001 (said, then the exit)

@@ -130,6 +130,11 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "env_wait_s": "as `Supervisor`'s, on every node (`None`: its default)",
         "on_event": "as `Supervisor`'s; events carry `\"node\"` and come from a background "
         "thread",
+        "secrets": "as `Supervisor`'s, on every node: each node's agent holds the values "
+        "(sent by a call of their own once it is up, and at `set_secret()`), its egress proxy "
+        "puts them in requests, no worker holds them ([Secrets](network.md#secrets))",
+        "upstream_ca_file": "as `Supervisor`'s, on every node: the file is read here and its "
+        "text sent to each node's agent (no shared path needed)",
     },
     "sandbox": {
         "timeout_s": "a call's timeout in seconds (`None` or 0: none)",

@@ -178,7 +178,9 @@ SUPERVISOR = {"max_workers": maybe(count), "max_workers_per_tenant": maybe(count
 RAY = {"address": maybe(text), "max_workers_per_node": maybe(count),
        "max_workers_per_tenant": maybe(count), "idle_timeout_s": maybe(number),
        "confine": confine, "on_event": maybe(callable), "tenants_root": maybe(path),
-       "uid_range": maybe(uid_range), "envs_dir": maybe(path), "env_wait_s": maybe(number)}
+       "uid_range": maybe(uid_range), "envs_dir": maybe(path), "env_wait_s": maybe(number),
+       "secrets": maybe(secrets),
+       "upstream_ca_file": maybe(lambda v: path(v) and os.path.isfile(v))}
 
 
 def test_the_oracle_knows_every_setting_of_the_table():

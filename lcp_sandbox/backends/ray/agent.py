@@ -1,6 +1,7 @@
 """The agent of one node (the Ray backend): a long-lived actor running a local Supervisor.
 
-    driver ── agent.run(pickle of cid, spec fields, msg, tool, timeout_s)
+    driver ── agent.hold_secrets(values, CAs) once it is ready, and again at a change
+    driver ── agent.run(pickle of cid, spec fields, msg, tool, timeout_s, the binding's secrets)
            ─► NodeAgent.run (an actor thread): workspace on this node? else 500;
                                                Supervisor.run(spec, msg, Relay)
            ◄─ bytes: VALUE | SANDBOX_EVENT | RAISED, calls, starts, the value as Encoder bytes
@@ -25,6 +26,8 @@ from __future__ import annotations
 import os
 import pickle
 import queue
+import shutil
+import tempfile
 import threading
 from typing import Optional
 
@@ -33,6 +36,7 @@ import ray
 from ... import protocol as P
 from ...core.normalize import TOOL_FAILED, failure
 from ...core.outcomes import SandboxEvent
+from ...core.secrets import host_secrets
 from ...protocol import error_value
 from ..base import WorkerSpec
 from ..local.supervisor import Supervisor
@@ -53,6 +57,8 @@ class NodeAgent:
         self._callers: dict[int, int] = {}
         self._lock = threading.Lock()
         self._closed = False
+        # hold_secrets()'s file of the servers' CAs
+        self._folder: Optional[str] = None
         self.sup = Supervisor(max_workers=options.get("max_workers"),
                               max_workers_per_tenant=options.get("max_workers_per_tenant"),
                               idle_timeout_s=options.get("idle_timeout_s"),
@@ -74,12 +80,13 @@ class NodeAgent:
         """One call on this node's worker of (tenant, library, root); how it ended.
 
         ``call`` is the driver's pickle of (cid, tenant, library, limits, root, msg,
-        tool, timeout_s) (host-made); the answer is :func:`relay.pack_outcome`'s
-        bytes (one bytes object each way: Ray moves them cheapest)."""
+        tool, timeout_s, the binding's own secrets) (host-made); the answer is
+        :func:`relay.pack_outcome`'s bytes (one bytes object each way: Ray moves them
+        cheapest)."""
         # The driver (the host) made these bytes: this direction is trusted, as host -> worker.
-        cid, tenant, library, limits, root, msg, tool, timeout_s = pickle.loads(call)
+        cid, tenant, library, limits, root, msg, tool, timeout_s, secrets = pickle.loads(call)
         relay = Relay(cid, self._emit)
-        spec = WorkerSpec(tenant, library, limits, root, relay.init)
+        spec = WorkerSpec(tenant, library, limits, root, relay.init, secrets)
         cwd = msg.cwd
         if not os.path.isdir(cwd):
             return pack_outcome(SANDBOX_EVENT, failure(
@@ -136,6 +143,19 @@ class NodeAgent:
         return self.node_id
 
     @ray.method(concurrency_group="control")
+    def hold_secrets(self, values: dict, upstream_cas: Optional[str]) -> None:
+        """The host's secrets (RaySupervisor's ``secrets``, ``set_secret()``) for this node's
+        egress proxy, and the CAs it checks the servers of their hosts against (PEM text,
+        written to a file of this agent's own; None: the node's trust store)."""
+        path = None
+        if upstream_cas is not None:
+            self._folder = self._folder or tempfile.mkdtemp(prefix="lcp-sandbox-agent-")
+            path = os.path.join(self._folder, "upstream-cas.pem")
+            with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+                f.write(upstream_cas)
+        self.sup.egress.secrets.hold(host_secrets(values, "RaySupervisor secrets"), path)
+
+    @ray.method(concurrency_group="control")
     def interrupt(self, tenant: str, cid: int) -> bool:
         """Interrupt the call ``cid`` (of ``tenant``) as the local Supervisor does: 499, the
         worker kept.  False when it is not running here, or still waits for its worker."""
@@ -180,4 +200,6 @@ class NodeAgent:
         for relay in relays:
             relay.inbox.put(("abort", "the sandbox supervisor was closed"))
         self.sup.close()
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
         self._outbox.put(None)

@@ -16,7 +16,7 @@
     nodes.py   nodes, their agents, placements, a tenant's removal; per node a dispatcher thread:
                agent.events() (a streaming call) ─► each call's queue, events ─► on_event
     agent.py   the agent: a local Supervisor on its node
-    relay.py   the REQUESTs' relay, both ends
+    relay.py   the REQUESTs' relay, both ends; the driver's end of a call (DriverCall)
 
 Ray places, starts and watches the agents; each agent's local Supervisor gives
 the guarantees Ray's own workers do not (per-call workspace, soft interrupt,
@@ -28,36 +28,39 @@ from __future__ import annotations
 import atexit
 import itertools
 import logging
+import os
 import pickle
-import queue
 import threading
 import time
 import weakref
-from typing import Any, Callable, NoReturn, Optional, Union, overload
+from typing import Any, Callable, NoReturn, Optional, Union
 
 from ... import protocol as P
 from ...core.keywords import checked_keywords
 from ...core.normalize import UNAVAILABLE, failure
 from ...core.outcomes import CallFailed, SandboxEvent, Unavailable
+from ...core.secrets import host_secrets
 from ..base import Closing, Lent, WorkerSpec, emit
 from .cluster_metrics import merged
 from .nodes import Node, Nodes, Placed
 from .relay import (
     ABORT,
     ANSWER,
+    DONE,
     INIT,
     NEED_INIT,
     RAISED,
     REQUEST,
     SANDBOX_EVENT,
     VALUE,
+    DriverCall,
     RemoteConn,
     unpack_outcome,
+    when_done,
 )
 
 log = logging.getLogger("lcp_sandbox")
 
-_DONE = "done"
 #: A call that hears nothing from its node for this long pings the node's agent ...
 HEARTBEAT_S = 10.0
 #: ... which must answer within this long, else the node is lost (the call: 503).
@@ -75,58 +78,6 @@ def _import_ray() -> Any:
     return ray
 
 
-def _when_done(ref: Any, callback: Callable[[Any], None]) -> None:
-    """``callback(value or exception)`` once ``ref`` is ready.  Ray's ObjectRef._on_completed
-    (what Ray Serve uses) wakes the waiting thread once, as ray.get does; ``future()``
-    is the public way, a little slower."""
-    on_completed = getattr(ref, "_on_completed", None)
-    if on_completed is not None:
-        on_completed(callback)
-        return
-
-    def done(f: Any) -> None:
-        exc = f.exception()
-        callback(exc if exc is not None else f.result())
-    ref.future().add_done_callback(done)
-
-
-class _Call:
-    """The driver's end of one call in flight: what the node sends about it lands in ``q``;
-    ``thread``: the host thread waiting for it (made in that thread), for interrupt()."""
-    __slots__ = ("cid", "node", "q", "done", "thread")
-
-    def __init__(self, cid: int, node: Node) -> None:
-        self.cid, self.node = cid, node
-        self.thread = threading.get_ident()
-        self.q: queue.SimpleQueue = queue.SimpleQueue()
-        self.done: Optional[tuple] = None
-
-    def finished(self, result: Any) -> None:
-        """The agent's answer (bytes), or the exception Ray raised for it."""
-        self.q.put((_DONE, result))
-
-    def reply(self, message: tuple) -> None:
-        self.node.agent.reply.remote(self.cid, message)
-
-    @overload
-    def wait(self, timeout: None) -> tuple: ...
-    @overload
-    def wait(self, timeout: float) -> Optional[tuple]: ...
-
-    def wait(self, timeout: Optional[float]) -> Optional[tuple]:
-        """The next item about the call (the last one again once it is done); None
-        when ``timeout`` passed first."""
-        if self.done is not None:
-            return self.done
-        try:
-            item = self.q.get(timeout=timeout)
-        except queue.Empty:
-            return None
-        if item[0] == _DONE:
-            self.done = item
-        return item
-
-
 class RaySupervisor(Closing):
     """A Backend that runs each (tenant, library) on one node of a Ray cluster.
 
@@ -138,14 +89,14 @@ class RaySupervisor(Closing):
     ``envs_dir``, ``env_wait_s`` and ``on_event`` as for ``Supervisor``, on every node
     (events carry ``"node"`` and arrive from a background thread; a library's environment
     is built on the node that runs it, in that node's store: ``envs_dir`` as that node
-    sees it, None: the node's own default)."""
+    sees it, None: the node's own default).  ``secrets`` and ``upstream_ca_file`` as for
+    ``Supervisor``: each node's agent holds the values (sent to it by a call once it is up,
+    and at ``set_secret()``) and the CAs' text (read here: no shared path needed); its
+    egress proxy puts them in requests, and no worker holds them."""
 
     #: The network of bindings that do not choose (Backend.network): the host's.  A
     #: binding's or a library's own setting travels in its WorkerSpec's limits.
     network: Union[bool, dict] = True
-    #: (Backend.secret_names) none: a node's proxy holds no secret of the driver's, so a
-    #: policy that binds one is refused there (503, naming it)
-    secret_names: frozenset[str] = frozenset()
 
     def __init__(self, address: Optional[str] = None,
                  max_workers_per_node: Optional[int] = None,
@@ -154,8 +105,22 @@ class RaySupervisor(Closing):
                  on_event: Optional[Callable[[dict], None]] = None,
                  tenants_root: Optional[str] = None,
                  uid_range: Optional[tuple[int, int]] = None,
-                 envs_dir: Optional[str] = None, env_wait_s: Optional[float] = None) -> None:
-        checked_keywords("RaySupervisor", locals())
+                 envs_dir: Optional[str] = None, env_wait_s: Optional[float] = None,
+                 secrets: Optional[dict[str, str]] = None,
+                 upstream_ca_file: Optional[str] = None) -> None:
+        checked = checked_keywords("RaySupervisor", locals())
+        if upstream_ca_file is not None and not os.path.isfile(upstream_ca_file):
+            raise ValueError(f"RaySupervisor: upstream_ca_file {upstream_ca_file!r} is not a file")
+        self._secrets: dict[str, str] = checked.get("secrets") or {}
+        # Its text: each node's agent writes it to a file of its own (no shared path needed).
+        self._upstream_cas: Optional[str] = None
+        if upstream_ca_file is not None:
+            try:
+                with open(upstream_ca_file, encoding="ascii") as f:
+                    self._upstream_cas = f.read()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ValueError(f"RaySupervisor: upstream_ca_file {upstream_ca_file!r} cannot "
+                                 f"be read as PEM text ({type(exc).__name__})") from None
         self.address = address
         self.max_workers_per_node = max_workers_per_node
         self.max_workers_per_tenant = max_workers_per_tenant
@@ -199,8 +164,27 @@ class RaySupervisor(Closing):
                            "idle_timeout_s": self.idle_timeout_s, "confine": self.confine,
                            "tenants_root": self.tenants_root, "uid_range": self.uid_range,
                            "envs_dir": self.envs_dir, "env_wait_s": self.env_wait_s}
-                self._nodes = Nodes(ray, options, self._event)
+                self._nodes = Nodes(ray, options, self._event, self._held_secrets)
             return self._nodes
+
+    def _held_secrets(self) -> Optional[tuple[dict[str, str], Optional[str]]]:
+        """What each node's agent gets by hold_secrets() (None: nothing to hold)."""
+        if not self._secrets and self._upstream_cas is None:
+            return None
+        return dict(self._secrets), self._upstream_cas
+
+    @property
+    def secret_names(self) -> frozenset[str]:
+        """(Backend) the names of the secrets it holds: the values go to each node's agent
+        (its egress proxy puts them in requests), never to a worker."""
+        return frozenset(self._secrets)
+
+    def set_secret(self, name: str, value: str) -> None:
+        """Hold ``value`` as the secret ``name``: on every node, each worker started from now
+        on puts it in its requests (one that runs keeps the value it started with)."""
+        self._secrets = {**self._secrets, **host_secrets({name: value}, "RaySupervisor.set_secret")}
+        if self._nodes is not None:
+            self._nodes.hold_secrets()
 
     def _event(self, event: dict) -> None:
         emit(self.on_event, event)
@@ -214,20 +198,20 @@ class RaySupervisor(Closing):
             raise Unavailable.not_run(name, tool, "the sandbox supervisor is closed.")
         nodes = self._table()
         node, placed = nodes.place(spec, tool)
-        call = _Call(next(self._ids), node)
+        call = DriverCall(next(self._ids), node)
         node.calls[call.cid] = call
         try:
             args = (call.cid, spec.tenant, spec.library, spec.limits, spec.root, msg, tool,
-                    timeout_s)
+                    timeout_s, dict(spec.secrets))
             ref = node.agent.run.remote(pickle.dumps(args, protocol=5))
-            _when_done(ref, call.finished)
+            when_done(ref, call.finished)
             conn = RemoteConn(call)
             while True:
                 item = call.wait(HEARTBEAT_S)
                 if item is None:
                     self._ping(nodes, node, name, tool)
                     continue
-                if item[0] == _DONE:
+                if item[0] == DONE:
                     return self._outcome(item[1], nodes, node, placed, name, tool)
                 if item[1] == REQUEST:
                     self._request(call, conn, objects, item)
@@ -248,7 +232,7 @@ class RaySupervisor(Closing):
                     pass
             objects.release()
 
-    def _request(self, call: _Call, conn: RemoteConn, objects: Lent, item: tuple) -> None:
+    def _request(self, call: DriverCall, conn: RemoteConn, objects: Lent, item: tuple) -> None:
         """One REQUEST of the worker, served here: decoded with this host's Decoder."""
         _, _, frame, remaining = item
         objects.conn = conn

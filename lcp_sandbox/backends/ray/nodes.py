@@ -1,9 +1,11 @@
 """The Ray cluster as the driver sees it (the Ray backend): nodes, their agents, placements.
 
     refresh()  live nodes (ray.nodes()) without an agent get one, pinned there
-               (NodeAffinitySchedulingStrategy, soft=False); each agent's events stream
-               gets a dispatcher thread: call items to their call's queue, lifecycle
-               events to on_event
+               (NodeAffinitySchedulingStrategy, soft=False); the host's secrets, if it
+               holds any, reach it by a call of its own before it takes a call (never in
+               its creation arguments, which the cluster's GCS keeps); each agent's events
+               stream gets a dispatcher thread: call items to their call's queue,
+               lifecycle events to on_event
     place()    a slot (tenant, library, root) goes to the live node that holds the
                tenant's other slots, else to the one with the fewest slots (those under
                max_workers_per_node first), and stays there: a tenant lives on one node
@@ -72,9 +74,12 @@ class Nodes:
     """The node table of one RaySupervisor (thread-safe).  ``options`` are the agents'
     Supervisor settings; ``max_per_node`` steers placement."""
 
-    def __init__(self, ray: Any, options: dict, on_event: Callable[[dict], None]) -> None:
+    def __init__(self, ray: Any, options: dict, on_event: Callable[[dict], None],
+                 secrets: Callable[[], Optional[tuple]] = lambda: None) -> None:
         self.ray = ray
         self.options = options
+        # () -> None, or what an agent's hold_secrets() takes: (values, the CAs' PEM text)
+        self.secrets = secrets
         self.max_per_node: Optional[int] = options.get("max_workers")
         self.on_event = on_event
         self.placed: dict[tuple, Placed] = {}
@@ -117,6 +122,9 @@ class Nodes:
             for nid, agent in started:
                 try:
                     got = ray.get(agent.ready.remote(), timeout=_AGENT_START_S)
+                    held = self.secrets()
+                    if held is not None:
+                        ray.get(agent.hold_secrets.remote(*held), timeout=CONTROL_S)
                 except Exception as exc:       # noqa: BLE001 (the node went away meanwhile)
                     log.warning("no sandbox agent could start on Ray node %s: %s", nid, exc)
                     ray.kill(agent, no_restart=True)
@@ -129,6 +137,13 @@ class Nodes:
                     self._nodes[got] = node
                     self._lost.discard(got)
                 node.dispatcher.start()
+
+    def hold_secrets(self) -> None:
+        """Every live agent holds the host's secrets as they are now (after a change); under
+        the lock that starts agents, so none starts with the values of before."""
+        held = self.secrets()
+        with self._agents_lock:
+            self.gather("hold_secrets", *(held or ({}, None)))
 
     def _dispatch(self, node: Node) -> None:
         """What the node's agent streams: to each call's queue, lifecycle events to on_event."""

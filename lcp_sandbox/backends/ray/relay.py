@@ -23,6 +23,10 @@ Decoder: nothing a worker sent reaches the driver other than as protocol bytes.
 A violation the driver finds (``conn.broken``) goes back with the answer and the
 agent's exchange treats it as its own: the worker is killed, the call gets 500.
 
+The driver's end of a call is a :class:`DriverCall`: a queue that the node's events
+(dispatched by nodes.py) and the agent's answer (``when_done``) fill, and that the thread
+waiting for the call reads.
+
 What crosses Ray is plain: ints, strs, bytes, the host-made protocol messages and
 Init (driver to node), and the result dicts of sandbox events (built by the
 node's supervisor, our code).  A call's value comes back as Encoder bytes too.
@@ -31,8 +35,9 @@ from __future__ import annotations
 
 import queue
 import struct
+import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, overload
 
 from ... import protocol as P
 from ...core.outcomes import Unavailable
@@ -46,6 +51,8 @@ VALUE, SANDBOX_EVENT, RAISED = 0, 1, 2
 _OUTCOME = struct.Struct("!BQQ")
 #: The driver's own guard past the node's deadline, for a node that stopped answering.
 DRIVER_SLACK_S = 30.0
+# The item that ends a call's queue in the driver: (DONE, the agent's answer or Ray's error).
+DONE = "done"
 
 
 def _unsendable(value: Any) -> Any:
@@ -210,3 +217,56 @@ class RemoteConn:
                 self.broken = self.broken or text
                 raise P.BadMessage(text)
         raise EOFError("the worker's node stopped relaying")
+
+
+def when_done(ref: Any, callback: Callable[[Any], None]) -> None:
+    """``callback(value or exception)`` once ``ref`` is ready.  Ray's ObjectRef._on_completed
+    (what Ray Serve uses) wakes the waiting thread once, as ray.get does; ``future()``
+    is the public way, a little slower."""
+    on_completed = getattr(ref, "_on_completed", None)
+    if on_completed is not None:
+        on_completed(callback)
+        return
+
+    def done(f: Any) -> None:
+        exc = f.exception()
+        callback(exc if exc is not None else f.result())
+    ref.future().add_done_callback(done)
+
+
+class DriverCall:
+    """The driver's end of one call in flight: what the node (a nodes.Node) sends about it
+    lands in ``q``; ``thread``: the host thread waiting for it (made in that thread), for
+    interrupt()."""
+    __slots__ = ("cid", "node", "q", "done", "thread")
+
+    def __init__(self, cid: int, node: Any) -> None:
+        self.cid, self.node = cid, node
+        self.thread = threading.get_ident()
+        self.q: queue.SimpleQueue = queue.SimpleQueue()
+        self.done: Optional[tuple] = None
+
+    def finished(self, result: Any) -> None:
+        """The agent's answer (bytes), or the exception Ray raised for it."""
+        self.q.put((DONE, result))
+
+    def reply(self, message: tuple) -> None:
+        self.node.agent.reply.remote(self.cid, message)
+
+    @overload
+    def wait(self, timeout: None) -> tuple: ...
+    @overload
+    def wait(self, timeout: float) -> Optional[tuple]: ...
+
+    def wait(self, timeout: Optional[float]) -> Optional[tuple]:
+        """The next item about the call (the last one again once it is done); None
+        when ``timeout`` passed first."""
+        if self.done is not None:
+            return self.done
+        try:
+            item = self.q.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if item[0] == DONE:
+            self.done = item
+        return item
