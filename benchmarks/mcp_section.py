@@ -5,11 +5,15 @@
              tests/support/issuer.py; every call carries an RS256 access token);
              a bare SDK server (mcp.server.mcpserver.MCPServer) exposing a function of the
              same name, tool_noop, returning the same {"ok": True}
+             the floor of any server that runs tools out of its own process: the same bare
+             server whose tool_noop first makes one round trip over a pipe to a process of
+             its own (it echoes ~40 bytes); no engine, no checks
     warm     rounds x paths in random order, each a batch of calls on one session:
                sdk    the SDK's own client (ClientSession over streamable_http_client)
                plain  a plain kept-alive HTTP client (httpx2, as requests sessions, curl
                       and most HTTP stacks keep connections alive)
-             on the three servers (token_*: the signed-in server, against ours_*)
+             on the four servers (token_*: the signed-in server, against ours_*; hop_*: the
+             floor, against bare_*)
     sessions initialize + notifications/initialized + a first tools/call + DELETE, one
              session after another: sessions a second through serve-mcp
     metrics  one Metrics.call() (what the engine counts for every call) in a tight loop,
@@ -38,6 +42,25 @@ app = MCPServer("bare")
 
 @app.tool()
 def tool_noop() -> dict:
+    return {"ok": True}
+
+app.run("streamable-http", port=int(sys.argv[1]))
+'''
+# The floor: the bare server's tool asks a process of its own (HOP_CHILD) over a pipe first.
+HOP_CHILD = "import os\nwhile b := os.read(0, 65536):\n    os.write(1, b)\n"
+BARE_HOP = '''
+import os, subprocess, sys, threading
+from mcp.server.mcpserver import MCPServer
+app = MCPServer("bare-hop")
+child = subprocess.Popen([sys.executable, "-c", sys.argv[2]], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, bufsize=0)
+lock = threading.Lock()
+
+@app.tool()
+def tool_noop() -> dict:
+    with lock:
+        os.write(child.stdin.fileno(), b'{"tool": "tool_noop", "params": {}, "cwd": "/"}')
+        os.read(child.stdout.fileno(), 65536)
     return {"ok": True}
 
 app.run("streamable-http", port=int(sys.argv[1]))
@@ -136,8 +159,10 @@ def run(ctx: Any, prog: Any) -> None:
         procs.append(ours[0])
         bare = _serve_bare()
         procs.append(bare[0])
-        urls = {"ours": ours[1], "bare": bare[1]}
-        auths: dict[str, Optional[dict]] = {"ours": None, "bare": None}
+        hop = _serve_bare(BARE_HOP, HOP_CHILD)
+        procs.append(hop[0])
+        urls = {"ours": ours[1], "bare": bare[1], "hop": hop[1]}
+        auths: dict[str, Optional[dict]] = {"ours": None, "bare": None, "hop": None}
         signed = _serve_signed_in(ctx, tmp, closers)
         if signed is not None:
             procs.append(signed[0])
@@ -161,6 +186,10 @@ def run(ctx: Any, prog: Any) -> None:
             row["x_bare_p50"] = ratio(row.get("p50"), warm[f"bare_{client}"].get("p50"))
             row["x_bare_p50_paired"] = paired_ratio(per_round[f"ours_{client}"],
                                                     per_round[f"bare_{client}"])
+            floor = warm[f"hop_{client}"]
+            floor["x_bare_p50"] = ratio(floor.get("p50"), warm[f"bare_{client}"].get("p50"))
+            floor["x_bare_p50_paired"] = paired_ratio(per_round[f"hop_{client}"],
+                                                      per_round[f"bare_{client}"])
             if f"token_{client}" in warm:
                 tok = warm[f"token_{client}"]
                 tok["x_ours_p50"] = ratio(tok.get("p50"), row.get("p50"))
@@ -214,9 +243,9 @@ def _serve_signed_in(ctx: Any, tmp: Path, closers: list) -> Optional[tuple]:
     return proc, url, {"Authorization": f"Bearer {issuer.token('bench')}"}
 
 
-def _serve_bare() -> tuple:
+def _serve_bare(source: str = BARE, *args: str) -> tuple:
     port = _free_port()
-    proc, _ = _start([sys.executable, "-c", BARE, str(port)],
+    proc, _ = _start([sys.executable, "-c", source, str(port), *args],
                      lambda line: "Uvicorn running" in line or "startup complete" in line)
     return proc, f"http://127.0.0.1:{port}/mcp"
 

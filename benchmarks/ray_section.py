@@ -5,6 +5,8 @@
     warm   rounds × paths in random order, each a batch of calls:
              ray     SandboxedBinding on RaySupervisor, tool_noop, its slot on the other node
              actor   a bare Ray actor method returning its argument, on that same node
+             hop     the floor of a worker process per tenant: the same actor's method making
+                     one round trip over a pipe to a process of its own first (no engine)
              local   SandboxedBinding on the local Supervisor (the run's), tool_noop
     cold   a new tenant's first call of bench_noop (a never-run worker: placement, the INIT
            built in the driver, a fork on the node), kept when its slot landed on the
@@ -27,6 +29,7 @@ from typing import Any
 from lcp_sandbox import SandboxedBinding
 
 from .harness import interleaved, paired_ratio, pin_thread, ratio, summarize
+from .mcp_section import HOP_CHILD
 
 ECHO_ARG = {"tool": "tool_noop", "params": {}, "workspace": "/srv/workspaces/bench"}
 
@@ -92,11 +95,24 @@ def run(ctx: Any, prog: Any) -> None:
 
         @ray.remote(num_cpus=0)
         class Echo:
+            def __init__(self, child: str) -> None:
+                import subprocess
+                import sys
+                self.child = subprocess.Popen([sys.executable, "-c", child], stdin=subprocess.PIPE,
+                                              stdout=subprocess.PIPE, bufsize=0)
+
             def echo(self, x: Any) -> Any:
                 return x
-        echo = Echo.options(scheduling_strategy=NodeAffinitySchedulingStrategy(remote, soft=False)).remote()
+
+            def hop(self, x: Any) -> Any:
+                import os
+                os.write(self.child.stdin.fileno(), b'{"tool": "tool_noop", "params": {}, "cwd": "/"}')
+                os.read(self.child.stdout.fileno(), 65536)
+                return x
+        echo = Echo.options(scheduling_strategy=NodeAffinitySchedulingStrategy(remote, soft=False)).remote(HOP_CHILD)
         paths = {"ray": lambda: warm_b.execute_tool("tool_noop", {}),
                  "actor": lambda: ray.get(echo.echo.remote(ECHO_ARG)),
+                 "hop": lambda: ray.get(echo.hop.remote(ECHO_ARG)),
                  "local": lambda: ctx.binding.execute_tool("tool_noop", {})}
         for fn in paths.values():
             _batch(fn, 20)                             # warm-up
@@ -105,7 +121,7 @@ def run(ctx: Any, prog: Any) -> None:
             {k: (lambda fn=fn: _batch(fn, cfg.ray_calls)) for k, fn in paths.items()}, rounds,
             ctx.rng, lambda r: prog.step("ray", f"warm round {r + 1}/{rounds}"), collect=True)
         labels = {"ray": "RaySupervisor warm call (other node)", "actor": "bare Ray actor method (same node)",
-                  "local": "local Supervisor warm call"}
+                  "hop": "the actor + one pipe round trip (the floor)", "local": "local Supervisor warm call"}
         warm = {}
         for key, xs in samples.items():
             row = summarize(xs, 1e3)                  # microseconds

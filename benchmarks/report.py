@@ -112,6 +112,14 @@ def _mcp_lines(m: dict) -> list:
                      f"{x(ours.get('x_bare_p50'))} ({x(ours.get('x_bare_p50_paired'))})",
                      fmt(ours["p99"])])
     lines += table(hdr, rows, "lrrrr")
+    floor = {c: m["warm_ms"].get(f"hop_{c}") for c in ("sdk", "plain")}
+    if all(floor.values()):
+        lines.append("  the floor: the bare server's tool making one pipe round trip to a process "
+                     "of its own first / the bare server:")
+        for client, label in (("sdk", "the SDK's client"), ("plain", "plain HTTP, kept alive")):
+            row = floor[client] or {}
+            lines.append(f"    {label}: p50 {fmt(row.get('p50'))} ms, "
+                         f"{x(row.get('x_bare_p50'))} ({x(row.get('x_bare_p50_paired'))} paired)")
     tok = {c: m["warm_ms"].get(f"token_{c}") for c in ("sdk", "plain")}
     if all(tok.values()):
         lines.append("  users signed in (--auth-issuer, an RS256 token on every call) / no token:")

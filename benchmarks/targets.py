@@ -186,9 +186,12 @@ def run(ctx: Any) -> None:
     mcp = (res.get("mcp") or {}).get("warm_ms", {})
     for client, label in (("sdk", "the SDK's client"), ("plain", "a kept-alive plain HTTP client")):
         row = mcp.get(f"ours_{client}", {})
+        floor = mcp.get(f"hop_{client}", {})
         add(f"mcp_warm_{client}", f"warm tools/call p50 through serve-mcp / a bare SDK server, {label}",
             row.get("x_bare_p50_paired") or row.get("x_bare_p50"), T[f"mcp_warm_{client}"], "<=",
-            note="" if row.get("x_bare_p50") is None else f"pooled {x(row['x_bare_p50'])}")
+            note="" if row.get("x_bare_p50") is None else
+            f"pooled {x(row['x_bare_p50'])}; the floor, one pipe round trip in the bare "
+            f"server's tool: {x(floor.get('x_bare_p50_paired') or floor.get('x_bare_p50'))}")
     for client in ("sdk", "plain"):
         row = mcp.get(f"token_{client}", {})
         add(f"mcp_token_{client}", f"warm tools/call p50 with a checked token / without, {client}",
@@ -218,8 +221,9 @@ def run(ctx: Any) -> None:
         rw = ray["warm"]["ray"]
         add("ray_warm_vs_actor", "RaySupervisor warm call p50 / bare Ray actor call p50 (same node)",
             rw.get("x_actor_p50"), T["ray_warm_vs_actor"], "<=",
-            note=f"paired by round: {x(rw.get('x_actor_p50_paired'))}; local Supervisor "
-                 f"{x(ray['warm']['local'].get('x_actor_p50'))} of the actor call")
+            note=f"paired by round: {x(rw.get('x_actor_p50_paired'))}; the floor, the actor + one "
+                 f"pipe round trip: {x((ray['warm'].get('hop') or {}).get('x_actor_p50'))}; local "
+                 f"Supervisor {x(ray['warm']['local'].get('x_actor_p50'))} of the actor call")
         add("ray_cold_ms", "RaySupervisor first call of a new library on the other node (p50)",
             ray["cold"]["ray_remote"].get("p50"), T["ray_cold_ms"], "<=", "ms",
             note=f"local Supervisor {ray['cold']['local'].get('p50', 0):.1f} ms")
