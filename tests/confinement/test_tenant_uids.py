@@ -335,3 +335,55 @@ def test_removing_a_tenant_deletes_its_root_and_gives_its_uid_back(open_tmp):
         b = tenant(sup, open_tmp, "b")
         assert ids(b) == ua                                 # the uid a gave back
         assert (open_tmp / "b").stat().st_uid == ua[0]
+
+
+def test_a_sweep_holds_no_other_tenant_back_and_its_uid_goes_to_no_one_meanwhile(
+        tmp_path, monkeypatch, own_record):
+    """A uid given back is swept (a walk of the shared folders: long where they are full)
+    under its own lock, not the record's: while a's sweep is held up, b gets a uid at once;
+    c, of another engine on the same record, finds only a's uid left and waits for its
+    sweep rather than taking it, then gets it swept clean; then none is left for d."""
+    import threading
+    started, go = threading.Event(), threading.Event()
+    real = sweep.sweep
+
+    def held_up(uid, keep):
+        started.set()
+        assert go.wait(60)
+        return real(uid, keep)
+    monkeypatch.setattr(tenant_uids.sweeping, "sweep", held_up)
+    two = (RANGE[0] + 20, 2)
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    uids, other = TenantUids(two, str(tmp_path / "one")), TenantUids(two, str(tmp_path / "two"))
+    a = uids.of("a")[0]
+    got: dict = {}
+
+    def ask(owner, tenant):
+        try:
+            got[tenant] = owner.of(tenant)[0]
+        except OSError as exc:
+            got[tenant] = exc
+    releasing = threading.Thread(target=uids.release, args=("a",))
+    releasing.start()
+    try:
+        assert started.wait(30)
+        asking = threading.Thread(target=ask, args=(uids, "b"))
+        asking.start()
+        asking.join(10)
+        assert not asking.is_alive(), "b waited for a's sweep"
+        assert got["b"] != a and two[0] <= got["b"] < two[0] + two[1]
+        waiting = threading.Thread(target=ask, args=(other, "c"))
+        waiting.start()
+        waiting.join(0.5)
+        assert waiting.is_alive() and "c" not in got, got      # a's uid: not while swept
+    finally:
+        go.set()
+        releasing.join(60)
+    waiting.join(60)
+    assert got["c"] == a                                       # swept clean, then given
+    lines = [line for line in record_lines(own_record) if line["uid"] == a]
+    assert lines[-3:] == [{"uid": a, "released": True}, {"uid": a, "clean": True},
+                          {"uid": a, "root": str(tmp_path / "two"), "tenant": "c"}]
+    with pytest.raises(OSError, match="no uid left"):
+        uids.of("d")

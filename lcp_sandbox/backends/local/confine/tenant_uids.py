@@ -5,10 +5,12 @@
                      process runs as (never from its name: a name cannot aim at another's
                      uid)
     release(tenant)  its uid given back (Supervisor.remove_tenant, once the tenant's root
-                     is gone), swept at once (sweep.py): what the uid left where a worker
-                     could leave something is removed, then looked for again.  Nothing
-                     left: clean, it may serve another tenant.  Something left (a file it
-                     could not remove, an object it could not destroy, a walk too long):
+                     is gone), swept at once (sweep.py), under the uid's own lock (the
+                     record's is free meanwhile: other tenants get uids): what the uid
+                     left where a worker could leave something is removed, then looked for
+                     again.  Nothing left: clean, it may serve another tenant.  Something
+                     left (a file it could not remove, an object it could not destroy, a
+                     walk too long):
                      retired, never given again.  A process not gone yet, or a file in the
                      tenants' folder (the host's to delete): looked at again before the
                      uid is given (at most every HELD_RECHECK_S)
@@ -28,6 +30,7 @@ default: a fork bomb's end, whatever the start kind: no cgroup, so templates sti
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -115,34 +118,58 @@ class TenantUids:
         return self.of(tenant), True
 
     def of(self, tenant: str) -> tuple[int, int]:
-        """``tenant``'s (uid, gid), given now if it has none (OSError: none left)."""
-        with self.record.locked() as rec:
-            uid = rec.given.get((self.owner, tenant))
-            if uid is None:
-                uid = self._free(rec, tenant)
-                rec.append({"uid": uid, **self._given(tenant)})
-            return uid, uid
+        """``tenant``'s (uid, gid), given now if it has none (OSError: none left).  When
+        only uids being swept are left, it waits for a sweep to end and looks again."""
+        while True:
+            with self.record.locked() as rec:
+                uid = rec.given.get((self.owner, tenant))
+                if uid is not None:
+                    return uid, uid
+                try:
+                    uid = self._free(rec, tenant)
+                except _Sweeping as busy:
+                    swept = busy.uid
+                else:
+                    rec.append({"uid": uid, **self._given(tenant)})
+                    return uid, uid
+            # (the record's lock let go: that sweep records its end under it)
+            with self.record.sweeping(swept, wait=True):
+                pass
 
     def release(self, tenant: str) -> Optional[int]:
         """``tenant`` gives its uid back (its root is gone): swept, then clean or retired
-        (the module's docstring); the uid it held, or None."""
-        with self.record.locked() as rec:
-            uid = rec.given.get((self.owner, tenant))
-            if uid is None:
-                return None
-            rec.append({"uid": uid, "released": True})
-            # (under the lock: no engine gives it while it is swept)
-            self._swept(rec, uid)
-            return uid
+        (the module's docstring); the uid it held, or None.  The sweep (a walk of the
+        shared folders: long on a host with a full temp dir) holds the uid's own lock, not
+        the record's, so other tenants get uids meanwhile: a released uid is given by no
+        engine before its own sweep, which waits for this one's."""
+        with contextlib.ExitStack() as held:
+            with self.record.locked() as rec:
+                uid = rec.given.get((self.owner, tenant))
+                if uid is None:
+                    return None
+                rec.append({"uid": uid, "released": True})
+                # Taken before the record's is let go: no one sweeps (and gives) it first.
+                held.enter_context(rec.sweeping(uid, wait=True))
+            left = sweeping.sweep(uid, [self.folder] if self.folder else [])
+            with self.record.locked() as rec:
+                self._note(rec, uid, left)
+        return uid
 
     def tenants(self) -> list[str]:
         """The tenants of this engine that hold a uid now."""
         with self.record.locked() as rec:
             return sorted(t for o, t in rec.given if o == self.owner)
 
-    def _swept(self, rec: UidRecord, uid: int) -> bool:
-        """Sweep ``uid`` (given back) and record what it is now: whether it is clean."""
-        left = sweeping.sweep(uid, [self.folder] if self.folder else [])
+    def _swept(self, rec: UidRecord, uid: int) -> Optional[bool]:
+        """(The record locked) Sweep ``uid`` (given back) and record what it is now: whether
+        it is clean; None at once while another sweeps it (a release())."""
+        with rec.sweeping(uid, wait=False) as mine:
+            if not mine:
+                return None
+            return self._note(rec, uid, sweeping.sweep(uid, [self.folder] if self.folder else []))
+
+    def _note(self, rec: UidRecord, uid: int, left: sweeping.Left) -> bool:
+        """(The record locked) What the sweep of ``uid`` left, recorded: whether it is clean."""
         if left.stuck:
             log.warning("uid %d is retired, never given again: not all it left could be "
                         "removed (%s)", uid, left.why())
@@ -170,11 +197,17 @@ class TenantUids:
         now = time.monotonic()
         dirty = [u for u, e in sorted(rec.entries.items()) if self._in_range(u) and (
             e.state == RELEASED or e.state == GIVEN and owner_gone(e.owner))]
+        busy = []
         for uid in dirty:
             if now - self._held_at.get(uid, -HELD_RECHECK_S) < HELD_RECHECK_S:
                 continue
-            if self._swept(rec, uid):
+            clean = self._swept(rec, uid)
+            if clean:
                 return uid
+            if clean is None:
+                busy.append(uid)
+        if busy:
+            raise _Sweeping(busy[0])
         retired = sum(1 for u, e in rec.entries.items() if self._in_range(u) and
                       e.state == RETIRED)
         held = f"; {len(dirty)} given back still hold something" if dirty else ""
@@ -182,6 +215,14 @@ class TenantUids:
         raise OSError(f"no uid left in uid_range ({self.first}, {self.count}) for tenant "
                       f"{tenant!r}{held} (the uids of removed tenants come back once nothing "
                       f"of them remains: Supervisor.remove_tenant)")
+
+
+class _Sweeping(Exception):
+    """(_free) No uid is free but ``uid``, given back, is being swept (by a release())."""
+
+    def __init__(self, uid: int) -> None:
+        super().__init__(uid)
+        self.uid = uid
 
 
 def _process_uids() -> set[int]:

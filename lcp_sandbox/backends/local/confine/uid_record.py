@@ -11,6 +11,10 @@ uid to two tenants.
                            <tenants_root>/.lcp-sandbox-uids.jsonl, or memory
         with .locked():    the lock taken (flock on <folder>/lock; a thread lock too), the
                            record read up to date: .entries, .append(line)
+        with .sweeping(uid, wait):
+                           one uid's own lock (flock on <folder>/sweep-<uid>), held while
+                           the uid is swept, so that the record's lock is not: tenants get
+                           uids meanwhile; False when ``wait`` is False and another holds it
 
 The record is JSON lines, appended; the last line about a uid says what it is:
 
@@ -127,6 +131,8 @@ class UidRecord:
     def __init__(self, tenants_root: Optional[str]) -> None:
         self.root = os.path.realpath(tenants_root) if tenants_root else None
         self._thread_lock = threading.Lock()
+        # uid -> this process's side of sweeping(uid) (flock is per open file: one per thread)
+        self._sweep_locks: dict[int, threading.Lock] = {}
         self.entries: dict[int, Entry] = {}
         # (owner, tenant) -> uid, of the entries given
         self.given: dict[tuple[str, str], int] = {}
@@ -176,11 +182,37 @@ class UidRecord:
                 if lock_fd is not None:
                     os.close(lock_fd)
 
-    def _lock_file(self) -> Optional[int]:
+    def _lock_file(self, name: str = LOCK) -> Optional[int]:
         if self.path is None:
             return None
-        lock = os.path.join(self.folder or "", LOCK) if self.machine else self.path + ".lock"
+        lock = (os.path.join(self.folder or "", name) if self.machine
+                else f"{self.path}.{name}")
         return os.open(lock, os.O_RDWR | os.O_CREAT | _OPEN, 0o600)
+
+    @contextlib.contextmanager
+    def sweeping(self, uid: int, wait: bool) -> Iterator[bool]:
+        """``uid``'s own lock, for its sweep (any thread or process of this record): True
+        once held; False at once when ``wait`` is False and another holds it."""
+        # (one C call, atomic under the GIL: also called holding locked()'s thread lock)
+        thread_lock = self._sweep_locks.setdefault(uid, threading.Lock())
+        if not thread_lock.acquire(blocking=wait):
+            yield False
+            return
+        try:
+            lock_fd = self._lock_file(f"sweep-{uid}")
+            try:
+                if lock_fd is not None:
+                    try:
+                        fcntl.flock(lock_fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+                    except BlockingIOError:
+                        yield False
+                        return
+                yield True
+            finally:
+                if lock_fd is not None:
+                    os.close(lock_fd)
+        finally:
+            thread_lock.release()
 
     # ------------------------------------------------------------ reading
     def _refresh(self) -> None:
