@@ -225,7 +225,7 @@ def _safe_and_portable_rows(r: dict) -> list:
                      f"**{x(w['ours_sdk'].get('x_bare_p50_paired'))}**, kept-alive plain HTTP "
                      f"{fmt(w['ours_plain']['p50'])} ms = **{x(w['ours_plain'].get('x_bare_p50_paired'))}** "
                      f"a bare SDK server (paired by round); "
-                     f"{fmt(m['sessions_per_s']['per_s'])} new sessions a second",
+                     f"{fmt(m['sessions_per_s']['per_s'])} new sessions a second, torn down",
                      f"bare SDK server: {fmt(w['bare_sdk']['p50'])} / {fmt(w['bare_plain']['p50'])} ms; "
                      f"metrics on a warm engine call "
                      f"{fmt(100 * (_get(m, 'metrics', 'share_of_warm_call') or 0))}%"))

@@ -129,7 +129,8 @@ def _mcp_lines(m: dict) -> list:
                          f"{x(row.get('x_ours_p50'))} ({x(row.get('x_ours_p50_paired'))} paired)")
     s = m["sessions_per_s"]
     lines.append(f"  sessions through serve-mcp (initialize + a first tools/call + DELETE, one after "
-                 f"another): {s['per_s']:.1f} a second")
+                 f"another, until the last is torn down): {s['per_s']:.1f} a second; "
+                 f"{s.get('refused_429', 0)} answered 429 at the client's cap, asked again")
     met = m.get("metrics") or {}
     if met.get("share_of_warm_call") is not None:
         lines.append(f"  metrics on a warm engine call: {met['per_call_us'] * 1e3:.0f} ns = "
