@@ -10,10 +10,9 @@
                      left where a worker could leave something is removed, then looked for
                      again.  Nothing left: clean, it may serve another tenant.  Something
                      left (a file it could not remove, an object it could not destroy, a
-                     walk too long):
-                     retired, never given again.  A process not gone yet, or a file in the
-                     tenants' folder (the host's to delete): looked at again before the
-                     uid is given (at most every HELD_RECHECK_S)
+                     walk too long): retired, never given again.  A process not gone yet,
+                     or a file in the tenants' folder (the host's to delete): looked at
+                     again before the uid is given (at most every HELD_RECHECK_S)
     tenants()        the tenants of this engine that hold a uid
     where            where the record is (uid_record.py)
 
