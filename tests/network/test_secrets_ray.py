@@ -21,9 +21,7 @@ from test_secrets import (
     out,
     policy,
     url,
-)
-from test_secrets import (
-    world as _world,  # noqa: F401 (the fixture: pytest knows it as "world")
+    world,  # noqa: F401 (the fixture)
 )
 
 from lcp_sandbox import SandboxedBinding
@@ -56,8 +54,8 @@ def _holds(pid: int, needle: bytes) -> bool:
     return False
 
 
-def test_each_node_s_proxy_swaps_and_no_worker_on_any_node_holds_the_value(ray_cluster, world,
-                                                                           open_tmp_module):
+def test_each_node_s_proxy_swaps_and_no_worker_on_any_node_holds_the_value(
+        ray_cluster, world, open_tmp_module):  # noqa: F811
     """RaySupervisor(secrets, upstream_ca_file) (the CAs' text goes to the nodes, no shared
     path): a tenant on each node gets the host's value to the bound host and holds a
     placeholder; a binding's own secret goes over the host's; set_secret() reaches the next
@@ -101,7 +99,7 @@ def test_each_node_s_proxy_swaps_and_no_worker_on_any_node_holds_the_value(ray_c
         sup.close()
 
 
-def test_serve_mcp_on_ray_takes_the_value_and_the_cas(ray_cluster, world, open_tmp):
+def test_serve_mcp_on_ray_takes_the_value_and_the_cas(ray_cluster, world, open_tmp):  # noqa: F811
     """serve-mcp --ray with --secret NAME=env:VAR and --upstream-ca-file: an MCP client's call
     runs on a node of the cluster and its request gets the value at the bound host; the
     result holds no byte of it."""
