@@ -5,7 +5,6 @@ are known by what the host sees: the pid and node of RaySupervisor.stats()."""
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import subprocess
 import uuid
@@ -14,13 +13,15 @@ import psutil
 import pytest
 from test_secrets import (
     LIBS,
-    SERVE,
     VALUE,
     answer,
     binding,
+    holds,
     out,
     policy,
+    serve_args,
     url,
+    value_through,
     world,  # noqa: F401 (the fixture)
 )
 
@@ -30,28 +31,6 @@ from lcp_sandbox.core.secrets import PLACEHOLDER_PREFIX
 pytestmark = [pytest.mark.ray,
               pytest.mark.skipif(importlib.util.find_spec("ray") is None,
                                  reason="the ray extra is not installed")]
-
-
-def _holds(pid: int, needle: bytes) -> bool:
-    """Whether the process's environment or readable memory holds ``needle`` (as root)."""
-    try:
-        if needle in open(f"/proc/{pid}/environ", "rb").read():
-            return True
-    except PermissionError:
-        pytest.skip("reading another uid's /proc/<pid>/environ and mem needs CAP_SYS_PTRACE")
-    with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb", 0) as mem:
-        for line in maps:
-            span, perms = line.split()[:2]
-            if "r" not in perms:
-                continue
-            start, end = (int(x, 16) for x in span.split("-"))
-            try:
-                mem.seek(start)
-                if needle in mem.read(end - start):
-                    return True
-            except (OSError, ValueError, OverflowError):
-                continue
-    return False
 
 
 def test_each_node_s_proxy_swaps_and_no_worker_on_any_node_holds_the_value(
@@ -94,7 +73,7 @@ def test_each_node_s_proxy_swaps_and_no_worker_on_any_node_holds_the_value(
         pids = [next(s["pid"] for s in t.stats() if s["library"] == "secretprobe")
                 for t in tenants]
         assert all(psutil.pid_exists(p) for p in pids)
-        assert not any(_holds(p, VALUE.encode()) for p in pids)
+        assert not any(holds(p, VALUE.encode()) for p in pids)
     finally:
         sup.close()
 
@@ -102,31 +81,10 @@ def test_each_node_s_proxy_swaps_and_no_worker_on_any_node_holds_the_value(
 def test_serve_mcp_on_ray_takes_the_value_and_the_cas(ray_cluster, world, open_tmp):  # noqa: F811
     """serve-mcp --ray with --secret NAME=env:VAR and --upstream-ca-file: an MCP client's call
     runs on a node of the cluster and its request gets the value at the bound host; the
-    result holds no byte of it."""
-    import anyio
-    from mcp import ClientSession, StdioServerParameters
-    from mcp.client.stdio import stdio_client
-    config = open_tmp / "config.json"
-    config.write_text(json.dumps({"secretprobe": {"sandbox": {"network": policy(world)},
-                                                  "key": {"secret": "API_KEY"}}}))
-    workspace = open_tmp / "ws"
-    workspace.mkdir()
-    args = [*SERVE, str(LIBS), "--workspace", str(workspace), "--confine", "--config",
-            str(config), "--upstream-ca-file", world[0], "--ray", ray_cluster.address,
-            "--secret", "API_KEY=env:THE_KEY"]
-    params = StdioServerParameters(command=args[0], args=args[1:],
-                                   env={**os.environ, "THE_KEY": VALUE})
-
-    async def body():
-        async with stdio_client(params) as (read, write):
-            async with ClientSession(read, write) as s:
-                await s.initialize()
-                return await s.call_tool("tool_call", {"url": url(world, "api"),
-                                                       "source": "config"})
-    got = anyio.run(body)
-    assert not got.is_error, got
-    assert VALUE not in json.dumps(got.structured_content)
-    assert json.loads(got.structured_content["output"]["body"])["value"] is True
-    unknown = subprocess.run([*args[:-2], "--secret", "API_KEY=env:NOT_SET_ANYWHERE"],
+    result holds no byte of it.  A --secret that cannot be read is exit 2, naming it."""
+    args = [*serve_args(world, open_tmp), "--ray", ray_cluster.address]
+    value_through(world, [*args, "--secret", "API_KEY=env:THE_KEY"],
+                  {**os.environ, "THE_KEY": VALUE})
+    unknown = subprocess.run([*args, "--secret", "API_KEY=env:NOT_SET_ANYWHERE"],
                              capture_output=True, text=True, timeout=120)
     assert unknown.returncode == 2 and "API_KEY" in unknown.stderr, unknown.stderr
