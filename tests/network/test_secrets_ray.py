@@ -88,3 +88,25 @@ def test_serve_mcp_on_ray_takes_the_value_and_the_cas(ray_cluster, world, open_t
     unknown = subprocess.run([*args, "--secret", "API_KEY=env:NOT_SET_ANYWHERE"],
                              capture_output=True, text=True, timeout=120)
     assert unknown.returncode == 2 and "API_KEY" in unknown.stderr, unknown.stderr
+
+
+def test_a_node_that_does_not_take_a_changed_secret_is_lost(ray_cluster):
+    """set_secret() sends the new value to every node's agent; a node whose agent does not
+    take it (here: its agent killed) is lost at once, so that no worker there starts with
+    the value of before; the other node keeps serving.  The values are never among the
+    agents' creation settings (which the cluster's GCS keeps)."""
+    import ray
+
+    from lcp_sandbox import RaySupervisor
+    sup = RaySupervisor(secrets={"API_KEY": "sk-before"})
+    try:
+        sup.start()
+        nodes = sup._nodes.live()
+        assert len(nodes) == 2 and "sk-before" not in repr(sup._nodes.options)
+        gone, kept = nodes
+        ray.kill(gone.agent, no_restart=True)
+        sup.set_secret("API_KEY", VALUE)
+        assert not gone.alive and sup._nodes.live() == [kept]
+        assert VALUE not in repr(sup._nodes.options)
+    finally:
+        sup.close()

@@ -140,10 +140,15 @@ class Nodes:
 
     def hold_secrets(self) -> None:
         """Every live agent holds the host's secrets as they are now (after a change); under
-        the lock that starts agents, so none starts with the values of before."""
+        the lock that starts agents, so none starts with the values of before.  A node whose
+        agent did not take them is lost (its slots go to a node that did): none of its
+        workers would start with the values of before."""
         held = self.secrets()
         with self._agents_lock:
-            self.gather("hold_secrets", *(held or ({}, None)))
+            took = {id(node) for node, _ in self.gather("hold_secrets", *(held or ({}, None)))}
+            for node in self.live():
+                if id(node) not in took:
+                    self.lose(node, "its agent did not take the host's changed secrets")
 
     def _dispatch(self, node: Node) -> None:
         """What the node's agent streams: to each call's queue, lifecycle events to on_event."""
